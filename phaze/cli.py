@@ -1,0 +1,62 @@
+"""`python -m phaze <stage> ...`: one subcommand per stage.
+
+Each stage module exposes ``add_arguments(parser)`` and ``run(args) -> int``. Modules are imported
+lazily so that `phaze place` does not pay for importing torch.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from phaze.errors import PhazeError
+
+# subcommand -> (module, one-line help)
+STAGES: dict[str, tuple[str, str]] = {
+    "trace": ("phaze.trace.cli", "trace a model into operator/edge/layer tables"),
+    "arch": ("phaze.arch.cli", "enumerate the accelerator architecture space"),
+    "estimate": ("phaze.estimate.cli", "per-operator latency on each core configuration"),
+    "schedule": ("phaze.schedule.cli", "per-layer operator scheduling (ILP)"),
+    "place": ("phaze.place.cli", "pipeline/data/tensor-parallel placement"),
+    "search": ("phaze.search.cli", "architecture search, baselines and summary tables"),
+    "report": ("phaze.report.cli", "plots and HTML report"),
+    "evaluate": ("phaze.fidelity.evaluate_cli", "evaluate a given parallel strategy"),
+    "validate": ("phaze.fidelity.validate_cli", "validate against published training runs"),
+}
+
+
+def _load(module_name: str):
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            return None  # stage not available in this build
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="phaze", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="stage", metavar="STAGE")
+    sub.required = True
+    for name, (module_name, help_text) in STAGES.items():
+        module = _load(module_name)
+        if module is None:
+            continue
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(sp)
+        sp.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except PhazeError as exc:
+        print(f"phaze {args.stage}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"phaze {args.stage}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,49 @@
+"""Atomic output: write to a temporary file beside the target, then rename.
+
+A crash or an interrupt therefore never leaves a half-written file under the final name, which
+Snakemake (or a later stage) would take for done.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path in the target's directory; rename it onto ``target`` on success,
+    delete it on any exception."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp_path.unlink()
+        raise
+
+
+def write_text_atomic(target: str | os.PathLike, text: str) -> None:
+    with atomic_path(target) as tmp:
+        tmp.write_text(text)
+
+
+def write_json_atomic(target: str | os.PathLike, obj) -> None:
+    write_text_atomic(target, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
+def _json_default(obj):
+    # numpy scalars and arrays
+    if hasattr(obj, "item") and getattr(obj, "ndim", 1) == 0:
+        return obj.item()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")

@@ -1,0 +1,113 @@
+"""The one place that owns every stage's table schema (the contract between stages).
+
+Column names carry their unit (seconds, bytes, FLOPs, Hz, mm²). ``write_table`` checks a frame
+against its schema (missing columns and non-castable types are errors), casts, and writes
+atomically; ``read_table`` checks what it reads. Extra columns are allowed and kept: a stage may
+record more than the contract requires.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from phaze.errors import PhazeError
+from phaze.io.atomic import atomic_path
+
+i64, f64, s, b = pa.int64(), pa.float64(), pa.string(), pa.bool_()
+
+
+def _schema(*fields: tuple[str, pa.DataType]) -> pa.Schema:
+    return pa.schema([pa.field(n, t) for n, t in fields])
+
+
+SCHEMAS: dict[str, pa.Schema] = {
+    # --- trace -------------------------------------------------------------------------------
+    "ops": _schema(
+        ("layer", s), ("pass", s), ("op", i64), ("aten", s), ("kind", s),
+        ("m", i64), ("n", i64), ("k", i64), ("batch", i64),
+        ("elements", i64), ("flops", f64), ("bytes_in", i64), ("bytes_out", i64),
+        ("weight_bytes", i64),
+    ),
+    "edges": _schema(("layer", s), ("pass", s), ("src", i64), ("dst", i64), ("bytes", i64)),
+    "layers": _schema(
+        ("layer", s), ("kind", s), ("signature", s), ("param_bytes", i64),
+        ("activation_bytes", i64), ("stash_recompute_bytes", i64), ("boundary_bytes", i64),
+        ("tensor_parallel", b),
+    ),
+    # --- arch --------------------------------------------------------------------------------
+    "space": _schema(
+        ("arch", s), ("n_tc", i64), ("n_vc", i64), ("tc_width", i64), ("tc_depth", i64),
+        ("vc_width", i64), ("glb_bytes", i64), ("freq_hz", f64), ("area_mm2", f64),
+        ("peak_flops", f64),
+    ),
+    # --- estimate ----------------------------------------------------------------------------
+    "latency": _schema(
+        ("arch", s), ("signature", s), ("pass", s), ("op", i64),
+        ("latency_1core_s", f64), ("latency_allcores_s", f64), ("bound", s),
+    ),
+    # --- schedule ----------------------------------------------------------------------------
+    "schedule": _schema(
+        ("arch", s), ("signature", s), ("pass", s), ("makespan_s", f64), ("lower_bound_s", f64),
+        ("gap", f64), ("status", s), ("solve_s", f64), ("peak_tc", i64), ("peak_vc", i64),
+    ),
+    # --- place -------------------------------------------------------------------------------
+    "place": _schema(
+        ("arch", s), ("model", s), ("devices", i64), ("hbm_bytes", i64), ("microbatch", i64),
+        ("recompute", b), ("feasible", b), ("throughput_seq_s", f64), ("time_per_batch_s", f64),
+        ("mfu", f64), ("pp", i64), ("tp", i64), ("dp", i64), ("stages", s),
+        ("stage_mem_bytes", s),
+        ("expert_feasible", b), ("expert_reason", s), ("expert_throughput_seq_s", f64),
+        ("expert_time_per_batch_s", f64), ("expert_mfu", f64), ("expert_pp", i64),
+        ("expert_tp", i64), ("expert_dp", i64),
+    ),
+    # --- search / summary --------------------------------------------------------------------
+    "comparison": _schema(
+        ("model", s), ("strategy", s), ("arch", s), ("hbm_bytes", i64), ("microbatch", i64),
+        ("recompute", b), ("pp", i64), ("tp", i64), ("dp", i64), ("throughput_seq_s", f64),
+        ("speedup_vs_tpuv4_expert", f64),
+    ),
+}
+
+
+def _check(df: pd.DataFrame, name: str) -> pa.Table:
+    if name not in SCHEMAS:
+        raise PhazeError(f"unknown table schema {name!r}")
+    schema = SCHEMAS[name]
+    missing = [f.name for f in schema if f.name not in df.columns]
+    if missing:
+        raise PhazeError(f"table {name!r} is missing columns {missing}")
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    fields = []
+    for field in table.schema:
+        want = schema.field(field.name).type if field.name in schema.names else field.type
+        fields.append(pa.field(field.name, want))
+    try:
+        return table.cast(pa.schema(fields))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise PhazeError(f"table {name!r} does not match its schema: {exc}") from exc
+
+
+def write_table(df: pd.DataFrame, path: str | os.PathLike, name: str) -> None:
+    """Validate ``df`` against schema ``name`` and write it to ``path`` atomically."""
+    table = _check(df, name)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def read_table(path: str | os.PathLike, name: str | None = None) -> pd.DataFrame:
+    path = Path(path)
+    if not path.exists():
+        raise PhazeError(f"input table not found: {path}")
+    try:
+        df = pq.read_table(path).to_pandas()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise PhazeError(f"cannot read Parquet table {path}: {exc}") from exc
+    if name is not None:
+        missing = [f for f in SCHEMAS[name].names if f not in df.columns]
+        if missing:
+            raise PhazeError(f"{path} is not a {name!r} table: missing columns {missing}")
+    return df
