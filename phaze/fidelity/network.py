@@ -1,0 +1,170 @@
+"""A two-level (node / cluster) network and the cost of the collectives that run on it.
+
+Devices are grouped into nodes of ``devices_per_node``; rank ``r`` lives on node
+``r // devices_per_node`` (Megatron's and torchrun's contiguous numbering). Each level has a
+per-device, per-direction bandwidth, a per-step latency and an efficiency (achieved fraction of
+the nominal bandwidth for large messages, as NCCL reports it).
+
+Collectives follow NCCL's ring algorithm, the one it uses for the large messages of training. A
+ring over a group with ``r`` ranks on each of ``n`` nodes threads the ``r`` ranks of a node over
+the intra-node links and leaves the node through those ranks' own NICs, one channel per NIC (a
+DGX has one NIC per GPU). Every ring step moves S/g bytes over each device's intra-node link and
+S/(r·g) over each NIC, so the step is set by the slower of the two: the ring's bottleneck
+bandwidth is ``min(B_intra, r · B_inter)`` once the group spans nodes, ``B_intra`` otherwise.
+Consequences a user can check by hand:
+
+* a ring that stays in one node costs exactly the flat ring on the intra level;
+* when both levels are equal, the two-level ring equals the flat ring (bandwidth AND latency);
+* the 8 NICs of a DGX A100 (8 × 25 GB/s) carry a node-spanning all-reduce at ~200 GB/s, the
+  figure nccl-tests reports on such clusters.
+
+Sizes are bytes; ``all_reduce(S)`` / ``reduce_scatter(S)`` take S = the full buffer each rank
+holds before the collective, ``all_gather(S)`` S = the full buffer after it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from phaze.errors import PhazeError
+
+
+@dataclass(frozen=True)
+class LinkLevel:
+    """One level of the hierarchy, per device and per direction."""
+
+    bandwidth_Bps: float
+    latency_s: float
+    efficiency: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.bandwidth_Bps > 0:
+            raise PhazeError(f"link bandwidth must be > 0 B/s, got {self.bandwidth_Bps}")
+        if self.latency_s < 0:
+            raise PhazeError(f"link latency must be >= 0 s, got {self.latency_s}")
+        if not 0 < self.efficiency <= 1:
+            raise PhazeError(f"link efficiency must be in (0, 1], got {self.efficiency}")
+
+    @property
+    def effective_Bps(self) -> float:
+        return self.bandwidth_Bps * self.efficiency
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str) -> "LinkLevel":
+        try:
+            return cls(float(d["bandwidth_Bps"]), float(d["latency_s"]), float(d.get("efficiency", 1.0)))
+        except KeyError as exc:
+            raise PhazeError(f"{where}: missing key {exc.args[0]!r} (need bandwidth_Bps, latency_s)") from None
+        except (TypeError, ValueError) as exc:
+            raise PhazeError(f"{where}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class GroupShape:
+    """How a communicator's ranks sit in the hierarchy: ``per_node`` ranks on each of ``nodes``."""
+
+    size: int
+    per_node: int
+    nodes: int
+
+
+@dataclass(frozen=True)
+class HierarchicalNetwork:
+    devices_per_node: int
+    intra: LinkLevel
+    inter: LinkLevel
+
+    def __post_init__(self) -> None:
+        if self.devices_per_node < 1:
+            raise PhazeError(f"devices_per_node must be >= 1, got {self.devices_per_node}")
+
+    # --- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_preset(cls, network: dict, where: str = "preset network") -> "HierarchicalNetwork":
+        """``network:`` section of a preset: devices_per_node, intra_node{...}, inter_node{...}."""
+        if not isinstance(network, dict):
+            raise PhazeError(f"{where}: expected a mapping with devices_per_node, intra_node, inter_node")
+        for key in ("devices_per_node", "intra_node", "inter_node"):
+            if key not in network:
+                raise PhazeError(f"{where}: missing key {key!r}")
+        return cls(
+            int(network["devices_per_node"]),
+            LinkLevel.from_dict(network["intra_node"], f"{where}.intra_node"),
+            LinkLevel.from_dict(network["inter_node"], f"{where}.inter_node"),
+        )
+
+    @classmethod
+    def flat(cls, level: LinkLevel, devices: int) -> "HierarchicalNetwork":
+        """One level only: every device in one 'node'."""
+        return cls(max(1, devices), level, level)
+
+    # --- placement ----------------------------------------------------------------------------
+    def node_of(self, rank: int) -> int:
+        return rank // self.devices_per_node
+
+    def shape(self, ranks: Sequence[int]) -> GroupShape:
+        ranks = list(ranks)
+        if not ranks:
+            raise PhazeError("a communicator needs at least one rank")
+        if len(set(ranks)) != len(ranks):
+            raise PhazeError(f"communicator has repeated ranks: {ranks}")
+        counts: dict[int, int] = {}
+        for r in ranks:
+            counts[self.node_of(r)] = counts.get(self.node_of(r), 0) + 1
+        per_node = set(counts.values())
+        if len(per_node) != 1:
+            # NCCL still builds rings here; the node with the fewest ranks has the fewest NICs
+            # in use, so it sets the bottleneck.
+            return GroupShape(len(ranks), min(per_node), len(counts))
+        return GroupShape(len(ranks), per_node.pop(), len(counts))
+
+    # --- ring collectives ---------------------------------------------------------------------
+    def _ring(self, shape: GroupShape) -> tuple[float, float]:
+        """(bottleneck bytes/s, per-step latency) of a ring over a group of this shape."""
+        if shape.nodes <= 1:
+            return self.intra.effective_Bps, self.intra.latency_s
+        bw = min(self.intra.effective_Bps, shape.per_node * self.inter.effective_Bps)
+        return bw, max(self.intra.latency_s, self.inter.latency_s)
+
+    def reduce_scatter(self, size_bytes: float, ranks: Sequence[int]) -> float:
+        shape = self.shape(ranks)
+        g = shape.size
+        if g == 1 or size_bytes <= 0:
+            return 0.0
+        bw, lat = self._ring(shape)
+        return (g - 1) / g * size_bytes / bw + (g - 1) * lat
+
+    def all_gather(self, size_bytes: float, ranks: Sequence[int]) -> float:
+        # the ring all-gather is the reduce-scatter run backwards: same steps, same bytes
+        return self.reduce_scatter(size_bytes, ranks)
+
+    def all_reduce(self, size_bytes: float, ranks: Sequence[int]) -> float:
+        return self.reduce_scatter(size_bytes, ranks) + self.all_gather(size_bytes, ranks)
+
+    # --- point to point -----------------------------------------------------------------------
+    def p2p(self, size_bytes: float, src: int, dst: int) -> float:
+        if src == dst or size_bytes <= 0:
+            return 0.0
+        level = self.intra if self.node_of(src) == self.node_of(dst) else self.inter
+        return size_bytes / level.effective_Bps + level.latency_s
+
+    def stage_transfer(self, size_bytes: float, src_group: Sequence[int], dst_group: Sequence[int],
+                       scatter_gather: bool = True) -> float:
+        """Send one activation (or its gradient) from a tensor-parallel group to the next stage's.
+
+        Every rank of a tensor-parallel group holds the same activation. Without the optimisation
+        rank i sends the whole tensor to rank i of the next stage. With Megatron's scatter/gather
+        (Narayanan et al. 2021, §4.1) each of the t ranks sends 1/t over its own link, and the
+        receivers rebuild the tensor with an all-gather inside their node. Used only when the
+        stages are on different nodes (inside a node the plain send is already on the fast level).
+        """
+        src_group, dst_group = list(src_group), list(dst_group)
+        if len(src_group) != len(dst_group):
+            raise PhazeError("stage transfer between tensor-parallel groups of different sizes")
+        t = len(src_group)
+        crosses = any(self.node_of(a) != self.node_of(b) for a, b in zip(src_group, dst_group))
+        if not scatter_gather or t == 1 or not crosses:
+            # the t pairs send concurrently, each on its own link
+            return max(self.p2p(size_bytes, a, b) for a, b in zip(src_group, dst_group))
+        scatter = max(self.p2p(size_bytes / t, a, b) for a, b in zip(src_group, dst_group))
+        return scatter + self.all_gather(size_bytes, dst_group)
