@@ -1,0 +1,231 @@
+"""Unit tests of phaze.search on synthetic tables: buckets, the stop test, exact pruning vs
+solving every ILP (brute force), Phaze-Common scoring."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from phaze.errors import PhazeError
+from phaze.search.evaluate import (
+    COMPONENT_KEY, SEARCH_KEY, SearchSettings, all_scores, answers, bucket_best, components,
+    ilp_requests, needed_pairs, search_states, select_for_ilp,
+)
+from phaze.search.plan import bucket_of, make_plan
+from phaze.search.stop import stop_bucket
+
+
+# ---------------------------------------------------------------------------------------------
+# buckets and plan
+
+
+def test_bucket_of_floor_with_float_tolerance():
+    assert list(bucket_of(np.array([0.3, 0.0099, 0.01, 278.8]), 0.01)) == [30, 0, 1, 27880]
+    with pytest.raises(PhazeError):
+        bucket_of(np.array([1.0]), 0.0)
+
+
+def _space(areas, presets=None):
+    n = len(areas)
+    return pd.DataFrame({"arch": [f"a{i}" for i in range(n)], "area_mm2": areas,
+                         "preset": presets or [""] * n})
+
+
+def test_plan_orders_buckets_largest_first_and_chunks_within_rounds():
+    areas = [10.004, 10.001, 9.5, 9.499, 8.0, 7.0, 6.0, 279.0]
+    plan = make_plan(_space(areas, [""] * 7 + ["tpuv4"]), 0.01, round_buckets=2, chunk_archs=2)
+    b = dict(zip(plan["arch"], plan["bucket"]))
+    assert b["a7"] == 0 and b["a0"] == b["a1"] == 1 and b["a2"] == 2 and b["a3"] == 3
+    assert b["a4"] == 4 and b["a6"] == 6
+    # buckets never increase in area
+    order = plan.sort_values("bucket")
+    assert (np.diff(order["bucket_area_mm2"].to_numpy()) <= 0).all()
+    assert (plan["round"] == plan["bucket"] // 2).all()
+    # chunks: never straddle rounds, at most 2 archs each, ids contiguous
+    for c, grp in plan.groupby("chunk"):
+        assert grp["round"].nunique() == 1 and len(grp) <= 2
+    assert sorted(plan["chunk"].unique()) == list(range(plan["chunk"].max() + 1))
+
+
+def test_plan_pins_baseline_preset_to_round_zero_but_keeps_its_bucket():
+    plan = make_plan(_space([50.0, 40.0, 30.0, 20.0], ["", "", "", "tpuv4"]), 1.0, 1, 10)
+    row = plan.set_index("arch").loc["a3"]
+    assert row["round"] == 0 and row["bucket"] == 3
+
+
+def test_plan_rejects_duplicates_and_empty():
+    with pytest.raises(PhazeError):
+        make_plan(pd.DataFrame({"arch": ["x", "x"], "area_mm2": [1.0, 2.0]}), 0.01, 1, 1)
+    with pytest.raises(PhazeError):
+        make_plan(pd.DataFrame({"arch": [], "area_mm2": []}), 0.01, 1, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# the stop test
+
+
+def test_stop_bucket_upstream_rule_examples():
+    # non-increasing over the last 5 bucket bests (4 comparisons)
+    assert stop_bucket([10, 9, 8, 7, 6], 5, "bucket_best") == 4
+    assert stop_bucket([10, 9, 8, 7], 5, "bucket_best") is None  # needs 5 buckets
+    assert stop_bucket([1, 10, 9, 8, 7, 7], 5, "bucket_best") == 5
+    assert stop_bucket([10, 1, 2, 3, 4, 5], 5, "bucket_best") is None
+    # a bucket with nothing feasible counts as -inf (upstream: -1)
+    assert stop_bucket([5, np.nan, np.nan, np.nan, np.nan], 5, "bucket_best") == 4
+
+
+def test_stop_bucket_running_best_examples():
+    # no improvement on the running best over the last 4 buckets
+    assert stop_bucket([10, 1, 2, 3, 4], 5, "running_best") == 4
+    assert stop_bucket([1, 10, 9, 8, 7], 5, "running_best") is None
+    assert stop_bucket([1, 10, 9, 8, 7, 11, 1, 1, 1, 1], 5, "running_best") == 9
+    with pytest.raises(PhazeError):
+        stop_bucket([1, 2], 1)
+    with pytest.raises(PhazeError):
+        stop_bucket([1, 2], 5, "nope")
+
+
+@given(st.lists(st.one_of(st.floats(0, 100), st.just(float("nan"))), max_size=25),
+       st.integers(2, 6), st.sampled_from(["running_best", "bucket_best"]))
+def test_stop_bucket_matches_definition(values, patience, rule):
+    m = [(-np.inf if np.isnan(v) else v) for v in values]
+    seq = list(itertools.accumulate(m, max)) if rule == "running_best" else m
+    expect = None
+    for j in range(len(seq)):
+        w = seq[max(0, j - patience + 1): j + 1]
+        if len(w) == patience and all(a >= b for a, b in zip(w, w[1:])):
+            expect = j
+            break
+    assert stop_bucket(values, patience, rule) == expect
+
+
+# ---------------------------------------------------------------------------------------------
+# exact pruning vs solving every ILP
+
+
+MODELS = ["m1", "m2"]
+MBS = [1, 2]
+
+
+def _truth(rng, n_archs, n_hbm=1, infeasible_frac=0.1):
+    """Exact throughput per component, with a list-schedule value below it and a bound above."""
+    rows = []
+    for m, h, b, r, a in itertools.product(MODELS, range(n_hbm), MBS, [False, True], range(n_archs)):
+        v = float(rng.choice([rng.uniform(1, 10), np.round(rng.uniform(1, 10))]))
+        if rng.random() < infeasible_frac:
+            v = np.nan
+        lo = v * (1 - rng.uniform(0, 0.15)) if rng.random() < 0.8 else v
+        hi = v * (1 + rng.uniform(0, 0.3)) if rng.random() < 0.8 else v
+        rows.append(dict(model=m, hbm_bytes=(h + 1) * 2**30, microbatch=b, recompute=r,
+                         devices=64, arch=f"a{a}", v=v, lo=lo, hi=hi))
+    return pd.DataFrame(rows)
+
+
+def _place_rows(truth, tier):
+    col = {"ub": "hi", "lo": "lo", "ilp": "v"}[tier]
+    df = truth[COMPONENT_KEY].copy()
+    df["tier"] = tier
+    df["throughput_seq_s"] = truth[col].to_numpy()
+    df["feasible"] = truth[col].notna().to_numpy()
+    return df
+
+
+def _simulate(truth, plan, s: SearchSettings):
+    """Run the workflow's round loop on synthetic values; returns (answers, ILP count)."""
+    pairs = [(m, b) for m in MODELS for b in MBS]
+    rounds = int(plan["round"].max()) + 1
+    known, states, n_ilp = [], None, 0
+    arch_round = plan.set_index("arch")["round"]
+    for r in range(rounds):
+        need = pairs if states is None else needed_pairs(states, pairs)
+        if not need:
+            break
+        cur = truth[truth["arch"].map(arch_round).eq(r)
+                    & pd.Series(list(zip(truth["model"], truth["microbatch"]))).isin(need).to_numpy()]
+        known += [_place_rows(cur, "ub"), _place_rows(cur, "lo")]
+        scores = all_scores(components(pd.concat(known)), MODELS)
+        sel = select_for_ilp(scores, plan, r, s, states)
+        req = ilp_requests(sel, plan, r, pairs)
+        n_ilp += len(req)
+        key = truth.set_index(["model", "microbatch", "arch"]).index
+        solved = truth[key.isin(list(req[["model", "microbatch", "arch"]].itertuples(index=False, name=None)))]
+        known.append(_place_rows(solved, "ilp"))
+        scores = all_scores(components(pd.concat(known)), MODELS)
+        states = search_states(scores, plan, r, s)
+    return answers(scores, plan, states, s), states, n_ilp
+
+
+def _brute(truth, plan, s: SearchSettings):
+    """Every ILP solved, the stop rule applied to exact values."""
+    everything = pd.concat([_place_rows(truth, t) for t in ("ub", "lo", "ilp")])
+    scores = all_scores(components(everything), MODELS)
+    rounds = int(plan["round"].max())
+    states = search_states(scores, plan, rounds, s)
+    return answers(scores, plan, states, s), states
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), n_archs=st.integers(2, 14), k=st.integers(1, 4),
+       patience=st.integers(2, 4), mode=st.sampled_from(["early_stop", "exhaustive"]))
+def test_pruned_search_equals_solving_every_ilp(seed, n_archs, k, patience, mode):
+    rng = np.random.default_rng(seed)
+    truth = _truth(rng, n_archs)
+    areas = np.round(rng.uniform(1, 3, n_archs), 1)  # ties: several archs per bucket
+    presets = ["tpuv4"] + [""] * (n_archs - 1)
+    areas[0] = areas.max()
+    plan = make_plan(pd.DataFrame({"arch": [f"a{i}" for i in range(n_archs)], "area_mm2": areas,
+                                   "preset": presets}), 0.1, k, 3)
+    s = SearchSettings(patience=patience, mode=mode)
+    got, got_states, n_ilp = _simulate(truth, plan, s)
+    want, want_states = _brute(truth, plan, s)
+    key = SEARCH_KEY + ["mode"]
+    g = got.set_index(key).sort_index()
+    w = want.set_index(key).sort_index()
+    # early stop: identical stop bucket and best score for every search
+    assert list(g.index) == list(w.index)
+    np.testing.assert_allclose(g["score"].to_numpy(dtype=float), w["score"].to_numpy(dtype=float))
+    assert (g["last_bucket"] == w["last_bucket"]).all()
+    # the reported best value is exactly known (an ILP value or bounds that meet)
+    assert g.loc[g["arch"].notna(), "exact"].all()
+    assert n_ilp <= len(truth[["model", "microbatch", "arch"]].drop_duplicates())
+
+
+def test_pruning_saves_ilps_when_bounds_are_tight():
+    rng = np.random.default_rng(1)
+    truth = _truth(rng, 30, infeasible_frac=0.0)
+    # tight bounds: hi within 1% of v, decreasing with bucket so most archs are dominated
+    truth["v"] = 100.0 - truth["arch"].str[1:].astype(int)
+    truth["lo"], truth["hi"] = truth["v"] * 0.999, truth["v"] * 1.001
+    plan = make_plan(pd.DataFrame({"arch": [f"a{i}" for i in range(30)],
+                                   "area_mm2": 300.0 - np.arange(30)}), 0.01, 30, 100)
+    pruned = _simulate(truth, plan, SearchSettings(mode="exhaustive"))[2]
+    full = _simulate(truth, plan, SearchSettings(mode="exhaustive", prune=False))[2]
+    assert full == 30 * len(MODELS) * len(MBS)
+    assert pruned < full / 5
+
+
+def test_bucket_best_rule_disables_pruning():
+    assert not SearchSettings(stop_rule="bucket_best").pruning
+    assert SearchSettings().pruning
+
+
+def test_common_score_is_mean_of_per_model_best_and_drops_infeasible():
+    place = pd.DataFrame([
+        dict(model=m, hbm_bytes=1, microbatch=b, recompute=False, devices=8, arch=a,
+             tier="ilp", throughput_seq_s=t, feasible=not np.isnan(t))
+        for m, b, a, t in [("m1", 1, "x", 4.0), ("m1", 2, "x", 6.0), ("m2", 1, "x", 2.0),
+                           ("m2", 2, "x", 1.0), ("m1", 1, "y", 9.0), ("m2", 1, "y", np.nan),
+                           ("m2", 2, "y", np.nan)]])
+    comp = components(place)
+    sc = all_scores(comp, ["m1", "m2"])
+    common = sc[sc["strategy"] == "phaze-common"].set_index("arch")
+    assert common.loc["x", "ach"] == pytest.approx((6.0 + 2.0) / 2)
+    assert np.isnan(common.loc["y", "ach"])
+
+
+def test_bucket_best_uses_achievable_max():
+    df = pd.DataFrame({"bucket": [0, 0, 2], "ach": [1.0, 3.0, 2.0]})
+    assert list(bucket_best(df, 3)) == [3.0, -np.inf, 2.0]
