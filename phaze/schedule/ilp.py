@@ -1,0 +1,308 @@
+"""The operator-scheduling ILP (upstream Phaze's formulation, strengthened), solved by SCIP through
+Pyomo's ``scip_direct`` in a worker process guarded by a wall-clock watchdog.
+
+Variables (time in units of the warm start's makespan UB, so SCIP's absolute tolerances are
+relative ones): start t_i, intra-op flag y_i, ordering binaries o_ij / o_ji for *incomparable*
+pairs only (precedence already orders the others), makespan T; minimise T.
+
+* p_i = L1_i + (LA_i - L1_i) y_i; precedence on the transitive reduction; T >= t_i + p_i + tail_i.
+* o_ij = 1  =>  t_j >= t_i + p_i, with a per-pair big-M = UB - tail_i - head_j (not a global M).
+* intra-op ops run alone: o_ij + o_ji >= y_i and >= y_j; o_ij + o_ji <= 1.
+* pairs sharing a core type with one core of it must be ordered: o_ij + o_ji = 1.
+* energy cut per core type c: T >= sum_i y_i LA_i + sum_{i uses c} (1 - y_i) L1_i / n_c.
+* t_i within [head_i, UB - tail_i - q_i]; y_i fixed to 0 where LA_i >= L1_i (dominated).
+* lazily, per core type whose solution over-subscribes its cores (upstream's scheme): core
+  assignment z_ik with sum_k z_ik = 1 - y_i, o_ij + o_ji >= z_ik + z_jk - 1, and the standard
+  symmetry breaking z_ik = 0 for k > rank of i among that type's ops (the warm start's cores are
+  relabelled to satisfy it, since a start that violates it would be discarded by SCIP).
+
+The dual bound of a model without some z is still a valid lower bound (it is a relaxation).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from phaze.errors import PhazeError
+from phaze.schedule.bounds import heads, tails
+from phaze.schedule.instance import Instance
+from phaze.schedule.listsched import Schedule, assign_cores
+
+_EPS = 1e-9
+
+
+@dataclass
+class IlpOutcome:
+    status: str            # optimal | gap_limit | time_limit | no_solution | watchdog
+    start: list[float] | None
+    y: list[int] | None
+    objective_s: float | None   # solver's T, seconds
+    bound_s: float              # proven lower bound, seconds (0 if none)
+    z_types: tuple[str, ...]    # core types that needed explicit core assignment
+    solve_s: float
+
+
+# ---- model ---------------------------------------------------------------------------------
+def build_model(inst: Instance, ub: float, lb: float, z_types=(), warm: Schedule | None = None):
+    import pyomo.environ as pyo
+
+    n = inst.n
+    head, tail = heads(inst), tails(inst)
+    s = 1.0 / ub
+    l1 = [v * s for v in inst.l1]
+    la = [v * s for v in inst.la]
+    hd = [v * s for v in head]
+    tl = [v * s for v in tail]
+    q = [v * s for v in inst.q]
+    t_max = 1.0 + _EPS
+
+    m = pyo.ConcreteModel()
+    m.N = pyo.RangeSet(0, n - 1)
+    m.t = pyo.Var(m.N, bounds=lambda _m, i: (hd[i], max(hd[i], t_max - tl[i] - q[i])))
+    m.y = pyo.Var(m.N, domain=pyo.Binary)
+    for i in range(n):
+        if la[i] >= l1[i]:
+            m.y[i].fix(0)
+    m.T = pyo.Var(bounds=(min(lb * s, 1.0), t_max))
+
+    def p(i):
+        return l1[i] + (la[i] - l1[i]) * m.y[i]
+
+    m.prec = pyo.Constraint(list(inst.reduced_edges), rule=lambda _m, i, j: m.t[j] >= m.t[i] + p(i))
+    m.mk = pyo.Constraint(m.N, rule=lambda _m, i: m.T >= m.t[i] + p(i) + tl[i])
+
+    pairs = list(inst.incomparable_pairs)
+    arcs = pairs + [(j, i) for i, j in pairs]
+    m.o = pyo.Var(arcs, domain=pyo.Binary)
+    bigm = {(i, j): max(0.0, t_max - tl[i] - hd[j]) for i, j in arcs}
+    m.disj = pyo.Constraint(arcs, rule=lambda _m, i, j: m.t[j] >= m.t[i] + p(i) - bigm[i, j] * (1 - m.o[i, j]))
+    m.atmost1 = pyo.Constraint(pairs, rule=lambda _m, i, j: m.o[i, j] + m.o[j, i] <= 1)
+    m.alone_i = pyo.Constraint(pairs, rule=lambda _m, i, j: m.o[i, j] + m.o[j, i] >= m.y[i])
+    m.alone_j = pyo.Constraint(pairs, rule=lambda _m, i, j: m.o[i, j] + m.o[j, i] >= m.y[j])
+
+    def must_order(i, j):
+        return any(inst.uses(i, c) and inst.uses(j, c) and inst.n_cores(c) == 1 for c in ("tc", "vc"))
+
+    forced = [(i, j) for i, j in pairs if must_order(i, j)]
+    m.forced = pyo.Constraint(forced, rule=lambda _m, i, j: m.o[i, j] + m.o[j, i] == 1)
+
+    kinds = ("tc", "vc")
+    m.energy = pyo.Constraint(kinds, rule=lambda _m, c: m.T >= sum(la[i] * m.y[i] for i in range(n))
+                              + sum(l1[i] / inst.n_cores(c) * (1 - m.y[i]) for i in range(n) if inst.uses(i, c)))
+    m.obj = pyo.Objective(expr=m.T, sense=pyo.minimize)
+
+    # lazy core assignment
+    zkeys, zpairs, rank = [], [], {}
+    for c in z_types:
+        # zero-length ops hold no core
+        members = [i for i in range(n) if inst.uses(i, c) and inst.l1[i] > 0]
+        for r, i in enumerate(members):
+            rank[c, i] = r
+            for k in range(min(r + 1, inst.n_cores(c))):  # symmetry breaking: k <= rank
+                zkeys.append((c, i, k))
+        for i, j in pairs:
+            if (c, i) in rank and (c, j) in rank and inst.n_cores(c) > 1:
+                for k in range(min(rank[c, i], rank[c, j], inst.n_cores(c) - 1) + 1):
+                    zpairs.append((c, i, j, k))
+    m.z = pyo.Var(zkeys, domain=pyo.Binary)
+    zsets = {}
+    for c, i, k in zkeys:
+        zsets.setdefault((c, i), []).append(k)
+    m.assign = pyo.Constraint(list(zsets), rule=lambda _m, c, i: sum(m.z[c, i, k] for k in zsets[c, i]) == 1 - m.y[i])
+    m.samecore = pyo.Constraint(zpairs, rule=lambda _m, c, i, j, k: m.o[i, j] + m.o[j, i] >= m.z[c, i, k] + m.z[c, j, k] - 1)
+
+    if warm is not None:
+        _set_warm(m, inst, warm, s, z_types, pairs)
+    return m
+
+
+def _set_warm(m, inst, warm: Schedule, s, z_types, pairs):
+    n = inst.n
+    for i in range(n):
+        if not m.y[i].fixed:
+            m.y[i].set_value(warm.y[i])
+        m.t[i].set_value(warm.start[i] * s)
+    ends = [warm.end(inst, i) for i in range(n)]
+    for i, j in pairs:
+        before_ij = ends[i] <= warm.start[j] + 1e-12 * (1 / s)
+        before_ji = ends[j] <= warm.start[i] + 1e-12 * (1 / s)
+        if before_ij and before_ji:  # zero-length op: pick one
+            before_ji = False
+        m.o[i, j].set_value(int(before_ij))
+        m.o[j, i].set_value(int(before_ji))
+    m.T.set_value(min(1.0, warm.makespan(inst) * s))
+    if z_types:
+        sched = warm if warm.cores is not None else assign_cores(inst, warm)
+        for c in z_types:
+            idx = 0 if c == "tc" else 1
+            relabel: dict[int, int] = {}
+            for r, i in enumerate(i for i in range(n) if inst.uses(i, c) and inst.l1[i] > 0):
+                lab = None
+                if not warm.y[i] and sched.cores[i][idx]:
+                    core = sched.cores[i][idx][0]
+                    lab = relabel.setdefault(core, len(relabel))
+                for k in range(min(r + 1, inst.n_cores(c))):
+                    m.z[c, i, k].set_value(int(k == lab))
+
+
+# ---- one solve (runs in the worker) ---------------------------------------------------------
+def _oversubscribed(inst: Instance, start, y, tol) -> list[str]:
+    """Core types whose concurrent single-core ops exceed their core count at solver times."""
+    out = []
+    for c in ("tc", "vc"):
+        n_c = inst.n_cores(c)
+        ev = []
+        for i in range(inst.n):
+            if y[i] or not inst.uses(i, c):
+                continue
+            d = inst.l1[i]
+            if d <= 2 * tol:
+                continue
+            ev.append((start[i] + tol, 1))
+            ev.append((start[i] + d - tol, -1))
+        ev.sort(key=lambda e: (e[0], e[1]))
+        cur = peak = 0
+        for _, dlt in ev:
+            cur += dlt
+            peak = max(peak, cur)
+        if peak > n_c:
+            out.append(c)
+    return out
+
+
+def solve_once(inst: Instance, warm: Schedule, lb: float, time_limit_s: float, gap: float,
+               threads: int, seed: int = 0) -> IlpOutcome:
+    from pyomo.contrib.solver.solvers.scip.scip_direct import ScipDirect
+    import pyomo.environ as pyo
+
+    t0 = time.perf_counter()
+    ub = warm.makespan(inst)
+    z_types: tuple[str, ...] = ()
+    bound = 0.0
+    status = "no_solution"
+    while True:
+        remaining = time_limit_s - (time.perf_counter() - t0)
+        if remaining <= 0.01:
+            break
+        m = build_model(inst, ub, lb, z_types, warm)
+        opt = ScipDirect()
+        res = opt.solve(
+            m, time_limit=remaining, rel_gap=gap, threads=threads, warmstart_discrete_vars=True,
+            load_solutions=False, raise_exception_on_nonoptimal_result=False,
+            solver_options={"randomization/randomseedshift": seed, "display/verblevel": 0},
+        )
+        scip_status = opt._solver_model.getStatus()
+        if res.objective_bound is not None and res.objective_bound > -1e300:
+            bound = max(bound, res.objective_bound * ub)
+        if res.incumbent_objective is None:
+            status = "no_solution" if scip_status != "timelimit" else "time_limit"
+            break
+        res.solution_loader.load_vars()
+        start = [pyo.value(m.t[i]) * ub for i in range(inst.n)]
+        y = [int(round(pyo.value(m.y[i]))) for i in range(inst.n)]
+        over = [c for c in _oversubscribed(inst, start, y, 1e-6 * ub) if c not in z_types]
+        if over:
+            z_types = tuple(sorted(set(z_types) | set(over)))
+            status = "time_limit"  # if the loop runs out of time before a valid answer
+            continue
+        status = {"optimal": "optimal", "gaplimit": "gap_limit", "timelimit": "time_limit"}.get(
+            scip_status, scip_status)
+        return IlpOutcome(status, start, y, res.incumbent_objective * ub, bound, z_types,
+                          time.perf_counter() - t0)
+    return IlpOutcome(status, None, None, None, bound, z_types, time.perf_counter() - t0)
+
+
+# ---- worker process + watchdog ---------------------------------------------------------------
+def _worker_main(read_fd: int, write_fd: int) -> None:
+    from multiprocessing.connection import Connection
+
+    import pyomo.environ  # noqa: F401  (pay the import once per worker)
+    from pyomo.contrib.solver.solvers.scip.scip_direct import ScipDirect  # noqa: F401
+    rx = Connection(read_fd, writable=False)
+    tx = Connection(write_fd, readable=False)
+    while True:
+        try:
+            task = rx.recv()
+        except EOFError:
+            return
+        if task is None:
+            return
+        try:
+            tx.send(("ok", solve_once(*task)))
+        except Exception:  # noqa: BLE001 - reported to the parent, which raises
+            tx.send(("error", traceback.format_exc()))
+
+
+class SolverWorker:
+    """A long-lived solver process (Pyomo imported once), talking over two private pipes. A solve
+    that outlives its wall-clock budget kills the process (SCIP was seen to hang at 0 % CPU); the
+    next solve starts a new one. A plain subprocess (not multiprocessing) so that neither the
+    caller's ``__main__`` nor its threads are inherited."""
+
+    def __init__(self):
+        self._proc: subprocess.Popen | None = None
+        self._tx = self._rx = None
+        self.restarts = 0
+
+    def _ensure(self):
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        from multiprocessing.connection import Connection
+        c_read, p_write = os.pipe()
+        p_read, c_write = os.pipe()
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c",
+             f"from phaze.schedule.ilp import _worker_main; _worker_main({c_read}, {c_write})"],
+            pass_fds=(c_read, c_write), env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=None)
+        os.close(c_read)
+        os.close(c_write)
+        self._tx = Connection(p_write, readable=False)
+        self._rx = Connection(p_read, writable=False)
+
+    def solve(self, inst: Instance, warm: Schedule, lb: float, time_limit_s: float, gap: float,
+              threads: int, watchdog_s: float) -> IlpOutcome:
+        self._ensure()
+        t0 = time.perf_counter()
+        try:
+            self._tx.send((inst, warm, lb, time_limit_s, gap, threads))
+            # SCIP stops itself at time_limit_s; the watchdog allows watchdog_s more (model
+            # building, the worker's first imports) before it declares the solve hung
+            if self._rx.poll(time_limit_s + watchdog_s):
+                kind, payload = self._rx.recv()
+                if kind == "ok":
+                    return payload
+                raise PhazeError(f"ILP solve failed inside the solver worker:\n{payload}")
+            status = "watchdog"
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            status = "solver_died"
+        self.kill()
+        self.restarts += 1
+        return IlpOutcome(status, None, None, None, 0.0, (), time.perf_counter() - t0)
+
+    def kill(self):
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.kill()
+            self._proc.wait(10)
+        for c in (self._tx, self._rx):
+            if c is not None:
+                c.close()
+        self._proc = self._tx = self._rx = None
+
+    def close(self):
+        if self._proc is not None and self._proc.poll() is None:
+            try:
+                self._tx.send(None)
+                self._proc.wait(5)
+            except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()

@@ -1,0 +1,275 @@
+"""List scheduling, replay and verification (pure Python, no solver).
+
+* ``serial_sgs`` — the serial schedule-generation scheme with insertion: ops in a given
+  precedence-feasible order, each at the earliest time its predecessors are done and its cores
+  are free for its whole duration. Over all orders and modes it reaches every active schedule,
+  so it is also how a solver's answer is *replayed*: in the order of the solver's start times it
+  never starts an op later than the solver did (see ``replay``).
+* ``assign_cores`` — concrete core ids per op (greedy in start order; optimal for intervals).
+* ``verify`` — independent check of a finished schedule: precedence, one op per core at a time,
+  intra-op ops alone on the chip. The ILP path raises if its replayed schedule fails this.
+* ``best_list_schedule`` — several mode choices × priority rules, then a local search flipping
+  each op's intra-op flag: the upper bound, the warm start, and the cheap tier's answer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from phaze.schedule.instance import Instance
+
+
+@dataclass
+class Schedule:
+    start: list[float]
+    y: list[int]                 # 1 = intra-op parallel on all cores of its type
+    cores: list[tuple[tuple[int, ...], tuple[int, ...]]] | None = None  # (tc ids, vc ids)
+
+    def duration(self, inst: Instance, i: int) -> float:
+        return inst.la[i] if self.y[i] else inst.l1[i]
+
+    def end(self, inst: Instance, i: int) -> float:
+        return self.start[i] + self.duration(inst, i)
+
+    def makespan(self, inst: Instance) -> float:
+        return max((self.end(inst, i) for i in range(inst.n)), default=0.0)
+
+
+def _usage(inst: Instance, i: int, yi: int) -> tuple[int, int, bool]:
+    """(tensor cores, vector cores, exclusive) op i holds in mode yi."""
+    tc = inst.uses(i, "tc")
+    vc = inst.uses(i, "vc")
+    if yi:
+        return (inst.n_tc if tc else 0), (inst.n_vc if vc else 0), True
+    return int(tc), int(vc), False
+
+
+def serial_sgs(inst: Instance, order: list[int], y: list[int]) -> Schedule:
+    """Place ops in ``order`` (precedence-feasible) at their earliest feasible start."""
+    n = inst.n
+    start = [0.0] * n
+    end = [0.0] * n
+    placed: list[tuple[float, float, int, int, bool]] = []
+    for i in order:
+        p = inst.la[i] if y[i] else inst.l1[i]
+        tc, vc, excl = _usage(inst, i, y[i])
+        est = max((end[k] for k in inst.preds[i]), default=0.0)
+        if p <= 0.0:
+            start[i] = est
+            end[i] = est
+            continue
+        cands = sorted({est} | {e for (_, e, _, _, _) in placed if e > est})
+        for s in cands:
+            f = s + p
+            over = [iv for iv in placed if iv[0] < f and iv[1] > s]
+            if _fits(over, s, tc, vc, excl, inst.n_tc, inst.n_vc):
+                break
+        start[i] = s
+        end[i] = f
+        placed.append((s, f, tc, vc, excl))
+    return Schedule(start, list(y))
+
+
+def _fits(over, s, tc, vc, excl, n_tc, n_vc) -> bool:
+    if not over:
+        return True
+    if excl:
+        return False
+    for iv in over:
+        if iv[4]:
+            return False
+    # usage is piecewise constant; its maximum over [s, f) is attained at s or at a start inside
+    points = [s] + [iv[0] for iv in over if iv[0] > s]
+    for t in points:
+        u_tc = tc
+        u_vc = vc
+        for (a, b, c, d, _) in over:
+            if a <= t < b:
+                u_tc += c
+                u_vc += d
+        if u_tc > n_tc or u_vc > n_vc:
+            return False
+    return True
+
+
+def assign_cores(inst: Instance, sched: Schedule, tol: float = 0.0) -> Schedule:
+    """Give each op concrete core ids: in start order, release ops that ended (within ``tol``),
+    then take the lowest free ids. Interval graphs are perfect, so this never needs more cores
+    than the peak concurrency; if the schedule over-subscribes, an id >= n shows it (``verify``
+    reports it)."""
+    order = sorted((i for i in range(inst.n) if sched.duration(inst, i) > 0),
+                   key=lambda i: (sched.start[i], i))
+    free = {"tc": [], "vc": []}
+    nxt = {"tc": 0, "vc": 0}
+    active: list[tuple[float, int, list[int], list[int]]] = []
+    cores: list = [((), ())] * inst.n
+
+    def take(kind: str, k: int) -> list[int]:
+        free[kind].sort()
+        got = free[kind][:k]
+        del free[kind][:k]
+        while len(got) < k:
+            got.append(nxt[kind])
+            nxt[kind] += 1
+        return got
+
+    for i in order:
+        s0 = sched.start[i]
+        still = []
+        for e, j, ctc, cvc in active:
+            if e <= s0 + tol:
+                free["tc"].extend(ctc)
+                free["vc"].extend(cvc)
+            else:
+                still.append((e, j, ctc, cvc))
+        active = still
+        tc, vc, _ = _usage(inst, i, sched.y[i])
+        ctc, cvc = take("tc", tc), take("vc", vc)
+        cores[i] = (tuple(ctc), tuple(cvc))
+        active.append((sched.end(inst, i), i, ctc, cvc))
+    return Schedule(list(sched.start), list(sched.y), cores)
+
+
+def verify(inst: Instance, sched: Schedule, tol: float) -> list[str]:
+    """Violations of a schedule with core ids (empty list = valid). ``tol`` is absolute, s."""
+    bad = []
+    n = inst.n
+    if sched.cores is None:
+        sched = assign_cores(inst, sched, tol)
+    for i in range(n):
+        if sched.start[i] < -tol:
+            bad.append(f"op {i} starts before 0")
+        for k in inst.preds[i]:
+            if sched.start[i] < sched.end(inst, k) - tol:
+                bad.append(f"op {i} starts before its predecessor {k} ends")
+        tc, vc, _ = _usage(inst, i, sched.y[i])
+        ctc, cvc = sched.cores[i]
+        if sched.duration(inst, i) > 0 and (len(ctc) != tc or len(cvc) != vc):
+            bad.append(f"op {i} holds {len(ctc)} tc / {len(cvc)} vc, needs {tc} / {vc}")
+        if any(c >= inst.n_tc for c in ctc) or any(c >= inst.n_vc for c in cvc):
+            bad.append(f"op {i} uses a core id beyond n_tc={inst.n_tc}, n_vc={inst.n_vc}")
+    for i in range(n):
+        di = sched.duration(inst, i)
+        if di <= 0:
+            continue
+        for j in range(i + 1, n):
+            dj = sched.duration(inst, j)
+            if dj <= 0:
+                continue
+            overlap = min(sched.start[i] + di, sched.start[j] + dj) - max(sched.start[i], sched.start[j])
+            if overlap <= tol:
+                continue
+            if sched.y[i] or sched.y[j]:
+                bad.append(f"intra-op op overlaps another: ops {i}, {j}")
+            elif set(sched.cores[i][0]) & set(sched.cores[j][0]) or set(sched.cores[i][1]) & set(sched.cores[j][1]):
+                bad.append(f"ops {i} and {j} share a core while overlapping")
+    return bad
+
+
+# ---- heuristics ---------------------------------------------------------------------------
+def _tails(inst: Instance, dur: list[float]) -> list[float]:
+    """Longest path from each op's start to the end of the DAG (the op included)."""
+    tail = [0.0] * inst.n
+    for i in reversed(range(inst.n)):
+        tail[i] = dur[i] + max((tail[j] for j in inst.succs[i]), default=0.0)
+    return tail
+
+
+def priority_order(inst: Instance, prio: list[float]) -> list[int]:
+    """Precedence-feasible list: repeatedly the eligible op with the highest priority."""
+    import heapq
+    indeg = [len(p) for p in inst.preds]
+    heap = [(-prio[i], i) for i in range(inst.n) if indeg[i] == 0]
+    heapq.heapify(heap)
+    order = []
+    while heap:
+        _, i = heapq.heappop(heap)
+        order.append(i)
+        for j in inst.succs[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                heapq.heappush(heap, (-prio[j], j))
+    return order
+
+
+def _orders(inst: Instance, y: list[int]) -> list[list[int]]:
+    dur = [inst.la[i] if y[i] else inst.l1[i] for i in range(inst.n)]
+    tail = _tails(inst, dur)
+    ndesc = [bin(d).count("1") for d in inst.descendants]
+    rules = [
+        tail,                                               # critical path first
+        [tail[i] + 1e-3 * dur[i] for i in range(inst.n)],   # ... ties to longer ops
+        dur,                                                # longest first
+        [float(x) for x in ndesc],                          # most successors first
+        [-float(i) for i in range(inst.n)],                 # topological index
+    ]
+    seen, out = set(), []
+    for r in rules:
+        o = tuple(priority_order(inst, r))
+        if o not in seen:
+            seen.add(o)
+            out.append(list(o))
+    return out
+
+
+def initial_modes(inst: Instance) -> list[list[int]]:
+    n = inst.n
+    modes = [
+        [0] * n,                                                       # all on one core
+        [1 if inst.la[i] < inst.l1[i] else 0 for i in range(n)],       # each op at its fastest
+        [1 if inst.la[i] * inst.n_cores("tc" if inst.core[i] != "vc" else "vc") <= inst.l1[i]
+         else 0 for i in range(n)],                                     # split only if it scales
+    ]
+    uniq = []
+    for m in modes:
+        if m not in uniq:
+            uniq.append(m)
+    return uniq
+
+
+def best_list_schedule(inst: Instance, local_search: bool = True,
+                       extra: list[tuple[list[int], list[int]]] | None = None) -> Schedule:
+    """Best schedule over mode heuristics × priority rules (plus ``extra`` (order, y) seeds, e.g.
+    a neighbouring architecture's solution), improved by flipping single intra-op flags."""
+    best: Schedule | None = None
+    best_ms = float("inf")
+    best_key: tuple[list[int], list[int]] | None = None
+    cands: list[tuple[list[int], list[int]]] = []
+    for y in initial_modes(inst):
+        for o in _orders(inst, y):
+            cands.append((o, y))
+    for o, y in extra or []:
+        cands.append((list(o), list(y)))
+    for o, y in cands:
+        s = serial_sgs(inst, o, y)
+        ms = s.makespan(inst)
+        if ms < best_ms - 1e-15:
+            best, best_ms, best_key = s, ms, (o, y)
+    if local_search and best_key is not None:
+        flippable = [i for i in range(inst.n) if inst.la[i] != inst.l1[i]]
+        y = list(best_key[1])
+        for _pass in range(3):
+            improved = False
+            for i in flippable:
+                y2 = list(y)
+                y2[i] = 1 - y2[i]
+                for o in _orders(inst, y2)[:2]:
+                    s = serial_sgs(inst, o, y2)
+                    ms = s.makespan(inst)
+                    if ms < best_ms * (1 - 1e-12):
+                        best, best_ms, y, improved = s, ms, y2, True
+                        break
+            if not improved:
+                break
+    return best
+
+
+def replay(inst: Instance, start: list[float], y: list[int]) -> Schedule:
+    """Earliest-start replay of a solver answer: the serial SGS in order of solver start times.
+
+    If the solver's times are resource-feasible, every op starts no later than the solver said
+    (by induction: the ops placed before op i run, at any instant after i's solver start, only
+    where they also ran in the solver's schedule), so the replayed makespan is <= the solver's T.
+    """
+    # a heap-driven order keeps it precedence-feasible even if solver tolerances blur equal times
+    order = priority_order(inst, [-t for t in start])
+    return serial_sgs(inst, order, y)

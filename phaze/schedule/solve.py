@@ -1,0 +1,280 @@
+"""Solve one layer instance: exact decomposition, chain path, cache, list schedule, ILP.
+
+Pipeline for an instance (each step measured to pay, see the README):
+
+1. Decompose at *articulation ops* (ops comparable to every other op): everything else is
+   entirely before or after them, so the layer splits into independent segments whose
+   makespans add; articulation ops take their fastest mode.
+2. A segment that is a chain (all ops comparable) or a single op needs no solver.
+3. Otherwise: cheap lower bound (critical path, energy) and the best list schedule (upper bound).
+   If they meet, the list schedule is optimal. The ``bounds`` tier stops here.
+4. ``ilp`` tier: the ILP warm-started from the list schedule, in the watchdog-guarded worker;
+   its answer is replayed as an earliest-start schedule and verified (a failure is a bug and
+   raises); the result is the better of replay and list schedule, the lower bound the max of
+   SCIP's dual bound and the cheap bounds.
+
+Identical segments (same structure, core counts and latencies up to a common scale) are solved
+once per ``Scheduler`` (one per job); the last solutions on the same structure seed the list
+scheduler of the next architecture (a neighbouring architecture's schedule, re-timed).
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+from phaze.errors import PhazeError
+from phaze.schedule.bounds import lower_bound
+from phaze.schedule.ilp import SolverWorker
+from phaze.schedule.instance import Instance
+from phaze.schedule.listsched import (Schedule, assign_cores, best_list_schedule,
+                                      priority_order, replay, verify)
+
+# Severity order used when segments with different statuses are combined.
+_SEVERITY = {"chain": 0, "optimal": 1, "gap_limit": 2, "bounds": 3, "time_limit": 4,
+             "no_solution": 5, "watchdog": 6, "solver_died": 7}
+
+
+@dataclass
+class Options:
+    tier: str = "ilp"            # ilp | bounds
+    time_limit_s: float = 2.0
+    gap: float = 0.01
+    threads: int = 1
+    cache: bool = True
+    watchdog_s: float = 30.0
+    decompose: bool = True
+    local_search: bool = True
+
+
+@dataclass
+class Result:
+    makespan_s: float
+    lower_bound_s: float
+    upper_bound_s: float        # best list schedule
+    status: str
+    method: str                 # chain | list | ilp
+    solve_s: float
+    schedule: Schedule
+    cache_hit: bool = False
+
+    @property
+    def gap(self) -> float:
+        if self.makespan_s <= 0:
+            return 0.0
+        return max(0.0, (self.makespan_s - self.lower_bound_s) / self.makespan_s)
+
+
+def articulation_ops(inst: Instance) -> list[int]:
+    full = (1 << inst.n) - 1
+    return [i for i in range(inst.n)
+            if (inst.ancestors[i] | inst.descendants[i] | (1 << i)) == full]
+
+
+def peak_cores(inst: Instance, sched: Schedule) -> tuple[int, int]:
+    """Most tensor / vector cores busy at once (intra-op ops hold all cores of their type)."""
+    peaks = []
+    for c in ("tc", "vc"):
+        ev = []
+        for i in range(inst.n):
+            d = sched.duration(inst, i)
+            if d <= 0 or not inst.uses(i, c):
+                continue
+            k = inst.n_cores(c) if sched.y[i] else 1
+            ev.append((sched.start[i] + d, -k))
+            ev.append((sched.start[i], k))
+        ev.sort()
+        cur = peak = 0
+        for _, dlt in ev:
+            cur += dlt
+            peak = max(peak, cur)
+        peaks.append(peak)
+    return peaks[0], peaks[1]
+
+
+class Scheduler:
+    """Solves instances; holds the per-job cache, neighbour seeds and the solver worker."""
+
+    def __init__(self, opts: Options):
+        if opts.tier not in ("ilp", "bounds"):
+            raise PhazeError(f"--tier must be ilp or bounds, got {opts.tier!r}")
+        self.opts = opts
+        self.cache: dict[str, tuple[Result, float]] = {}  # key -> (result, latency scale)
+        self.seeds: dict[str, list[tuple[list[int], list[int]]]] = {}
+        self.lookups = 0
+        self.hits = 0
+        self.segment_hits = 0
+        self.ilp_solves = 0
+        self._worker: SolverWorker | None = None
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- public entry point ---------------------------------------------------------------
+    def solve(self, inst: Instance) -> Result:
+        """Solve one layer instance (whole-instance cache hits are counted in ``hits``)."""
+        t0 = time.perf_counter()
+        fn = self._solve_decomposed if self.opts.decompose else self._solve_segment
+        res = self._cached(inst, fn, top=True)
+        res.solve_s = time.perf_counter() - t0
+        return res
+
+    def _cached(self, inst: Instance, fn, top: bool) -> Result:
+        if not self.opts.cache:
+            return fn(inst)
+        key, scale = inst.cache_key()
+        key = ("top:" if top else "seg:") + key
+        if top:
+            self.lookups += 1
+        hit = self.cache.get(key)
+        if hit is not None:
+            if top:
+                self.hits += 1
+            else:
+                self.segment_hits += 1
+            return _retime(inst, hit[0], scale / hit[1])
+        res = fn(inst)
+        self.cache[key] = (res, scale)
+        return res
+
+    # ---- decomposition --------------------------------------------------------------------
+    def _solve_decomposed(self, inst: Instance) -> Result:
+        arts = articulation_ops(inst)
+        if len(arts) == inst.n or not arts:
+            return self._solve_segment(inst)
+        # ops between consecutive articulation ops form a segment
+        artset = set(arts)
+        buckets: dict[int, list[int]] = {}
+        for i in range(inst.n):
+            if i in artset:
+                continue
+            # number of articulation ops before i = its bucket
+            b = sum(1 for a in arts if (inst.ancestors[i] >> a) & 1)
+            buckets.setdefault(b, []).append(i)
+        start = [0.0] * inst.n
+        y = [0] * inst.n
+        t = 0.0
+        lb = ub = 0.0
+        statuses, methods = [], []
+        for b in range(len(arts) + 1):
+            if b in buckets:
+                seg = buckets[b]
+                sub = inst.subinstance(seg)
+                r = self._cached(sub, self._solve_segment, top=False)
+                for k, i in enumerate(seg):
+                    start[i] = t + r.schedule.start[k]
+                    y[i] = r.schedule.y[k]
+                t += r.makespan_s
+                lb += r.lower_bound_s
+                ub += r.upper_bound_s
+                statuses.append(r.status)
+                methods.append(r.method)
+            if b < len(arts):
+                a = arts[b]
+                y[a] = 1 if inst.la[a] < inst.l1[a] else 0
+                start[a] = t
+                d = inst.q[a]
+                t += d
+                lb += d
+                ub += d
+        # replaying the composed schedule gives exact, consistent times (never later: see replay)
+        sched = assign_cores(inst, replay(inst, start, y))
+        _check(inst, sched, t)
+        t = sched.makespan(inst)
+        status = max(statuses, key=_SEVERITY.__getitem__) if statuses else "chain"
+        method = "ilp" if "ilp" in methods else ("list" if "list" in methods else "chain")
+        return Result(t, min(lb, t), ub, status, method, 0.0, sched)
+
+    # ---- one segment ----------------------------------------------------------------------
+    def _solve_segment(self, inst: Instance) -> Result:
+        if inst.n == 1 or inst.is_chain():
+            y = [1 if inst.la[i] < inst.l1[i] else 0 for i in range(inst.n)]
+            sched = assign_cores(inst, replay(inst, _chain_starts(inst, y), y))
+            ms = sched.makespan(inst)
+            return Result(ms, ms, ms, "chain", "chain", 0.0, sched)
+
+        lb, _which = lower_bound(inst)
+        skey = _structure_key(inst)
+        seeds = self.seeds.get(skey, [])
+        best = best_list_schedule(inst, local_search=self.opts.local_search or self.opts.tier == "ilp",
+                                  extra=seeds)
+        ub = best.makespan(inst)
+        best = assign_cores(inst, best)
+        _check(inst, best, ub)
+        if ub <= lb * (1 + 1e-9):
+            return Result(ub, ub, ub, "optimal", "list", 0.0, best)
+        if self.opts.tier == "bounds":
+            return Result(ub, lb, ub, "bounds", "list", 0.0, best)
+        if ub - lb <= self.opts.gap * ub:
+            # the list schedule already meets the gap target: SCIP would stop at once
+            return Result(ub, lb, ub, "gap_limit", "list", 0.0, best)
+
+        if self._worker is None:
+            self._worker = SolverWorker()
+        self.ilp_solves += 1
+        out = self._worker.solve(inst, best, lb, self.opts.time_limit_s, self.opts.gap,
+                                 self.opts.threads, self.opts.watchdog_s)
+        lb = max(lb, out.bound_s)
+        final, method = best, "list"
+        if out.start is not None:
+            rep = assign_cores(inst, replay(inst, out.start, out.y))
+            rms = rep.makespan(inst)
+            tol = 1e-6 * ub * (inst.n + 1)
+            if rms > out.objective_s + tol:
+                raise PhazeError(f"replayed ILP schedule ({rms:.9g} s) is longer than the solver's "
+                                 f"makespan ({out.objective_s:.9g} s): scheduling bug")
+            _check(inst, rep, rms)
+            if rms < ub:
+                final, method = rep, "ilp"
+        ms = final.makespan(inst)
+        if lb > ms * (1 + 1e-6):
+            raise PhazeError(f"lower bound {lb:.9g} s exceeds a valid schedule's makespan {ms:.9g} s")
+        lb = min(lb, ms)
+        status = out.status
+        if ms - lb <= 1e-9 * ms:
+            status = "optimal"
+        elif status in ("optimal",) and ms - lb > self.opts.gap * ms:
+            status = "gap_limit"
+        # remember this solution as a seed for the next architecture with the same structure
+        order = priority_order(inst, [-t for t in final.start])
+        self.seeds[skey] = ([(order, list(final.y))] + seeds)[:3]
+        return Result(ms, lb, ub, status, method, out.solve_s, final)
+
+
+def _chain_starts(inst: Instance, y: list[int]) -> list[float]:
+    start, t = [0.0] * inst.n, 0.0
+    for i in range(inst.n):  # indices are topological, and a chain has one topological order
+        start[i] = t
+        t += inst.la[i] if y[i] else inst.l1[i]
+    return start
+
+
+def _structure_key(inst: Instance) -> str:
+    h = hashlib.sha256()
+    h.update(f"{inst.n_tc},{inst.n_vc};{','.join(inst.core)};{inst.edges!r}".encode())
+    return h.hexdigest()
+
+
+def _check(inst: Instance, sched: Schedule, makespan: float) -> None:
+    bad = verify(inst, sched, tol=1e-9 * max(makespan, 1e-300))
+    if bad:
+        raise PhazeError(f"invalid schedule produced (bug): {bad[:3]}")
+
+
+def _retime(inst: Instance, res: Result, f: float) -> Result:
+    """A cached result for an instance equal up to scale ``f`` (and rounding): replay its
+    schedule on this instance's exact latencies, so the answer is a valid schedule here."""
+    s = res.schedule
+    sched = assign_cores(inst, replay(inst, [t * f for t in s.start], list(s.y)))
+    ms = sched.makespan(inst)
+    _check(inst, sched, ms)
+    return Result(ms, min(res.lower_bound_s * f, ms), res.upper_bound_s * f, res.status,
+                  res.method, 0.0, sched, cache_hit=True)
