@@ -31,12 +31,18 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("m", i64), ("n", i64), ("k", i64), ("batch", i64),
         ("elements", i64), ("flops", f64), ("bytes_in", i64), ("bytes_out", i64),
         ("weight_bytes", i64),
+        # agreed extras (interfaces): graph signature, fusion, core class, collectives
+        ("signature", s), ("fused_into", i64), ("core", s), ("collective", s),
+        ("group_size", i64),
     ),
-    "edges": _schema(("layer", s), ("pass", s), ("src", i64), ("dst", i64), ("bytes", i64)),
+    "edges": _schema(
+        ("layer", s), ("pass", s), ("src", i64), ("dst", i64), ("bytes", i64), ("signature", s),
+    ),
     "layers": _schema(
         ("layer", s), ("kind", s), ("signature", s), ("param_bytes", i64),
         ("activation_bytes", i64), ("stash_recompute_bytes", i64), ("boundary_bytes", i64),
         ("tensor_parallel", b),
+        ("index", i64), ("fwd_flops", f64), ("bwd_flops", f64),
     ),
     # --- arch --------------------------------------------------------------------------------
     "space": _schema(

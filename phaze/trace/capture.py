@@ -1,0 +1,155 @@
+"""Build a model on the meta device and record forward + ``loss.backward()`` (imports torch).
+
+``capture(spec, num_blocks, microbatch, seq, tmp)`` returns a :class:`Capture`: the recorded
+operators plus what the layer table needs (parameters per layer, activations saved for backward,
+the tensors crossing each layer boundary).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from phaze.errors import PhazeError
+from phaze.trace.models import ModelSpec
+from phaze.trace.recorder import Recorder, RawOp, tensor_bytes
+from phaze.trace.tensor_parallel import apply_tensor_parallel
+
+
+@dataclass
+class Capture:
+    ops: list[RawOp]
+    layer_names: list[str]            # execution order: embedding, block.0 ..., head
+    param_bytes: dict[str, int]       # per layer, one rank's share, counted once (tied weights)
+    activation_bytes: dict[str, int]  # saved-for-backward activations per layer
+    input_bytes: dict[str, int]       # what enters each layer (the recompute stash)
+    output_bytes: dict[str, int]      # what leaves each layer for the next one
+
+
+def find_blocks(model: nn.Module, num_blocks: int) -> nn.ModuleList:
+    """The ModuleList of transformer blocks: the one with ``num_blocks`` identical-class children
+    holding the most parameters."""
+    best, best_params = None, -1
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) == num_blocks and \
+                len({type(m) for m in module}) == 1:
+            n = sum(p.numel() for p in module.parameters())
+            if n > best_params:
+                best, best_params = module, n
+    if best is None or best_params <= 0:
+        raise PhazeError(f"cannot find the list of {num_blocks} transformer blocks in "
+                         f"{type(model).__name__}")
+    return best
+
+
+def build_model(spec: ModelSpec, num_blocks: int, tmp: int = 1, seq: int | None = None):
+    """The model with ``num_blocks`` blocks on the meta device, train mode, each block rewritten
+    to one rank's share of width-``tmp`` tensor parallelism. Returns (model, blocks)."""
+    spec.check_tmp(tmp)
+    config = spec.hf_config(num_blocks, seq)
+    cls = spec.model_class()
+    try:
+        with torch.device("meta"):
+            model = cls(config)
+    except Exception as exc:  # transformers raises many exception types for bad configs
+        raise PhazeError(f"{spec.name}: cannot build {cls.__name__} on the meta device: {exc}") \
+            from exc
+    model.train()  # the training graph: dropout as configured (see README)
+    blocks = find_blocks(model, num_blocks)
+    for block in blocks:
+        apply_tensor_parallel(block, spec.family, tmp)
+    return model, blocks
+
+
+def model_inputs(spec: ModelSpec, microbatch: int, seq: int) -> dict:
+    ids = torch.zeros(microbatch, seq, dtype=torch.long, device="meta")
+    # Causal LMs shift the labels inside HF; masked LMs predict every position (all are labels).
+    inputs = {"input_ids": ids, "labels": ids}
+    if spec.causal:
+        # An explicit (all-ones) padding mask: without one, HF probes position ids for packed
+        # sequences, a data-dependent check that cannot run on the meta device.
+        inputs["attention_mask"] = torch.ones(microbatch, seq, dtype=torch.long, device="meta")
+    return inputs
+
+
+def _hidden(args, kwargs, output=None):
+    if output is not None:
+        first = output[0] if isinstance(output, (tuple, list)) else output
+        return first if isinstance(first, torch.Tensor) else None
+    if args and isinstance(args[0], torch.Tensor):
+        return args[0]
+    return kwargs.get("hidden_states")
+
+
+def capture(spec: ModelSpec, num_blocks: int, microbatch: int, seq: int, tmp: int) -> Capture:
+    model, blocks = build_model(spec, num_blocks, tmp, seq)
+    params = dict(model.named_parameters())  # de-duplicates tied weights
+    recorder = Recorder(params)
+    names = ["embedding"] + [f"block.{i}" for i in range(num_blocks)] + ["head"]
+    input_bytes: dict[str, int] = {}
+    output_bytes: dict[str, int] = {}
+
+    def pre_hook(i):
+        def hook(module, args, kwargs):
+            x = _hidden(args, kwargs)
+            if x is None:
+                raise PhazeError(f"cannot find the hidden-state input of block {i}")
+            prev = names[i]  # embedding for block 0, else block.{i-1}
+            output_bytes.setdefault(prev, tensor_bytes(x))
+            input_bytes[f"block.{i}"] = tensor_bytes(x)
+            recorder.enter_layer(f"block.{i}")
+        return hook
+
+    def post_hook(i):
+        def hook(module, args, kwargs, output):
+            x = _hidden(args, kwargs, output)
+            output_bytes[f"block.{i}"] = tensor_bytes(x)
+            # Anything between two blocks would belong to neither: flag it (checked below).
+            recorder.enter_layer("head" if i == num_blocks - 1 else f"between.{i}")
+        return hook
+
+    handles = []
+    for i, block in enumerate(blocks):
+        handles.append(block.register_forward_pre_hook(pre_hook(i), with_kwargs=True))
+        handles.append(block.register_forward_hook(post_hook(i), with_kwargs=True))
+    inputs = model_inputs(spec, microbatch, seq)
+    try:
+        with recorder, torch.autograd.graph.saved_tensors_hooks(recorder.pack_hook,
+                                                                 recorder.unpack_hook):
+            out = model(**inputs)
+            loss = out.loss if getattr(out, "loss", None) is not None else None
+            if loss is None:
+                raise PhazeError(f"{type(model).__name__} returned no loss for labels")
+        recorder.pass_ = "bwd"
+        with recorder:
+            loss.backward()
+    except PhazeError:
+        raise
+    except Exception as exc:
+        raise PhazeError(f"{spec.name}: tracing forward/backward failed: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        for h in handles:
+            h.remove()
+
+    stray = sorted({op.layer for op in recorder.ops if op.layer not in names})
+    if stray:
+        raise PhazeError(f"{spec.name}: operators ran outside any layer ({stray}); the block "
+                         "structure is not what the tracer assumes")
+    input_bytes["embedding"] = tensor_bytes(inputs["input_ids"])
+    input_bytes["head"] = output_bytes[f"block.{num_blocks - 1}"]
+    output_bytes["head"] = 0
+    param_bytes = {n: 0 for n in names}
+    unused = []
+    for pname, p in params.items():
+        layer = recorder.param_layer.get(pname)
+        if layer is None:
+            unused.append(pname)
+            continue
+        param_bytes[layer] += tensor_bytes(p)
+    if unused:
+        raise PhazeError(f"{spec.name}: parameters never used in training: {unused[:5]}")
+    return Capture(recorder.ops, names, param_bytes,
+                   {n: recorder.activation_bytes.get(n, 0) for n in names},
+                   input_bytes, output_bytes)

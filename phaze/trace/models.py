@@ -1,0 +1,225 @@
+"""The model registry: the paper's eight workloads by name, or any Hugging Face ``config.json``.
+
+A :class:`ModelSpec` is plain data (sizes, valid tensor-parallel widths) so the CLI and the
+Snakefile can use it without importing torch; ``spec.hf_config(num_blocks)`` and
+``spec.model_class()`` import transformers lazily. Models are always built from a config object on
+the meta device: no weights, no hub (``HF_HUB_OFFLINE=1`` is set before transformers is imported).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from phaze.errors import PhazeError
+
+# Tensor-parallel widths the workflow considers (Megatron within a node).
+TMP_CANDIDATES = (1, 2, 4, 8)
+
+# Families we know how to slice tensor-parallel (see phaze/trace/tensor_parallel.py) and which
+# HF classes build them. `causal` picks labels = input ids shifted (HF does the shift) vs MLM.
+FAMILIES: dict[str, dict] = {
+    "bert": {"config": "BertConfig", "model": "BertForMaskedLM"},
+    "megatron-bert": {"config": "MegatronBertConfig", "model": "MegatronBertForMaskedLM"},
+    "gpt2": {"config": "GPT2Config", "model": "GPT2LMHeadModel"},
+    "opt": {"config": "OPTConfig", "model": "OPTForCausalLM"},
+    "llama": {"config": "LlamaConfig", "model": "LlamaForCausalLM"},
+}
+# HF `model_type` -> our family
+MODEL_TYPES = {"bert": "bert", "megatron-bert": "megatron-bert", "gpt2": "gpt2", "opt": "opt",
+               "llama": "llama"}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    family: str            # key of FAMILIES, or "hf:<model_type>" for an unknown HF architecture
+    num_blocks: int
+    hidden: int
+    heads: int
+    ffn: int
+    vocab: int
+    seq: int               # default sequence length (the paper's)
+    kv_heads: int
+    config_kwargs: dict = field(default_factory=dict, hash=False, compare=False)
+    config_path: str | None = None
+
+    @property
+    def valid_tmp(self) -> tuple[int, ...]:
+        """Powers of two <= 8 that divide the head count (and the FFN width and key/value heads,
+        which Megatron slices the same way); only 1 for architectures we cannot slice."""
+        if self.family not in FAMILIES:
+            return (1,)
+        return tuple(t for t in TMP_CANDIDATES
+                     if self.heads % t == 0 and self.ffn % t == 0 and self.kv_heads % t == 0)
+
+    def check_tmp(self, tmp: int) -> None:
+        if tmp in self.valid_tmp:
+            return
+        if tmp not in TMP_CANDIDATES:
+            raise PhazeError(f"tensor-parallel width {tmp} not supported (choose from "
+                             f"{list(TMP_CANDIDATES)}; valid for {self.name}: {list(self.valid_tmp)})")
+        if self.family not in FAMILIES:
+            raise PhazeError(f"{self.name}: tensor-parallel slicing of model_type "
+                             f"{self.family.removeprefix('hf:')!r} is not supported; only t=1")
+        reasons = []
+        if self.heads % tmp:
+            reasons.append(f"its {self.heads} attention heads")
+        if self.kv_heads % tmp and self.kv_heads != self.heads:
+            reasons.append(f"its {self.kv_heads} key/value heads")
+        if self.ffn % tmp:
+            reasons.append(f"its FFN width {self.ffn}")
+        raise PhazeError(f"tensor-parallel width t={tmp} must divide {' and '.join(reasons)} "
+                         f"for {self.name} (valid t: {list(self.valid_tmp)})")
+
+    def hf_config(self, num_blocks: int | None = None, seq: int | None = None):
+        """A transformers config for this model with ``num_blocks`` blocks (default: all)."""
+        _hf_offline()
+        import transformers
+
+        if self.config_path is not None:
+            config = _load_hf_config(Path(self.config_path))
+        else:
+            cls = getattr(transformers, FAMILIES[self.family]["config"])
+            config = cls(**self.config_kwargs)
+        config.num_hidden_layers = num_blocks if num_blocks is not None else self.num_blocks
+        # Training graph: no KV cache (its concatenations are inference work).
+        config.use_cache = False
+        # Explicit matmul/softmax/dropout ops: SDPA on the meta device lowers to a math fallback
+        # whose op mix depends on the backend, and the scheduler wants the attention ops anyway.
+        config._attn_implementation = "eager"
+        seq = seq or self.seq
+        for pos_key in ("max_position_embeddings", "n_positions"):
+            if pos_key in config.to_dict() and getattr(config, pos_key) < seq:
+                setattr(config, pos_key, seq)
+        return config
+
+    def model_class(self):
+        _hf_offline()
+        import transformers
+
+        if self.family in FAMILIES:
+            return getattr(transformers, FAMILIES[self.family]["model"])
+        config = self.hf_config(1)
+        for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForMaskedLM):
+            mapping = auto._model_mapping
+            if type(config) in mapping:
+                return mapping[type(config)]
+        raise PhazeError(f"{self.name}: model_type {config.model_type!r} has no causal-LM or "
+                         "masked-LM class in transformers; cannot build a training graph")
+
+    @property
+    def causal(self) -> bool:
+        return self.family not in ("bert", "megatron-bert")
+
+
+def _hf_offline() -> None:
+    # Never touch the hub: every config is local.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def _gpt2_style(name, blocks, hidden, heads, ffn, seq, vocab=50257) -> ModelSpec:
+    kwargs = dict(n_layer=blocks, n_embd=hidden, n_head=heads, n_inner=ffn, vocab_size=vocab,
+                  n_positions=seq)
+    return ModelSpec(name, "gpt2", blocks, hidden, heads, ffn, vocab, seq, heads, kwargs)
+
+
+def _bert_style(name, family) -> ModelSpec:
+    kwargs = dict(num_hidden_layers=24, hidden_size=1024, num_attention_heads=16,
+                  intermediate_size=4096, vocab_size=30522, max_position_embeddings=512)
+    return ModelSpec(name, family, 24, 1024, 16, 4096, 30522, 512, 16, kwargs)
+
+
+_REGISTRY: dict[str, ModelSpec] = {
+    s.name: s
+    for s in (
+        _bert_style("bert-large", "bert"),
+        _gpt2_style("gpt2-xl", 48, 1600, 25, 6400, 1024),
+        ModelSpec("opt-350m", "opt", 24, 1024, 16, 4096, 50272, 2048, 16, dict(
+            num_hidden_layers=24, hidden_size=1024, num_attention_heads=16, ffn_dim=4096,
+            vocab_size=50272, max_position_embeddings=2048, word_embed_proj_dim=512,
+            do_layer_norm_before=False, activation_function="relu", dropout=0.1,
+            attention_dropout=0.0, enable_bias=True)),
+        ModelSpec("llama2-7b", "llama", 32, 4096, 32, 11008, 32000, 4096, 32, dict(
+            num_hidden_layers=32, hidden_size=4096, num_attention_heads=32,
+            num_key_value_heads=32, intermediate_size=11008, vocab_size=32000,
+            max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=False)),
+        _bert_style("megatron-bert", "megatron-bert"),
+        _gpt2_style("megatron-gpt-2.5b", 54, 1920, 20, 7680, 1024),
+        _gpt2_style("megatron-gpt-8.3b", 72, 3072, 24, 12288, 1024),
+        _gpt2_style("gpt3-175b", 96, 12288, 96, 49152, 2048),
+    )
+}
+
+
+def list_models() -> list[str]:
+    return list(_REGISTRY)
+
+
+def get_model_spec(name: str) -> ModelSpec:
+    """A registry name, or a path to a Hugging Face ``config.json`` (or a directory holding one)."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    looks_like_path = name.endswith(".json") or os.sep in name or Path(name).exists()
+    if not looks_like_path:
+        raise PhazeError(f"unknown model {name!r}: choose one of {', '.join(_REGISTRY)} "
+                         "or give a path to a Hugging Face config.json")
+    return _spec_from_path(Path(name))
+
+
+def _load_hf_config(path: Path):
+    _hf_offline()
+    import transformers
+
+    raw = _read_config_json(path)
+    model_type = raw.get("model_type")
+    if model_type not in transformers.CONFIG_MAPPING:
+        raise PhazeError(f"{path}: model_type {model_type!r} is not known to transformers")
+    try:
+        return transformers.CONFIG_MAPPING[model_type].from_dict(raw)
+    except Exception as exc:  # transformers raises many types for malformed configs
+        raise PhazeError(f"{path}: cannot build a {model_type} config: {exc}") from exc
+
+
+def _read_config_json(path: Path) -> dict:
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise PhazeError(f"model config not found: {path}")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PhazeError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        raise PhazeError(f"{path} is not a Hugging Face config.json (no model_type)")
+    return raw
+
+
+def _spec_from_path(path: Path) -> ModelSpec:
+    if path.is_dir():
+        path = path / "config.json"
+    config = _load_hf_config(path)
+
+    def first(*keys, default=None):
+        for key in keys:
+            value = getattr(config, key, None)
+            if value is not None:
+                return value
+        if default is None:
+            raise PhazeError(f"{path}: cannot find any of {keys} in the config")
+        return default
+
+    hidden = int(first("hidden_size", "n_embd", "d_model"))
+    heads = int(first("num_attention_heads", "n_head"))
+    ffn = int(first("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden) or 4 * hidden)
+    seq = int(first("max_position_embeddings", "n_positions", default=2048))
+    family = MODEL_TYPES.get(config.model_type, f"hf:{config.model_type}")
+    name = path.parent.name if path.name == "config.json" else path.stem
+    return ModelSpec(
+        name=name, family=family, num_blocks=int(first("num_hidden_layers", "n_layer")),
+        hidden=hidden, heads=heads, ffn=ffn, vocab=int(first("vocab_size")), seq=seq,
+        kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+        config_path=str(path.resolve()),
+    )

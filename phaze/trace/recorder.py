@@ -1,0 +1,171 @@
+"""A TorchDispatchMode that records every ATen operator of forward + ``loss.backward()``.
+
+What it keeps per operator: its layer, pass, ATen name, input/output shapes, where each input
+came from (an earlier operator, a parameter, or outside the graph), FLOPs (``torch.utils.
+flop_counter``'s formulas) and matmul dimensions. It holds only WEAK references to tensors
+(``WeakIdKeyDictionary``): a strong reference would keep tensors alive that autograd would have
+freed and change what the model does (e.g. in-place ops turn into copies).
+
+Views and reshapes are collapsed while recording: their outputs inherit the origin of the tensor
+they alias, so consumers get an edge straight to the real producer.
+
+Layer attribution: forward ops take the layer the module hooks say is running; backward ops take
+the layer whose forward created the autograd node being executed (autograd sequence numbers are
+assigned in forward order, so the layer boundaries recorded in forward are ranges of them).
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
+from torch.utils.weak import WeakIdKeyDictionary
+
+# Training precision: bf16/fp16 activations and weights.
+FLOAT_BYTES = 2
+
+# Not views by schema but pure reshapes of a fresh tensor: no data movement worth an operator.
+_RESHAPES = {"aten._unsafe_view.default", "aten.view_copy.default", "aten._reshape_alias.default"}
+# Allocation without computation.
+NOP_OPS = {"aten.empty.memory_format", "aten.empty_like.default", "aten.empty_strided.default",
+           "aten.new_empty.default", "aten.new_empty_strided.default",
+           "aten.scalar_tensor.default"}
+_MATMUL_3 = {"aten.addmm.default": (1, 2), "aten.baddbmm.default": (1, 2),
+             "aten.mm.default": (0, 1), "aten.bmm.default": (0, 1)}
+_NO_SEQ = 2**64 - 1  # AccumulateGrad and other nodes without a forward sequence number
+
+
+def element_bytes(t: torch.Tensor) -> int:
+    return FLOAT_BYTES if t.is_floating_point() else t.element_size()
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * element_bytes(t)
+
+
+@dataclass
+class RawInput:
+    src: int          # index of the producing RawOp, or -1 (parameter / graph input)
+    param: str | None  # parameter name if this input is (a view of) a parameter
+    shape: tuple
+    bytes: int
+
+
+@dataclass
+class RawOp:
+    index: int
+    layer: str
+    pass_: str
+    aten: str
+    inputs: list[RawInput]
+    out_shapes: list[tuple]
+    elements: int
+    bytes_out: int
+    flops: float
+    mnkb: tuple[int, int, int, int]
+    pointwise: bool
+    group_size: int
+
+
+@dataclass(eq=False)  # identity semantics: a mode must stay hashable
+class Recorder(TorchDispatchMode):
+    params: dict  # name -> parameter
+    ops: list[RawOp] = field(default_factory=list)
+    layer: str = "embedding"
+    pass_: str = "fwd"
+    param_layer: dict = field(default_factory=dict)   # parameter name -> layer of first use
+    activation_bytes: dict = field(default_factory=dict)  # layer -> saved-for-backward bytes
+
+    def __post_init__(self):
+        super().__init__()
+        self._origin = WeakIdKeyDictionary()   # tensor -> (op index, parameter name)
+        self._saved = WeakIdKeyDictionary()    # tensors already counted as saved activations
+        self._param_name = WeakIdKeyDictionary()
+        for name, p in self.params.items():
+            self._origin[p] = (-1, name)
+            self._param_name[p] = name
+        self._marks_seq: list[int] = []
+        self._marks_layer: list[str] = []
+        self._last_bwd_layer = "head"
+        self.enter_layer("embedding")
+
+    # --- layer attribution -----------------------------------------------------------------
+    def enter_layer(self, name: str) -> None:
+        """Called by module hooks in forward: ops from now on (and their backward) are ``name``'s."""
+        self.layer = name
+        self._marks_seq.append(torch._C._autograd._get_sequence_nr())
+        self._marks_layer.append(name)
+
+    def _backward_layer(self) -> str:
+        node = torch._C._current_autograd_node()
+        if node is None:  # e.g. the loss gradient seed, created before the engine runs
+            return self._last_bwd_layer
+        seq = node._sequence_nr()
+        if seq == _NO_SEQ:
+            variable = getattr(node, "variable", None)
+            name = self._param_name.get(variable) if variable is not None else None
+            return self.param_layer.get(name, self._last_bwd_layer)
+        i = bisect.bisect_right(self._marks_seq, seq) - 1
+        self._last_bwd_layer = self._marks_layer[max(i, 0)]
+        return self._last_bwd_layer
+
+    # --- saved activations (forward) --------------------------------------------------------
+    def pack_hook(self, t: torch.Tensor):
+        base = t._base if t._base is not None else t
+        if base not in self._param_name and base not in self._saved:
+            self._saved[base] = True
+            self.activation_bytes[self.layer] = self.activation_bytes.get(self.layer, 0) + \
+                tensor_bytes(base)
+        return t
+
+    @staticmethod
+    def unpack_hook(t):
+        return t
+
+    # --- the recorder -----------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = str(func)
+        flat_in = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        flat_out = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+
+        if (func.is_view or name in _RESHAPES) and flat_in:
+            origin = self._origin.get(flat_in[0], (-1, None))
+            for o in flat_out:
+                self._origin[o] = origin
+            return out
+
+        layer = self.layer if self.pass_ == "fwd" else self._backward_layer()
+        index = len(self.ops)
+        inputs = []
+        for t in flat_in:
+            src, param = self._origin.get(t, (-1, None))
+            if param is not None and param not in self.param_layer:
+                self.param_layer[param] = layer
+            inputs.append(RawInput(src, param, tuple(t.shape), tensor_bytes(t)))
+        flops = 0.0
+        if func.overloadpacket in flop_registry:
+            flops = float(flop_registry[func.overloadpacket](*args, **kwargs, out_val=out))
+        mnkb = (0, 0, 0, 0)
+        if name in _MATMUL_3:
+            a, b = (args[i] for i in _MATMUL_3[name])
+            batch = a.shape[0] if a.dim() == 3 else 1
+            mnkb = (a.shape[-2], b.shape[-1], a.shape[-1], batch)
+        group_size = 1
+        if name == "phaze.all_reduce.default":
+            group_size = int(args[1] if len(args) > 1 else kwargs["group_size"])
+        self.ops.append(RawOp(
+            index=index, layer=layer, pass_=self.pass_, aten=name, inputs=inputs,
+            out_shapes=[tuple(o.shape) for o in flat_out],
+            elements=sum(o.numel() for o in flat_out),
+            bytes_out=sum(tensor_bytes(o) for o in flat_out),
+            flops=flops, mnkb=tuple(int(x) for x in mnkb),
+            pointwise=torch.Tag.pointwise in func.tags, group_size=group_size,
+        ))
+        for o in flat_out:
+            self._origin[o] = (index, None)
+        return out

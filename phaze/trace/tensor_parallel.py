@@ -1,0 +1,183 @@
+"""Megatron tensor-model parallelism as a rewrite of the model's shapes (imported lazily: torch).
+
+For width ``t`` every block is rewritten into what ONE rank of a Megatron tensor-parallel group
+holds and executes, and is then traced like any model, so autograd (not hand-written rules) still
+produces the backward graph:
+
+* column-parallel linears (QKV or Q/K/V, FC1, gate/up) keep 1/t of their output features (and of
+  their bias); the attention module keeps 1/t of its heads;
+* row-parallel linears (attention-out, FC2/down) keep 1/t of their input features, compute the
+  partial product, all-reduce it (Megatron's ``g``: all-reduce forward, identity backward) and
+  only then add the full bias, as Megatron's RowParallelLinear does;
+* the input of each column-parallel group goes through Megatron's ``f`` (identity forward,
+  all-reduce of the input gradient backward). It is applied once per module that owns the group
+  (attention, MLP), so Q, K and V share ONE backward all-reduce, as with Megatron's fused QKV.
+
+The collective is a custom op ``phaze::all_reduce(x, group_size)`` so the recorder sees it as one
+operator at the right place in the graph.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from phaze.errors import PhazeError
+
+
+@torch.library.custom_op("phaze::all_reduce", mutates_args=())
+def all_reduce(x: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Sum over the tensor-parallel group (a single-process stand-in: the shape is what matters)."""
+    return x.clone()
+
+
+@all_reduce.register_fake
+def _all_reduce_fake(x: torch.Tensor, group_size: int) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+ALL_REDUCE_OP = "phaze.all_reduce.default"
+
+
+class _CopyToTensorParallel(torch.autograd.Function):
+    """Megatron ``f``: identity forward, all-reduce of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, group_size):
+        ctx.group_size = group_size
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_reduce(grad, ctx.group_size), None
+
+
+class _ReduceFromTensorParallel(torch.autograd.Function):
+    """Megatron ``g``: all-reduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x, group_size):
+        return all_reduce(x, group_size)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+# Per family, relative to one block: modules whose input enters a column-parallel group (gets
+# `f`), the column-parallel and row-parallel linears, and the attention module (heads divided).
+TP_RULES: dict[str, dict[str, list[str]]] = {
+    "gpt2": {
+        "group_inputs": ["attn", "mlp"],
+        "column": ["attn.c_attn", "mlp.c_fc"],
+        "row": ["attn.c_proj", "mlp.c_proj"],
+        "attention": ["attn"],
+    },
+    "bert": {
+        "group_inputs": ["attention.self", "intermediate"],
+        "column": ["attention.self.query", "attention.self.key", "attention.self.value",
+                   "intermediate.dense"],
+        "row": ["attention.output.dense", "output.dense"],
+        "attention": ["attention.self"],
+    },
+    "opt": {
+        "group_inputs": ["self_attn", "fc1"],
+        "column": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "fc1"],
+        "row": ["self_attn.out_proj", "fc2"],
+        "attention": ["self_attn"],
+    },
+    "llama": {
+        "group_inputs": ["self_attn", "mlp"],
+        "column": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj",
+                   "mlp.up_proj"],
+        "row": ["self_attn.o_proj", "mlp.down_proj"],
+        "attention": ["self_attn"],
+    },
+}
+TP_RULES["megatron-bert"] = TP_RULES["bert"]
+
+# Attention attributes that count heads or per-rank widths (divided by t when present).
+_HEAD_ATTRS = ("num_heads", "num_attention_heads", "num_key_value_heads", "all_head_size",
+               "split_size")
+
+
+def _is_conv1d(module: nn.Module) -> bool:
+    # GPT-2's Conv1D stores its weight as [in, out] (transposed w.r.t. nn.Linear).
+    return type(module).__name__ == "Conv1D"
+
+
+def _new_param(shape) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, device="meta"))
+
+
+def _slice_column(module: nn.Module, t: int) -> None:
+    w = module.weight
+    if _is_conv1d(module):
+        module.weight = _new_param((w.shape[0], _div(w.shape[1], t, module)))
+        module.nf = module.weight.shape[1]
+    else:
+        module.weight = _new_param((_div(w.shape[0], t, module), w.shape[1]))
+        module.out_features = module.weight.shape[0]
+    if getattr(module, "bias", None) is not None:
+        module.bias = _new_param((_div(module.bias.shape[0], t, module),))
+
+
+class RowParallelLinear(nn.Module):
+    """One rank's share of a row-parallel linear: partial product, all-reduce, then the bias."""
+
+    def __init__(self, inner: nn.Module, t: int):
+        super().__init__()
+        self.group_size = t
+        self.transposed = _is_conv1d(inner)
+        w = inner.weight
+        if self.transposed:
+            self.weight = _new_param((_div(w.shape[0], t, inner), w.shape[1]))
+        else:
+            self.weight = _new_param((w.shape[0], _div(w.shape[1], t, inner)))
+        self.bias = inner.bias if getattr(inner, "bias", None) is not None else None
+
+    def forward(self, x):
+        partial = x @ self.weight if self.transposed else nn.functional.linear(x, self.weight)
+        out = _ReduceFromTensorParallel.apply(partial, self.group_size)
+        return out + self.bias if self.bias is not None else out
+
+
+def _div(n: int, t: int, where) -> int:
+    if n % t:
+        raise PhazeError(f"cannot slice {n} features of {type(where).__name__} {t} ways")
+    return n // t
+
+
+def _group_input_hook(t: int):
+    def hook(module, args, kwargs):
+        if args:
+            args = (_CopyToTensorParallel.apply(args[0], t),) + tuple(args[1:])
+        elif "hidden_states" in kwargs:
+            kwargs = dict(kwargs, hidden_states=_CopyToTensorParallel.apply(kwargs["hidden_states"], t))
+        else:
+            raise PhazeError(f"cannot find the input of {type(module).__name__} to mark "
+                             "tensor-parallel")
+        return args, kwargs
+    return hook
+
+
+def apply_tensor_parallel(block: nn.Module, family: str, t: int) -> None:
+    """Rewrite ``block`` in place into one rank's share of a width-``t`` Megatron group."""
+    if t == 1:
+        return
+    if family not in TP_RULES:
+        raise PhazeError(f"tensor-parallel slicing is not defined for family {family!r}")
+    rules = TP_RULES[family]
+    for path in rules["attention"]:
+        attn = block.get_submodule(path)
+        for attr in _HEAD_ATTRS:
+            value = getattr(attn, attr, None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                setattr(attn, attr, _div(value, t, attn))
+    for path in rules["column"]:
+        _slice_column(block.get_submodule(path), t)
+    for path in rules["row"]:
+        parent_path, _, leaf = path.rpartition(".")
+        parent = block.get_submodule(parent_path) if parent_path else block
+        setattr(parent, leaf, RowParallelLinear(getattr(parent, leaf), t))
+    for path in rules["group_inputs"]:
+        block.get_submodule(path).register_forward_pre_hook(_group_input_hook(t), with_kwargs=True)

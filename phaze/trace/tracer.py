@@ -1,0 +1,108 @@
+"""Trace one model configuration into the ops / edges / layers tables (imports torch).
+
+A ONE-block model is traced and its block replicated to the model's block count; a TWO-block
+trace checks that this is sound (both blocks and the one-block trace's block must have the same
+op graph, parameters and activation bytes) instead of assuming it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from phaze.errors import PhazeError
+from phaze.trace.capture import Capture, capture
+from phaze.trace.graph import layer_graph, signature, to_frames
+from phaze.trace.models import ModelSpec
+
+
+@dataclass
+class Trace:
+    ops: pd.DataFrame
+    edges: pd.DataFrame
+    layers: pd.DataFrame
+
+
+def _layer_kind(name: str) -> str:
+    return "block" if name.startswith("block.") else name
+
+
+def _graphs(cap: Capture, fuse: bool) -> dict[str, tuple[list, list, str]]:
+    by_layer: dict[str, list] = {n: [] for n in cap.layer_names}
+    for op in cap.ops:
+        by_layer[op.layer].append(op)
+    out = {}
+    for name, ops in by_layer.items():
+        op_rows, edge_rows = layer_graph(ops, name, fuse)
+        sig = signature(op_rows, edge_rows, {"kind": _layer_kind(name)})
+        out[name] = (op_rows, edge_rows, sig)
+    return out
+
+
+def _block_facts(cap: Capture, graphs, name: str) -> tuple:
+    return (graphs[name][2], cap.param_bytes[name], cap.activation_bytes[name],
+            cap.input_bytes[name], cap.output_bytes[name])
+
+
+def trace_model(spec: ModelSpec, microbatch: int, tmp: int = 1, seq: int | None = None,
+                fuse: bool = True, verify: bool = True) -> Trace:
+    if microbatch < 1:
+        raise PhazeError(f"microbatch must be >= 1 (got {microbatch})")
+    seq = seq or spec.seq
+    if seq < 2:
+        raise PhazeError(f"sequence length must be >= 2 (got {seq})")
+    spec.check_tmp(tmp)
+
+    cap = capture(spec, 1, microbatch, seq, tmp)
+    graphs = _graphs(cap, fuse)
+    if verify:
+        cap2 = capture(spec, 2, microbatch, seq, tmp)
+        graphs2 = _graphs(cap2, fuse)
+        reference = _block_facts(cap, graphs, "block.0")
+        for name in ("block.0", "block.1"):
+            got = _block_facts(cap2, graphs2, name)
+            if got != reference:
+                raise PhazeError(
+                    f"{spec.name}: {name} of a 2-block trace differs from the 1-block trace "
+                    f"(signature, param, activation, input, output bytes: {got} vs {reference}); "
+                    "its blocks are not identical, so replicating one block would be wrong")
+
+    op_rows, edge_rows = [], []
+    for name in cap.layer_names:
+        rows, erows, sig = graphs[name]
+        for r in rows:
+            r["signature"] = sig
+        for r in erows:
+            r["signature"] = sig
+        op_rows += rows
+        edge_rows += erows
+    ops, edges = to_frames(op_rows, edge_rows)
+    layers = _layers_table(spec, cap, graphs, microbatch, seq, tmp)
+    return Trace(ops, edges, layers)
+
+
+def _layers_table(spec, cap: Capture, graphs, microbatch, seq, tmp) -> pd.DataFrame:
+    def flops(name, pass_, matmul_only=False):
+        return float(sum(r["flops"] for r in graphs[name][0] if r["pass"] == pass_
+                         and (not matmul_only or r["kind"] == "matmul")))
+
+    rows = []
+    order = ["embedding"] + [f"block.{i}" for i in range(spec.num_blocks)] + ["head"]
+    for index, name in enumerate(order):
+        src = "block.0" if name.startswith("block.") else name  # the traced representative
+        kind = _layer_kind(name)
+        rows.append({
+            "layer": name, "kind": kind, "signature": graphs[src][2],
+            "param_bytes": cap.param_bytes[src],
+            "activation_bytes": cap.activation_bytes[src],
+            "stash_recompute_bytes": cap.input_bytes[src],
+            "boundary_bytes": cap.output_bytes[src],
+            "tensor_parallel": kind == "block" and tmp > 1,
+            "index": index,
+            "block": int(name.split(".")[1]) if kind == "block" else -1,
+            "fwd_flops": flops(src, "fwd"), "bwd_flops": flops(src, "bwd"),
+            "fwd_matmul_flops": flops(src, "fwd", True),
+            "bwd_matmul_flops": flops(src, "bwd", True),
+            "model": spec.name, "microbatch": microbatch, "seq_len": seq, "tmp": tmp,
+        })
+    return pd.DataFrame(rows)
