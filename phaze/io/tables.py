@@ -52,7 +52,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     ),
     # --- estimate ----------------------------------------------------------------------------
     "latency": _schema(
-        ("arch", s), ("signature", s), ("pass", s), ("op", i64),
+        ("arch", s), ("signature", s), ("pass", s), ("op", i64), ("core", s),
         ("latency_1core_s", f64), ("latency_allcores_s", f64), ("bound", s),
     ),
     # --- schedule ----------------------------------------------------------------------------

@@ -1,0 +1,44 @@
+"""Operator cost model and the ``estimate`` stage (``python -m phaze estimate``).
+
+Public API (numpy; every argument broadcasts, so one call covers operators × configurations):
+
+``matmul_latency(m, n, k, batch, core, costmodel, n_cores=1) -> (seconds, bound)``
+    A (batched) GEMM ``[batch×] (m×k)·(k×n)`` on ``n_cores`` weight-stationary systolic tensor
+    cores. ``core`` is a mapping with ``tc_width``, ``tc_depth`` (array rows × columns),
+    ``glb_bytes`` (shared global buffer), ``freq_hz`` and optionally ``tc_local_buffer_bytes``
+    (default: 16 B per PE, at least 1 KiB). ``bound`` is ``compute``, ``glb`` or ``hbm``.
+``matmul_cost(...)`` -> dict with ``compute_s, glb_s, hbm_s, hbm_bytes, latency_s, bound``.
+``vector_latency(elements, bytes_moved, cycles_per_element, core, costmodel, n_cores=1)``
+    An element-wise/reduction op on ``n_cores`` vector cores (``core``: ``vc_width, freq_hz``).
+``collective_latency(bytes_, group_size, costmodel, kind="all_reduce") -> seconds``
+    Ring collective over ``group_size`` devices on links of ``link_bandwidth_Bps`` /
+    ``link_latency_s``.
+``hbm_traffic_bytes(m, n, k, batch, glb_bytes, costmodel)``
+    The least HBM traffic of a GEMM blocked against the GLB.
+``default_costmodel()`` -> the schema's default ``costmodel`` section (a fresh dict).
+
+``costmodel`` is the config's ``costmodel:`` section (keys carry units: ``hbm_bandwidth_Bps``,
+``glb_bandwidth_Bps`` = bandwidth of EACH core's GLB port, ``link_bandwidth_Bps``,
+``link_latency_s``, ``bytes_per_element``, ``accumulator_bytes_per_element``,
+``accumulator_fraction``, ``weight_load_overlapped``, ``vector_cycles_per_element``).
+The model itself is described in ``phaze/estimate/model.py``. Example: an A100 as 432 tensor cores
+of 16×16 at 1.41 GHz with a 40 MB L2 as GLB::
+
+    a100 = {"tc_width": 16, "tc_depth": 16, "glb_bytes": 40e6, "freq_hz": 1.41e9}
+    seconds, bound = matmul_latency(4096, 4096, 4096, 1, a100, costmodel, n_cores=432)
+"""
+from phaze.estimate.model import (  # noqa: F401
+    collective_latency,
+    core_time,
+    hbm_traffic_bytes,
+    matmul_cost,
+    matmul_latency,
+    vector_cost,
+    vector_latency,
+)
+
+
+def default_costmodel() -> dict:
+    from phaze.config import validate_config
+
+    return validate_config({})["costmodel"]
