@@ -69,13 +69,32 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("expert_feasible", b), ("expert_reason", s), ("expert_throughput_seq_s", f64),
         ("expert_time_per_batch_s", f64), ("expert_mfu", f64), ("expert_pp", i64),
         ("expert_tp", i64), ("expert_dp", i64),
+        # reason = why nothing fits (empty when feasible); expert stage layout as for `stages`
+        ("reason", s), ("expert_stages", s), ("expert_stage_mem_bytes", s),
     ),
     # --- search / summary --------------------------------------------------------------------
     "comparison": _schema(
         ("model", s), ("strategy", s), ("arch", s), ("hbm_bytes", i64), ("microbatch", i64),
         ("recompute", b), ("pp", i64), ("tp", i64), ("dp", i64), ("throughput_seq_s", f64),
         ("speedup_vs_tpuv4_expert", f64),
+        ("devices", i64), ("speedup_vs_tpuv4_phaze", f64), ("speedup_vs_placement_blind", f64),
     ),
+    # chosen designs of the searches (mode = early_stop | exhaustive)
+    "best": _schema(
+        ("model", s), ("strategy", s), ("mode", s), ("arch", s), ("hbm_bytes", i64),
+        ("devices", i64), ("microbatch", i64), ("recompute", b), ("pp", i64), ("tp", i64),
+        ("dp", i64), ("throughput_seq_s", f64), ("speedup_vs_tpuv4_expert", f64),
+        ("search_score", f64), ("last_bucket", i64), ("archs_visited", i64),
+    ),
+    # one row per (search, arch computed); model = "*" for Phaze-Common's searches
+    "explored": _schema(
+        ("strategy", s), ("model", s), ("hbm_bytes", i64), ("microbatch", i64), ("recompute", b),
+        ("devices", i64), ("arch", s), ("bucket", i64), ("round", i64), ("area_mm2", f64),
+        ("throughput_upper_seq_s", f64), ("throughput_seq_s", f64), ("exact", b),
+        ("has_ilp", b), ("pruned", b), ("visited", b),
+    ),
+    # arch -> chunk (the workflow's job split; search plan adds bucket/round/area columns)
+    "chunks": _schema(("arch", s), ("chunk", i64)),
 }
 
 

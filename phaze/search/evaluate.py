@@ -86,6 +86,7 @@ def components(place: pd.DataFrame) -> pd.DataFrame:
     wide.columns.name = None
     wide = wide.rename(columns={"ub": "hi"}).reset_index()
     wide["ach"] = np.fmax(wide["ilp"], wide["lo"])
+    wide["has_ilp"] = wide["ilp"].notna()
     # Exactly known: an ILP value, bounds that meet, or infeasible (NaN upper bound: memory does
     # not depend on latencies, so no schedule can make it fit).
     wide["exact"] = (wide["ilp"].notna() | (wide["hi"] <= wide["ach"]).fillna(False)
@@ -94,7 +95,7 @@ def components(place: pd.DataFrame) -> pd.DataFrame:
 
 
 def per_model_scores(comp: pd.DataFrame) -> pd.DataFrame:
-    out = comp[PER_MODEL_KEY + ["arch", "hi", "ach", "exact"]].copy()
+    out = comp[PER_MODEL_KEY + ["arch", "hi", "ach", "exact", "has_ilp"]].copy()
     out.insert(0, "strategy", "phaze-per-model")
     return out
 
@@ -103,14 +104,17 @@ def common_scores(comp: pd.DataFrame, models: list[str]) -> pd.DataFrame:
     """Phaze-Common score per (HBM, devices, arch): mean over ``models`` of each model's best
     over microbatch × recompute; NaN unless every model has a feasible value."""
     g = comp.groupby(["hbm_bytes", "devices", "arch", "model"], sort=False)
-    per_model = g.agg(hi=("hi", "max"), ach=("ach", "max"), exact=("exact", "all")).reset_index()
+    per_model = g.agg(hi=("hi", "max"), ach=("ach", "max"), exact=("exact", "all"),
+                      has_ilp=("has_ilp", "all")).reset_index()
     rows = []
     for (hbm, dev, arch), grp in per_model.groupby(["hbm_bytes", "devices", "arch"], sort=False):
         grp = grp.set_index("model").reindex(models)
         hi = grp["hi"].mean(skipna=False) if grp["hi"].notna().all() else np.nan
         ach = grp["ach"].mean(skipna=False) if grp["ach"].notna().all() else np.nan
-        rows.append((hbm, dev, arch, hi, ach, bool(grp["exact"].fillna(False).all())))
-    out = pd.DataFrame(rows, columns=["hbm_bytes", "devices", "arch", "hi", "ach", "exact"])
+        rows.append((hbm, dev, arch, hi, ach, bool(grp["exact"].fillna(False).all()),
+                     bool(grp["has_ilp"].fillna(False).all())))
+    out = pd.DataFrame(rows, columns=["hbm_bytes", "devices", "arch", "hi", "ach", "exact",
+                                      "has_ilp"])
     out["exact"] |= (out["hi"] <= out["ach"]).fillna(False) | out["hi"].isna()
     out.insert(0, "strategy", "phaze-common")
     for col in ("model", "microbatch", "recompute"):
@@ -123,7 +127,7 @@ SEARCH_KEY = ["strategy", "model", "hbm_bytes", "microbatch", "recompute", "devi
 
 def all_scores(comp: pd.DataFrame, models: list[str]) -> pd.DataFrame:
     scores = pd.concat([per_model_scores(comp), common_scores(comp, models)], ignore_index=True)
-    return scores[SEARCH_KEY + ["arch", "hi", "ach", "exact"]]
+    return scores[SEARCH_KEY + ["arch", "hi", "ach", "exact", "has_ilp"]]
 
 
 def _with_plan(scores: pd.DataFrame, plan: pd.DataFrame) -> pd.DataFrame:

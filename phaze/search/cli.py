@@ -1,0 +1,57 @@
+"""`python -m phaze search <action>`: the search's steps, as the workflow runs them.
+
+* ``plan``      space.parquet → chunks.parquet (bucket, round, chunk per arch)
+* ``prune``     bound-tier placements of round r → which archs get the ILP (one chunk table per
+                model × microbatch, for ``phaze schedule --chunks``)
+* ``state``     all placements so far → the early-stop state after round r (JSON)
+* ``blind``     t = 1 latencies of the whole space → the placement-blind baseline's arch
+* ``summarize`` everything → results/summary/{best,comparison,explored}.parquet
+"""
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    sub.required = True
+
+    p = sub.add_parser("plan", help="area buckets, rounds and chunks of the architecture space")
+    p.add_argument("--space", required=True)
+    p.add_argument("--config")
+    p.add_argument("--out", required=True, help="chunks.parquet")
+
+    for name, help_text in (("prune", "choose the archs of a round that need the ILP"),
+                            ("state", "early-stop state after a round")):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--plan", required=True, help="chunks.parquet")
+        p.add_argument("--round", type=int, required=True)
+        p.add_argument("--place", nargs="*", default=[], help="placement files r{R}_{tier}.parquet")
+        p.add_argument("--config")
+        p.add_argument("--out", required=True,
+                       help="prune: output directory; state: state JSON file")
+
+    p = sub.add_parser("blind", help="placement-blind baseline: min single-accelerator latency")
+    p.add_argument("--model", required=True)
+    p.add_argument("--trace", required=True, help="t = 1 trace directory (layers.parquet)")
+    p.add_argument("--latency", nargs="+", required=True, help="latency tables of the whole space")
+    p.add_argument("--space", required=True)
+    p.add_argument("--out", required=True, help="chunk table (arch, chunk = 0) of the chosen arch")
+
+    p = sub.add_parser("summarize", help="best / comparison / explored tables")
+    p.add_argument("--plan", required=True)
+    p.add_argument("--space", required=True)
+    p.add_argument("--round", type=int, required=True, help="last round computed")
+    p.add_argument("--place", nargs="*", default=[])
+    p.add_argument("--blind-place", nargs="*", default=[])
+    p.add_argument("--blind", nargs="*", default=[], help="blind choice tables")
+    p.add_argument("--schedules", nargs="*", default=[],
+                   help="schedule tables (bounds/ILP tiers) for the ILP counts")
+    p.add_argument("--config")
+    p.add_argument("--out-dir", required=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from phaze.search import commands
+
+    return getattr(commands, args.action)(args)

@@ -1,0 +1,193 @@
+"""The ``phaze search`` actions: file in, file out, logic in the pure modules."""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from phaze.config import load_config, validate_config
+from phaze.errors import PhazeError
+from phaze.io import read_table, write_json_atomic, write_table
+from phaze.search.evaluate import (
+    SearchSettings, all_scores, components, ilp_requests, needed_pairs, search_states,
+    select_for_ilp,
+)
+from phaze.search.files import load_place
+from phaze.search.plan import make_plan, n_rounds
+
+
+def _config(args) -> dict:
+    return load_config(args.config) if getattr(args, "config", None) else validate_config({})
+
+
+def _pairs(place: pd.DataFrame) -> list[tuple[str, int]]:
+    return sorted({(str(m), int(b)) for m, b in zip(place["model"], place["microbatch"])})
+
+
+def _scores(place: pd.DataFrame) -> pd.DataFrame:
+    models = sorted(place["model"].astype(str).unique())
+    return all_scores(components(place), models)
+
+
+def plan(args: argparse.Namespace) -> int:
+    cfg = _config(args)["search"]
+    space = read_table(args.space, "space")
+    df = make_plan(space, cfg["bucket_width_mm2"], cfg["round_buckets"], cfg["chunk_archs"],
+                   (cfg["baseline_preset"],))
+    write_table(df, args.out, "chunks")
+    print(f"phaze search plan: {len(df)} archs, {df['bucket'].max() + 1} buckets, "
+          f"{n_rounds(df)} rounds, {df['chunk'].max() + 1} chunks -> {args.out}")
+    return 0
+
+
+def _load_round_inputs(args):
+    cfg = _config(args)["search"]
+    settings = SearchSettings.from_config(cfg)
+    plan_df = read_table(args.plan, "chunks")
+    place = load_place(args.place)
+    if place.empty:
+        raise PhazeError(f"round {args.round}: no placement results given")
+    return cfg, settings, plan_df, place
+
+
+def prune(args: argparse.Namespace) -> int:
+    cfg, settings, plan_df, place = _load_round_inputs(args)
+    r = args.round
+    # States after the previous round, recomputed from the same files (deterministic).
+    earlier = place[place["source"].map(lambda s: _round_of(s) < r)]
+    prior = search_states(_scores(earlier), plan_df, r - 1, settings) if r > 0 else None
+    scores = _scores(place)
+    selected = select_for_ilp(scores, plan_df, r, settings, prior)
+    current = place[place["source"].map(lambda s: _round_of(s) == r)]
+    pairs = _pairs(current)
+    requests = ilp_requests(selected, plan_df, r, pairs, (cfg["baseline_preset"],))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for m, b in pairs:
+        sub = requests[(requests["model"] == m) & (requests["microbatch"] == b)]
+        write_table(sub[["arch", "chunk"]].reset_index(drop=True), out / f"{m}_b{b}.parquet", "chunks")
+    selected.astype({"hi": float, "threshold": float}).to_parquet(out / "selected.parquet.tmp")
+    (out / "selected.parquet.tmp").replace(out / "selected.parquet")
+    computed = place[(place["source"].map(_round_of) == r) & (place["tier"] == "ub")]
+    n_total = len(computed[["model", "microbatch", "arch"]].drop_duplicates())
+    print(f"phaze search prune: round {r}: ILP for {len(requests)} of {n_total} "
+          f"(model, microbatch, arch) in this round -> {out}")
+    return 0
+
+
+def state(args: argparse.Namespace) -> int:
+    cfg, settings, plan_df, place = _load_round_inputs(args)
+    r = args.round
+    scores = _scores(place)
+    states = search_states(scores, plan_df, r, settings)
+    pairs = _pairs(place)
+    need = needed_pairs(states, pairs)
+    more = r + 1 < n_rounds(plan_df)
+    doc = {
+        "round": r,
+        "continue": bool(more and need),
+        "needed": [[m, b] for m, b in need] if more else [],
+        "rounds_total": n_rounds(plan_df),
+        "searches": json.loads(states.to_json(orient="records")),
+    }
+    write_json_atomic(args.out, doc)
+    stopped = int((states["stop_bucket"] >= 0).sum())
+    print(f"phaze search state: round {r}: {stopped}/{len(states)} searches stopped; "
+          f"continue={doc['continue']} -> {args.out}")
+    return 0
+
+
+def blind(args: argparse.Namespace) -> int:
+    from phaze.search.baselines import placement_blind_choice
+
+    layers = read_table(Path(args.trace) / "layers.parquet", "layers")
+    latency = pd.concat([read_table(p, "latency") for p in args.latency], ignore_index=True)
+    space = read_table(args.space, "space")
+    choice = placement_blind_choice(latency, layers, space)
+    choice["chunk"] = 0
+    choice["model"] = args.model
+    write_table(choice, args.out, "chunks")
+    print(f"phaze search blind: {args.model}: arch {choice['arch'][0]} "
+          f"({choice['latency_s'][0]:.4g} s per microbatch on one accelerator) -> {args.out}")
+    return 0
+
+
+_ROUND = re.compile(r"(?:^|/)r(\d+)_(?:ub|lo|ilp)\.parquet$")
+
+
+def _round_of(path: str) -> int:
+    m = _ROUND.search(str(path))
+    return int(m.group(1)) if m else -1
+
+
+_SCHED = re.compile(r"schedule/(?P<model>[^/]+)/b(?P<b>\d+)_s\d+_t(?P<t>\d+)/(?P<tier>bounds|ilp|blind)")
+
+
+def _ilp_counts(paths: list[str], explored: pd.DataFrame) -> dict:
+    """ILP instances solved, and instances the pruning avoided (bound-tier instances of archs that
+    never got the ILP and whose bounds did not already meet)."""
+    solved = avoided = 0
+    ilp_archs = set()
+    bounds = []
+    for p in paths:
+        m = _SCHED.search(str(p))
+        if not m:
+            continue
+        df = read_table(p, "schedule")
+        if m["tier"] in ("ilp", "blind"):
+            method = df["method"] if "method" in df.columns else pd.Series("ilp", index=df.index)
+            solved += int((method == "ilp").sum())
+            ilp_archs.update((m["model"], int(m["b"]), a) for a in df["arch"])
+        else:
+            bounds.append(df.assign(model=m["model"], microbatch=int(m["b"])))
+    if bounds:
+        b = pd.concat(bounds, ignore_index=True)
+        key = list(zip(b["model"], b["microbatch"], b["arch"]))
+        open_gap = b["makespan_s"] > b["lower_bound_s"] * (1 + 1e-9)
+        if "method" in b.columns:
+            open_gap &= b["method"] != "chain"
+        avoided = int((open_gap & ~pd.Series([k in ilp_archs for k in key])).sum())
+    return {"ilp_instances_solved": solved, "ilp_instances_avoided_by_pruning": avoided,
+            "archs_with_ilp": len({a for _, _, a in ilp_archs})}
+
+
+def summarize(args: argparse.Namespace) -> int:
+    from phaze.search.summary import summarize as build
+
+    config = _config(args)
+    cfg = config["search"]
+    settings = SearchSettings.from_config(cfg)
+    plan_df = read_table(args.plan, "chunks")
+    space = read_table(args.space, "space")
+    place = load_place(args.place)
+    blind_place = load_place(args.blind_place)
+    blind = (pd.concat([read_table(p) for p in args.blind], ignore_index=True)
+             if args.blind else pd.DataFrame(columns=["model", "arch"]))
+    models = sorted(place["model"].astype(str).unique())
+    out = build(plan_df, space, place, blind_place, blind, models, settings, args.round,
+                cfg["baseline_preset"])
+    d = Path(args.out_dir)
+    write_table(out["best"], d / "best.parquet", "best")
+    write_table(out["comparison"], d / "comparison.parquet", "comparison")
+    write_table(out["explored"], d / "explored.parquet", "explored")
+    ex = out["explored"]
+    stats = {
+        "rounds_computed": args.round + 1,
+        "rounds_total": n_rounds(plan_df),
+        "archs_in_space": int(len(plan_df)),
+        "archs_computed": int(ex["arch"].nunique()),
+        "searches": int(len(out["states"])),
+        "searches_stopped_early": int((out["states"]["stop_bucket"] >= 0).sum()),
+        "settings": {"mode": settings.mode, "stop_rule": settings.stop_rule,
+                     "patience": settings.patience, "pruning": settings.pruning,
+                     "round_buckets": cfg["round_buckets"],
+                     "bucket_width_mm2": cfg["bucket_width_mm2"]},
+        **_ilp_counts(args.schedules, ex),
+    }
+    write_json_atomic(d / "search_stats.json", stats)
+    print(json.dumps(stats, indent=1))
+    return 0
