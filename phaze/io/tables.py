@@ -59,6 +59,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "schedule": _schema(
         ("arch", s), ("signature", s), ("pass", s), ("makespan_s", f64), ("lower_bound_s", f64),
         ("gap", f64), ("status", s), ("solve_s", f64), ("peak_tc", i64), ("peak_vc", i64),
+        ("upper_bound_s", f64), ("method", s),
     ),
     # --- place -------------------------------------------------------------------------------
     "place": _schema(

@@ -4,6 +4,7 @@
 * energy per core type c — intra-op ops run alone on the chip and single-core ops of type c
   share n_c cores, so T >= sum over ops using c of min(L_all, L_1 / n_c) (the ILP carries the
   mode-dependent version of the same cut);
+* windowed energy — the same on every window [head threshold, T - tail threshold];
 * heads/tails — earliest start and minimum remaining time per op, used for variable bounds and
   per-pair big-M in the ILP.
 """
@@ -38,8 +39,26 @@ def energy(inst: Instance, kind: str) -> float:
     return sum(min(inst.la[i], inst.l1[i] / n) for i in range(inst.n) if inst.uses(i, kind))
 
 
+def windowed_energy(inst: Instance, kind: str) -> float:
+    """Energy bound on time windows: the ops that cannot start before h and cannot end later than
+    tau before the end must fit between, so T >= h + sum of their min core-time / n_c + tau, for
+    every pair of thresholds (h, tau) taken from the ops' heads and tails. Catches the backward
+    pass's weight-gradient leaves, which all come late."""
+    n_c = inst.n_cores(kind)
+    hd, tl = heads(inst), tails(inst)
+    mem = [i for i in range(inst.n) if inst.uses(i, kind)]
+    w = {i: min(inst.la[i], inst.l1[i] / n_c) for i in mem}
+    best = 0.0
+    for h in sorted({hd[i] for i in mem}):
+        sub = [i for i in mem if hd[i] >= h]
+        for tau in sorted({tl[i] for i in sub}):
+            best = max(best, h + sum(w[i] for i in sub if tl[i] >= tau) + tau)
+    return best
+
+
 def lower_bound(inst: Instance) -> tuple[float, str]:
     """(best cheap bound, which one)."""
     cands = [(critical_path(inst), "critical_path"), (energy(inst, "tc"), "energy_tc"),
-             (energy(inst, "vc"), "energy_vc")]
+             (energy(inst, "vc"), "energy_vc"), (windowed_energy(inst, "tc"), "window_tc"),
+             (windowed_energy(inst, "vc"), "window_vc")]
     return max(cands)

@@ -9,7 +9,8 @@ pairs only (precedence already orders the others), makespan T; minimise T.
 * o_ij = 1  =>  t_j >= t_i + p_i, with a per-pair big-M = UB - tail_i - head_j (not a global M).
 * intra-op ops run alone: o_ij + o_ji >= y_i and >= y_j; o_ij + o_ji <= 1.
 * pairs sharing a core type with one core of it must be ordered: o_ij + o_ji = 1.
-* energy cut per core type c: T >= sum_i y_i LA_i + sum_{i uses c} (1 - y_i) L1_i / n_c.
+* energy cut per core type c: T >= sum_i y_i LA_i + sum_{i uses c} (1 - y_i) L1_i / n_c, and
+  the same on late and early windows (ops with head >= h: T >= h + their energy; tails alike).
 * t_i within [head_i, UB - tail_i - q_i]; y_i fixed to 0 where LA_i >= L1_i (dominated).
 * lazily, per core type whose solution over-subscribes its cores (upstream's scheme): core
   assignment z_ik with sum_k z_ik = 1 - y_i, o_ij + o_ji >= z_ik + z_jk - 1, and the standard
@@ -94,6 +95,21 @@ def build_model(inst: Instance, ub: float, lb: float, z_types=(), warm: Schedule
     kinds = ("tc", "vc")
     m.energy = pyo.Constraint(kinds, rule=lambda _m, c: m.T >= sum(la[i] * m.y[i] for i in range(n))
                               + sum(l1[i] / inst.n_cores(c) * (1 - m.y[i]) for i in range(n) if inst.uses(i, c)))
+    # the energy cut on late / early windows: ops with head >= h (tail >= tau) all run after h
+    # (end before T - tau), intra-op ops of any type take the whole chip while they run
+    win = []
+    for c in kinds:
+        mem = [i for i in range(n) if inst.uses(i, c)]
+        for h in sorted({hd[i] for i in mem} - {0.0}):
+            win.append((c, "head", h))
+        for tau in sorted({tl[i] for i in mem} - {0.0}):
+            win.append((c, "tail", tau))
+
+    def window_rule(_m, c, side, v):
+        sel = [i for i in range(n) if (hd[i] if side == "head" else tl[i]) >= v]
+        return m.T >= v + sum(la[i] * m.y[i] for i in sel) + sum(
+            l1[i] / inst.n_cores(c) * (1 - m.y[i]) for i in sel if inst.uses(i, c))
+    m.window = pyo.Constraint(win, rule=window_rule)
     m.obj = pyo.Objective(expr=m.T, sense=pyo.minimize)
 
     # lazy core assignment
