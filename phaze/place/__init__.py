@@ -1,0 +1,16 @@
+"""Placement stage: pipeline, data and tensor-parallel placement of one model on a cluster of
+identical accelerators, by an exact dynamic program (phaze.place.dp) over the contiguous stages
+of the layer graph (phaze.place.graph).
+
+Public API:
+* ``solve(graphs, rule, devices, microbatches, d_values, allreduce)`` — best placement over the
+  tensor-parallel widths in ``graphs`` ({t: LayerGraph}); ``solve_width`` for one t.
+* ``evaluate(...)`` — time and memory of a given placement (used for expert placements).
+* ``phaze.place.upstream`` — upstream's JSON instances (``solve_instance``, ``load_instance``).
+* ``phaze.place.tables`` — our mode: layer/schedule/space tables to placement rows.
+"""
+from phaze.place.dp import AllReduce, Placement, data_parallel_degrees, evaluate, solve, solve_width
+from phaze.place.graph import LayerGraph, StageRule, chain_graph
+
+__all__ = ["AllReduce", "LayerGraph", "Placement", "StageRule", "chain_graph",
+           "data_parallel_degrees", "evaluate", "solve", "solve_width"]

@@ -1,0 +1,141 @@
+"""`python -m phaze place`: pipeline/data/tensor-parallel placement.
+
+Two modes:
+* tables (the workflow's): ``--model --tmp T.. --trace-dirs D.. --schedules S.. --space F
+  --hbm-gib H --microbatch B --recompute on|off --out place.parquet`` — one row per architecture ×
+  cluster size; ``--export-instance FILE.json`` instead writes upstream's instance format for one
+  architecture (``--archs ID``).
+* ``--instance FILE.json`` — solve an instance in upstream's format with upstream's semantics and
+  print the result JSON (exit 0 also when nothing fits: the time is null and a reason is given).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from phaze.errors import PhazeError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--instance", help="solve an upstream-format placement instance (JSON)")
+    parser.add_argument("--model", help="model name (recorded in the output)")
+    parser.add_argument("--tmp", type=int, nargs="+", help="tensor-parallel widths, one per trace dir")
+    parser.add_argument("--trace-dirs", nargs="+", help="trace output dir per t (holds layers.parquet)")
+    parser.add_argument("--schedules", nargs="+",
+                        help="schedule table(s) per t; comma-join several chunk files of one t")
+    parser.add_argument("--space", help="architecture space (space.parquet)")
+    parser.add_argument("--archs", help="comma-separated arch ids to place (default: all scheduled)")
+    parser.add_argument("--hbm-gib", type=float, help="HBM capacity per device, GiB")
+    parser.add_argument("--microbatch", type=int, help="microbatch size (sequences)")
+    parser.add_argument("--recompute", choices=["on", "off"], help="activation recomputation")
+    parser.add_argument("--latency-column", default="makespan_s",
+                        choices=["makespan_s", "lower_bound_s"],
+                        help="schedule column used as layer latency (lower_bound_s gives a "
+                             "throughput upper bound)")
+    parser.add_argument("--devices", type=int, nargs="+",
+                        help="cluster sizes (default: config place.devices)")
+    parser.add_argument("--config", help="config file (YAML or the workflow's JSON snapshot)")
+    parser.add_argument("--export-instance", metavar="FILE",
+                        help="write upstream's instance JSON for one architecture instead of solving")
+    parser.add_argument("--out", help="output: place.parquet (tables mode) or result JSON (--instance)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.instance:
+        return _run_instance(args)
+    return _run_tables(args)
+
+
+def _run_instance(args) -> int:
+    from phaze.io.atomic import write_text_atomic
+    from phaze.place.upstream import dumps_result, load_instance, solve_instance
+
+    out = solve_instance(load_instance(args.instance))
+    text = dumps_result(out)
+    if args.out:
+        write_text_atomic(args.out, text + "\n")
+    print(text)
+    return 0
+
+
+def _require(args, *names):
+    missing = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) in (None, [])]
+    if missing:
+        raise PhazeError(f"tables mode needs {', '.join(missing)} (or use --instance FILE)")
+
+
+def _run_tables(args) -> int:
+    from pathlib import Path
+
+    from phaze.io import read_table, write_json_atomic, write_table
+    from phaze.place.tables import PlaceSettings, export_instance, place_architectures
+
+    _require(args, "model", "tmp", "trace_dirs", "schedules", "space", "hbm_gib", "microbatch",
+             "recompute")
+    if not args.out and not args.export_instance:
+        raise PhazeError("give --out (placement table) or --export-instance FILE")
+    if len(args.tmp) != len(args.trace_dirs) or len(args.tmp) != len(args.schedules):
+        raise PhazeError(f"--tmp ({len(args.tmp)}), --trace-dirs ({len(args.trace_dirs)}) and "
+                         f"--schedules ({len(args.schedules)}) need one entry per t")
+    if len(set(args.tmp)) != len(args.tmp):
+        raise PhazeError(f"--tmp lists a width twice: {args.tmp}")
+    if args.hbm_gib <= 0 or args.microbatch < 1:
+        raise PhazeError("--hbm-gib must be > 0 and --microbatch >= 1")
+    from phaze.config import load_config
+
+    config = load_config(args.config)  # YAML or the workflow's JSON snapshot (JSON is YAML)
+    pc = config.get("place") or {}
+    expert = (pc.get("expert") or {}).get(args.model)
+    settings = PlaceSettings(
+        model=args.model, hbm_bytes=int(round(args.hbm_gib * 2**30)), microbatch=args.microbatch,
+        recompute=args.recompute == "on", global_batch=int(pc.get("global_batch", 4096)),
+        optimizer=pc.get("optimizer", "adam"), bytes_per_element=int(pc.get("bytes_per_element", 2)),
+        dp_must_divide_batch=bool(pc.get("dp_must_divide_batch", False)),
+        dp_must_divide_devices=bool(pc.get("dp_must_divide_devices", False)),
+        expert=expert)
+    devices_list = args.devices or list(pc.get("devices", [1024]))
+    if any(d < 1 for d in devices_list):
+        raise PhazeError(f"cluster sizes must be >= 1, got {devices_list}")
+
+    layers_by_t, schedules_by_t = {}, {}
+    import pandas as pd
+
+    for t, trace_dir, sched in zip(args.tmp, args.trace_dirs, args.schedules):
+        if t < 1:
+            raise PhazeError(f"tensor-parallel width must be >= 1, got {t}")
+        layers_by_t[t] = read_table(Path(trace_dir) / "layers.parquet", "layers")
+        files = [f for f in sched.split(",") if f]
+        if not files:
+            raise PhazeError(f"no schedule file given for t={t}")
+        schedules_by_t[t] = pd.concat([read_table(f, "schedule") for f in files], ignore_index=True)
+    space = read_table(args.space, "space")
+    if args.archs:
+        wanted = [a for a in args.archs.split(",") if a]
+        unknown = sorted(set(wanted) - set(space["arch"]))
+        if unknown:
+            raise PhazeError(f"arch ids not in {args.space}: {unknown[:5]}")
+        space = space[space["arch"].isin(wanted)]
+        schedules_by_t = {t: df[df["arch"].isin(wanted)] for t, df in schedules_by_t.items()}
+    costmodel = config.get("costmodel") or {}
+
+    if args.export_instance:
+        archs = sorted(set(space["arch"]) & set.intersection(*[set(df["arch"]) for df in schedules_by_t.values()]))
+        if len(archs) != 1:
+            raise PhazeError(f"--export-instance needs exactly one scheduled architecture "
+                             f"(use --archs ID); found {len(archs)}")
+        row = space[space["arch"] == archs[0]].iloc[0]
+        preset = row["preset"] if "preset" in row.index and isinstance(row["preset"], str) and row["preset"] else None
+        inst = export_instance(settings, layers_by_t, schedules_by_t, archs[0], costmodel, preset,
+                               devices_list[0], args.latency_column)
+        write_json_atomic(args.export_instance, inst)
+        print(f"wrote {args.export_instance} (arch {archs[0]}, t in {sorted(layers_by_t)})",
+              file=sys.stderr)
+        if not args.out:
+            return 0
+
+    df = place_architectures(settings, layers_by_t, schedules_by_t, space, costmodel,
+                             devices_list, args.latency_column)
+    if df.empty:
+        raise PhazeError("no architecture is scheduled for every t in the given schedule files")
+    write_table(df, args.out, "place")
+    return 0

@@ -1,0 +1,384 @@
+"""The exact pipeline/data-parallel dynamic program for one tensor-parallel width t.
+
+State: ``dp[q, s, c]`` = the smallest possible maximum stage load when downset q is split into
+exactly s stages of which c are of the *tracked* kind. A stage needs ``a = t`` devices when it
+holds a tensor-parallel layer and 1 otherwise, so a pipeline's device count is
+``a_untracked·(s − c) + a_tracked·c``; tracking the rarer kind (usually the 1-device embedding or
+head stages) replaces upstream's dimension "at most k devices" (k ≤ 1,024) by c ≤ 2 without
+losing exactness: "at most k devices" is the minimum over the c whose device count fits in k.
+A stage at position s from the end must be memory-feasible there (1F1B keeps s microbatches in
+flight) and, with recompute, re-runs its forward unless s = 1.
+
+Final round, for every data-parallel degree d: ``K = devices // d`` devices per pipeline,
+``ceil(microbatches / d)`` microbatches per pipeline, and
+
+    time per batch = max stage load · (microbatches per pipeline + stages − 1) + all-reduce(d, P)
+
+where P is the first stage's parameters (upstream) or the largest stage's (ours). The latter is a
+second bottleneck, handled exactly by `solve_width`: the DP is re-run with stages limited to
+P ≤ π for the distinct stage-parameter values π (largest first), until a lower bound shows that
+smaller π cannot win.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from phaze.errors import PhazeError
+from phaze.place.graph import LayerGraph, StageRule, StageTable, build_stage_table, stage_costs
+
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class AllReduce:
+    """Data-parallel gradient synchronisation after each batch.
+
+    mode ``first`` (upstream): ``4 (d−1) P_first / (bandwidth · d)``.
+    mode ``max`` (ours): ring all-reduce of the largest stage's gradients (2 bytes per parameter
+    byte ratio folded into `grad_factor`): ``2 (d−1)/d · grad_factor · P_max / bandwidth +
+    2 (d−1) · latency``."""
+
+    mode: str
+    bandwidth: float
+    latency: float = 0.0
+    grad_factor: float = 1.0
+
+    def __call__(self, d: np.ndarray, params: np.ndarray) -> np.ndarray:
+        d = np.asarray(d, dtype=float)[:, None]
+        p = np.asarray(params, dtype=float)[None, :]
+        if self.mode == "first":
+            return 4.0 * (d - 1) * p / self.bandwidth / d
+        return (2.0 * (d - 1) / d * self.grad_factor * p / self.bandwidth
+                + 2.0 * (d - 1) * self.latency)
+
+
+@dataclass
+class Placement:
+    t: int
+    d: int
+    stages: list                 # layer positions of each stage, first stage first
+    devices_per_stage: list
+    time_per_batch: float
+    max_load: float
+    stage_loads: list
+    stage_mem: list
+    stage_params: list
+    microbatches_per_pipeline: int
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def pp(self) -> int:
+        return len(self.stages)
+
+    @property
+    def devices_used(self) -> int:
+        return int(sum(self.devices_per_stage)) * self.d
+
+
+def data_parallel_degrees(devices: int, microbatches: int, divide_batch: bool, divide_devices: bool):
+    d = np.arange(1, min(devices, microbatches) + 1)
+    if divide_batch:
+        d = d[microbatches % d == 0]
+    if divide_devices:
+        d = d[devices % d == 0]
+    return d
+
+
+class _WidthDP:
+    """DP tables for one t (and one parameter cap π)."""
+
+    def __init__(self, table: StageTable, t: int, recompute: bool, bound_s: int,
+                 allowed: np.ndarray, n_tp_layers: int, n_layers: int):
+        self.table, self.t, self.recompute, self.S = table, t, recompute, bound_s
+        self.allowed = allowed
+        self.a = np.where(table.tp, t, 1).astype(np.int64)
+        n_plain = n_layers - n_tp_layers
+        if t == 1 or n_tp_layers == 0 or n_plain == 0:
+            self.C = 0
+            self.tracked = np.zeros(len(table.sub), dtype=bool)
+            a0 = t if (t > 1 and n_plain == 0) else 1
+            self.a_tracked, self.a_untracked = a0, a0
+        elif n_tp_layers <= n_plain:
+            self.C = min(n_tp_layers, bound_s)
+            self.tracked = table.tp.copy()
+            self.a_tracked, self.a_untracked = t, 1
+        else:
+            self.C = min(n_plain, bound_s)
+            self.tracked = ~table.tp
+            self.a_tracked, self.a_untracked = 1, t
+        s = np.arange(bound_s + 1)[:, None]
+        c = np.arange(self.C + 1)[None, :]
+        # devices of a pipeline with s stages, c of them tracked (c > s never occurs: dp is inf)
+        self.devs = self.a_untracked * (s - c) + self.a_tracked * c
+        self.svec = np.arange(1, bound_s + 1)
+        self.dp = self._run()
+
+    def _loads(self, k: np.ndarray) -> np.ndarray:
+        """(n, S) stage load at positions s = 1..S, inf where memory does not allow s."""
+        tb = self.table
+        load = np.repeat(tb.load_plain[k][:, None], self.S, axis=1)
+        if self.recompute and self.S > 1:
+            load[:, 1:] = tb.load_recompute[k][:, None]
+        return np.where(self.svec[None, :] <= tb.max_position[k][:, None], load, INF)
+
+    def _pairs(self, q: int) -> np.ndarray:
+        k = np.arange(self.table.offsets[q], self.table.offsets[q + 1])
+        return k[self.allowed[k]]
+
+    def _prev(self, k: np.ndarray) -> np.ndarray:
+        """dp of each pair's sub-downset at s-1 = 0..S-1, shifted along c for tracked stages."""
+        prev = self.dp[self.table.sub[k], : self.S, :]
+        if self.C:
+            shifted = np.full_like(prev, INF)
+            shifted[..., 1:] = prev[..., :-1]
+            prev = np.where(self.tracked[k][:, None, None], shifted, prev)
+        return prev
+
+    def _run(self) -> np.ndarray:
+        tb = self.table
+        dp = np.full((tb.n_downsets, self.S + 1, self.C + 1), INF)
+        dp[0, 0, 0] = 0.0
+        self.dp = dp
+        for q in tb.order:
+            if q == tb.full:
+                continue  # the first stage is placed by the final round
+            k = self._pairs(q)
+            if len(k) == 0:
+                continue
+            cand = np.maximum(self._prev(k), self._loads(k)[:, :, None])
+            dp[q, 1:, :] = cand.min(axis=0)
+        return dp
+
+    def best_within(self, q: int, s: int, budget: int) -> float:
+        """Smallest max load of downset q in s stages on at most `budget` devices."""
+        if s < 0 or budget < 0:
+            return INF
+        row = self.dp[q, s]
+        ok = self.devs[s] <= budget
+        return float(row[ok].min()) if ok.any() else INF
+
+    def first_stage_loads(self):
+        """For the full set's pairs k (allowed) and s = 1..S: the pipeline's max load when pair
+        k is the first stage, for each distinct budget K. Returns (k, a, loads(n,S), fn(K))."""
+        k = self._pairs(self.table.full)
+        loads = self._loads(k)
+        prev = self.dp[self.table.sub[k], : self.S, :]  # s-1 stages for the rest
+        a = self.a[k]
+        devs_rest = self.devs[: self.S]  # (S, C+1) devices of the rest at s-1
+
+        def max_load(K: int) -> np.ndarray:
+            budget = (K - a)[:, None, None]
+            rest = np.where(devs_rest[None, :, :] <= budget, prev, INF).min(axis=2)
+            m = np.maximum(rest, loads)
+            m[a > K] = INF
+            return m
+
+        return k, a, max_load
+
+    def reconstruct(self, k_first: int, s: int, K: int) -> list[int]:
+        """Pair indices of the stages, first stage first, realising the DP value (upstream's walk:
+        at each step the first pair in enumeration order that attains it)."""
+        tb = self.table
+        stages = [int(k_first)]
+        cur, cur_s, budget = int(tb.sub[k_first]), s - 1, K - int(self.a[k_first])
+        while cur != 0:
+            target = self.best_within(cur, cur_s, budget)
+            found = False
+            for k in self._pairs(cur):
+                a = int(self.a[k])
+                if a > budget or cur_s > tb.max_position[k]:
+                    continue
+                load = tb.load_recompute[k] if (self.recompute and cur_s > 1) else tb.load_plain[k]
+                if max(self.best_within(int(tb.sub[k]), cur_s - 1, budget - a), load) == target:
+                    stages.append(int(k))
+                    cur, cur_s, budget = int(tb.sub[k]), cur_s - 1, budget - a
+                    found = True
+                    break
+            if not found:
+                raise PhazeError("internal error: placement DP reconstruction found no stage")
+        if cur_s != 0:
+            raise PhazeError("internal error: placement DP reconstruction left stages over")
+        return stages
+
+
+def _final_round(w: _WidthDP, d_values, devices, microbatches, allreduce: AllReduce, cap):
+    """Best (time, d, k_first, s, K) over d, first stage and stage count; upstream's order of
+    preference on ties (smaller d, then shorter first stage, then fewer stages) in mode first."""
+    if len(d_values) == 0:
+        return None
+    k, a, max_load = w.first_stage_loads()
+    if len(k) == 0:
+        return None
+    params = w.table.params[k]
+    best = None
+    K_all = devices // d_values
+    mp_all = -(-microbatches // d_values)
+    # d ascending; consecutive d share K = devices // d
+    start = 0
+    while start < len(d_values):
+        K = int(K_all[start])
+        stop = start
+        while stop < len(d_values) and K_all[stop] == K:
+            stop += 1
+        ds = d_values[start:stop]
+        mp = mp_all[start:stop]
+        m = max_load(K)  # (n_pairs, S)
+        if np.isfinite(m).any():
+            steps = (mp[:, None] + w.svec[None, :] - 1).astype(float)  # (n_d, S)
+            if allreduce.mode == "first":
+                total = m[None, :, :] * steps[:, None, :] + allreduce(ds, params)[:, :, None]
+                flat = int(np.argmin(total))
+                di, ki, si = np.unravel_index(flat, total.shape)
+                value = float(total[di, ki, si])
+            else:
+                mmin = m.min(axis=0)
+                arg = m.argmin(axis=0)
+                total = mmin[None, :] * steps + allreduce(ds, np.array([cap]))
+                flat = int(np.argmin(total))
+                di, si = np.unravel_index(flat, total.shape)
+                ki = int(arg[si])
+                value = float(total[di, si])
+            if math.isfinite(value) and (best is None or value < best[0]):
+                best = (value, int(ds[di]), int(k[ki]), int(si) + 1, K)
+        start = stop
+    return best
+
+
+def _lower_bound(w: _WidthDP, d_values, devices, microbatches, allreduce: AllReduce):
+    """A bound on any solution whose stages are a subset of w's allowed ones: compute term with
+    these (smallest) loads plus the all-reduce of zero parameters (latency only)."""
+    k, a, max_load = w.first_stage_loads()
+    if len(k) == 0 or len(d_values) == 0:
+        return INF
+    best = INF
+    K_all = devices // d_values
+    mp_all = -(-microbatches // d_values)
+    for K in np.unique(K_all):
+        sel = K_all == K
+        mmin = max_load(int(K)).min(axis=0)
+        steps = (mp_all[sel][:, None] + w.svec[None, :] - 1).astype(float)
+        total = mmin[None, :] * steps + allreduce(d_values[sel], np.array([0.0]))
+        best = min(best, float(total.min()))
+    return best
+
+
+def evaluate(g: LayerGraph, rule: StageRule, t: int, stages: list, d: int, devices: int,
+             microbatches: int, allreduce: AllReduce) -> tuple[Placement | None, str]:
+    """Time and memory of a given placement by walking its stages (the reference the DP is
+    checked against, also used for fixed expert placements). Returns (placement, '') or
+    (None, reason)."""
+    stages = [np.asarray(s, dtype=np.int64) for s in stages]
+    pp = len(stages)
+    where = np.full(g.n, -1)
+    for i, nodes in enumerate(stages):
+        if len(nodes) == 0:
+            return None, f"stage {i} is empty"
+        if np.any(where[nodes] != -1):
+            return None, "a layer is placed in two stages"
+        where[nodes] = i
+    if np.any(where < 0):
+        return None, "a layer is in no stage"
+    if np.any(where[g.src] > where[g.dst]):
+        return None, "stages are not contiguous (an edge goes backwards)"
+    if d < 1 or d > min(devices, microbatches):
+        return None, f"data-parallel degree {d} outside 1..min(devices {devices}, microbatches {microbatches})"
+    costs = [stage_costs(g, rule, nodes) for nodes in stages]
+    a = [t if c[5] else 1 for c in costs]
+    if sum(a) * d > devices:
+        return None, f"needs {sum(a) * d} devices, more than the {devices} available"
+    loads, mems = [], []
+    for i, c in enumerate(costs):
+        pos = pp - i
+        mem = c[3] + (pos - 1) * c[4]
+        mems.append(mem)
+        if mem > rule.memory_capacity:
+            return None, (f"stage {i} needs {mem / 2**30:.2f} GiB per device, more than "
+                          f"{rule.memory_capacity / 2**30:.2f} GiB")
+        loads.append(c[1] if (rule.recompute and pos > 1) else c[0])
+    params = [c[2] for c in costs]
+    mp = -(-microbatches // d)
+    p_sync = params[0] if allreduce.mode == "first" else max(params)
+    max_load = max(loads)
+    time = max_load * (mp + pp - 1) + float(allreduce(np.array([d]), np.array([p_sync]))[0, 0])
+    return Placement(t=t, d=d, stages=[s.tolist() for s in stages], devices_per_stage=a,
+                     time_per_batch=time, max_load=max_load, stage_loads=loads, stage_mem=mems,
+                     stage_params=params, microbatches_per_pipeline=mp), ""
+
+
+def solve_width(g: LayerGraph, rule: StageRule, t: int, devices: int, microbatches: int,
+                d_values: np.ndarray, allreduce: AllReduce,
+                table: StageTable | None = None) -> Placement | None:
+    """The optimal placement for one t, or None when nothing fits."""
+    table = table if table is not None else build_stage_table(g, rule)
+    bound_s = min(devices, g.n)
+    n_tp = int(np.count_nonzero(g.tp))
+    if t == 1 and n_tp:
+        raise PhazeError("tensor-parallel width 1 but a layer is marked tensor-parallel")
+
+    def dp_for(allowed):
+        return _WidthDP(table, t, rule.recompute, bound_s, allowed, n_tp, g.n)
+
+    everything = np.ones(len(table.sub), dtype=bool)
+    if allreduce.mode == "first":
+        w = dp_for(everything)
+        found = _final_round(w, d_values, devices, microbatches, allreduce, None)
+        if found is None:
+            return None
+        _, d, k_first, s, K = found
+        pairs = w.reconstruct(k_first, s, K)
+        return _placement_from_pairs(g, rule, t, table, pairs, d, devices, microbatches, allreduce, w)
+
+    # mode max: exact over the largest stage's parameters by descending caps π
+    caps = np.unique(table.params[table.max_position > 0])[::-1]
+    best = None
+    for cap in caps:
+        allowed = table.params <= cap
+        w = dp_for(allowed)
+        if best is not None and _lower_bound(w, d_values, devices, microbatches, allreduce) >= best.time_per_batch:
+            break  # smaller caps only raise loads; the all-reduce cannot go below its latency
+        found = _final_round(w, d_values, devices, microbatches, allreduce, float(cap))
+        if found is None:
+            break  # fewer allowed stages cannot become feasible
+        _, d, k_first, s, K = found
+        pairs = w.reconstruct(k_first, s, K)
+        p = _placement_from_pairs(g, rule, t, table, pairs, d, devices, microbatches, allreduce, w)
+        if best is None or p.time_per_batch < best.time_per_batch:
+            best = p
+    return best
+
+
+def _placement_from_pairs(g, rule, t, table, pairs, d, devices, microbatches, allreduce, w):
+    """Turn reconstructed pairs into a Placement, using the stage table's numbers (the DP's)."""
+    pp = len(pairs)
+    loads, mems = [], []
+    for i, k in enumerate(pairs):
+        pos = pp - i
+        loads.append(float(table.load_recompute[k] if (rule.recompute and pos > 1) else table.load_plain[k]))
+        mems.append(table.stage_memory(k, pos))
+    params = [float(table.params[k]) for k in pairs]
+    mp = -(-microbatches // d)
+    p_sync = params[0] if allreduce.mode == "first" else max(params)
+    max_load = max(loads)
+    time = max_load * (mp + pp - 1) + float(allreduce(np.array([d]), np.array([p_sync]))[0, 0])
+    return Placement(
+        t=t, d=d, stages=[table.members(k).tolist() for k in pairs],
+        devices_per_stage=[int(w.a[k]) for k in pairs], time_per_batch=time, max_load=max_load,
+        stage_loads=loads, stage_mem=mems, stage_params=params, microbatches_per_pipeline=mp)
+
+
+def solve(graphs: dict[int, LayerGraph], rule: StageRule, devices: int, microbatches: int,
+          d_values: np.ndarray, allreduce: AllReduce,
+          on_width: Callable[[int, Placement | None], None] | None = None) -> Placement | None:
+    """Best placement over the tensor-parallel widths (ascending t; a tie keeps the smaller t)."""
+    best = None
+    for t in sorted(graphs):
+        p = solve_width(graphs[t], rule, t, devices, microbatches, d_values, allreduce)
+        if on_width:
+            on_width(t, p)
+        if p is not None and (best is None or p.time_per_batch < best.time_per_batch):
+            best = p
+    return best
