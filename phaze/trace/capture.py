@@ -56,6 +56,10 @@ def build_model(spec: ModelSpec, num_blocks: int, tmp: int = 1, seq: int | None 
         raise PhazeError(f"{spec.name}: cannot build {cls.__name__} on the meta device: {exc}") \
             from exc
     model.train()  # the training graph: dropout as configured (see README)
+    if not spec.causal:
+        # HF encoders warn when the last/first token is padding and no mask is given: a
+        # data-dependent check (impossible on meta). The embedding keeps its padding_idx.
+        model.config.pad_token_id = None
     blocks = find_blocks(model, num_blocks)
     for block in blocks:
         apply_tensor_parallel(block, spec.family, tmp)
@@ -67,9 +71,13 @@ def model_inputs(spec: ModelSpec, microbatch: int, seq: int) -> dict:
     # Causal LMs shift the labels inside HF; masked LMs predict every position (all are labels).
     inputs = {"input_ids": ids, "labels": ids}
     if spec.causal:
-        # An explicit (all-ones) padding mask: without one, HF probes position ids for packed
+        # An explicit (all-ones) padding mask: without one, HF probes the position ids for packed
         # sequences, a data-dependent check that cannot run on the meta device.
         inputs["attention_mask"] = torch.ones(microbatch, seq, dtype=torch.long, device="meta")
+    else:
+        # Encoders: a ready 4-D additive padding mask, as BERT pre-training uses (sequences are
+        # padded). A 2-D mask would make HF test whether it can be skipped (data-dependent).
+        inputs["attention_mask"] = torch.zeros(microbatch, 1, seq, seq, device="meta")
     return inputs
 
 

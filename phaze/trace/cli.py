@@ -21,13 +21,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from phaze.config import load_config
     from phaze.trace.models import get_model_spec
 
     _check_positive(args.microbatch, "--microbatch")
     if args.seq is not None:
         _check_positive(args.seq, "--seq")
-    config = load_config(args.config)
+    config = _load(args.config)
     trace_cfg = config.get("trace", {})
     spec = get_model_spec(args.model)
     spec.check_tmp(args.tmp)  # fail fast, before importing torch
@@ -45,3 +44,18 @@ def run(args: argparse.Namespace) -> int:
 def _check_positive(value: int, what: str) -> None:
     if value < 1:
         raise PhazeError(f"{what} must be >= 1 (got {value})")
+
+
+def _load(path: str | None) -> dict:
+    """The workflow's JSON snapshot is read as JSON: PyYAML (YAML 1.1) reads JSON numbers such as
+    ``1e-06`` as strings, which then fail validation."""
+    import json
+
+    from phaze.config import load_config, validate_config
+
+    if path is not None and path.endswith(".json") and Path(path).is_file():
+        try:
+            return validate_config(json.loads(Path(path).read_text()))
+        except json.JSONDecodeError as exc:
+            raise PhazeError(f"config file {path} is not valid JSON: {exc}") from exc
+    return load_config(path)

@@ -121,8 +121,11 @@ def _hf_offline() -> None:
 
 
 def _gpt2_style(name, blocks, hidden, heads, ffn, seq, vocab=50257) -> ModelSpec:
+    # GELU with the tanh approximation as ONE kernel (gelu_pytorch_tanh): the same function as
+    # GPT-2's gelu_new, which HF evaluates as 8 separate element-wise ops; real training (and
+    # Megatron's fused bias-GeLU) runs one, and saves only its input for backward.
     kwargs = dict(n_layer=blocks, n_embd=hidden, n_head=heads, n_inner=ffn, vocab_size=vocab,
-                  n_positions=seq)
+                  n_positions=seq, activation_function="gelu_pytorch_tanh")
     return ModelSpec(name, "gpt2", blocks, hidden, heads, ffn, vocab, seq, heads, kwargs)
 
 

@@ -82,8 +82,9 @@ class Recorder(TorchDispatchMode):
     def __post_init__(self):
         super().__init__()
         self._origin = WeakIdKeyDictionary()   # tensor -> (op index, parameter name)
-        self._saved = WeakIdKeyDictionary()    # tensors already counted as saved activations
+        self._saved = WeakIdKeyDictionary()    # saved tensor -> layers that counted it
         self._param_name = WeakIdKeyDictionary()
+        self._dropout_masks = WeakIdKeyDictionary()  # tensors filled by bernoulli_ (masks)
         for name, p in self.params.items():
             self._origin[p] = (-1, name)
             self._param_name[p] = name
@@ -114,11 +115,19 @@ class Recorder(TorchDispatchMode):
 
     # --- saved activations (forward) --------------------------------------------------------
     def pack_hook(self, t: torch.Tensor):
+        # Counted once per layer that saves it: a tensor several layers save (e.g. Llama's
+        # rotary cos/sin, computed once and passed to every block) must be held by every
+        # pipeline stage that holds one of those layers.
         base = t._base if t._base is not None else t
-        if base not in self._param_name and base not in self._saved:
-            self._saved[base] = True
-            self.activation_bytes[self.layer] = self.activation_bytes.get(self.layer, 0) + \
-                tensor_bytes(base)
+        if base in self._param_name:
+            return t
+        layers = self._saved.setdefault(base, set())
+        if self.layer not in layers:
+            layers.add(self.layer)
+            # A dropout mask is kept as one byte per element (CUDA's fused dropout keeps a bool
+            # mask); the decomposed meta dropout materialises it in the activation dtype.
+            size = base.numel() if base in self._dropout_masks else tensor_bytes(base)
+            self.activation_bytes[self.layer] = self.activation_bytes.get(self.layer, 0) + size
         return t
 
     @staticmethod
@@ -168,4 +177,7 @@ class Recorder(TorchDispatchMode):
         ))
         for o in flat_out:
             self._origin[o] = (index, None)
+        if name.startswith("aten.bernoulli"):
+            for o in flat_out:
+                self._dropout_masks[o] = True
         return out
