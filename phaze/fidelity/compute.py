@@ -1,0 +1,272 @@
+"""Per-layer work of one tensor-parallel rank on a GPU-like preset, from the SHARED trace
+(``phaze.trace``) and the SHARED operator cost model (``phaze.estimate``).
+
+A GPU runs one kernel at a time on all SMs (a single stream), so a layer's time is the sum of its
+kernels' all-core latencies; the scheduling ILP is not used. What this module adds on top of the
+two shared stages, each a statement about how GPU training runs rather than a tuned constant:
+
+* **Kernel fusion** (``fuse_elementwise``): a chain of same-shape element-wise ops, each feeding
+  only the next, runs as one kernel whose HBM traffic is only what enters the chain from outside
+  and what its last op writes (Megatron's fused bias-GeLU, scale-mask-softmax, bias-dropout-add).
+  Its compute is the sum of its ops' compute. Allocation-only producers (``empty_like``) are free.
+* **Vocabulary parallelism** (Megatron's ``VocabParallelEmbedding`` / parallel cross-entropy):
+  the trace slices blocks only; for t > 1 every embedding/head op dimension equal to the vocabulary
+  is divided by t, and the embedding all-reduce (b·s·h), the logits-input gradient all-reduce
+  (b·s·h) and the cross-entropy's three b·s fp32 all-reduces are added.
+* **Sequence parallelism**: the ops outside the tensor-parallel region (those whose output is the
+  full b×s×h activation: layer norms, dropouts, residual adds, biases after row-parallel GEMMs)
+  run on s/t tokens, so their time is divided by t, and every all-reduce becomes a
+  reduce-scatter + all-gather of the same tensor (Korthikanti et al. 2022 §4.2.2).
+* **Core attention** (for selective recomputation): forward ops with an s×s operand or result —
+  QKᵀ, scale, mask, softmax, dropout, ×V.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from phaze.errors import PhazeError
+
+
+# ---------------------------------------------------------------------------------------------
+# what one layer costs on one rank, per microbatch
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class LayerWork:
+    fwd_s: float = 0.0                 # forward kernels (no communication)
+    bwd_s: float = 0.0                 # backward kernels
+    attention_core_fwd_s: float = 0.0  # forward kernels of core attention (selective recompute)
+    fwd_flops: float = 0.0
+    bwd_flops: float = 0.0
+    fwd_collectives: list = field(default_factory=list)  # (kind, bytes) in execution order
+    bwd_collectives: list = field(default_factory=list)
+    param_bytes: int = 0
+    kernels_fwd: int = 0
+    kernels_bwd: int = 0
+    bound_s: dict = field(default_factory=dict)         # seconds per bound (compute/glb/hbm)
+
+
+# ---------------------------------------------------------------------------------------------
+# device description for the shared cost model
+# ---------------------------------------------------------------------------------------------
+def gpu_core(preset: dict) -> dict:
+    arch = preset["arch"]
+    gpu = preset.get("gpu") or {}
+    core = {k: arch[k] for k in ("tc_width", "tc_depth", "glb_bytes", "freq_hz", "vc_width")}
+    if gpu.get("tc_local_buffer_bytes") is not None:
+        core["tc_local_buffer_bytes"] = float(gpu["tc_local_buffer_bytes"])
+    return core
+
+
+def preset_costmodel(preset: dict, costmodel: dict) -> dict:
+    """The config's costmodel with the preset's overrides (as the estimate stage applies them)."""
+    cm = dict(costmodel)
+    unknown = sorted(set(preset.get("costmodel") or {}) - set(cm))
+    if unknown:
+        raise PhazeError(f"preset overrides unknown costmodel keys {unknown}")
+    cm.update(preset.get("costmodel") or {})
+    return cm
+
+
+# ---------------------------------------------------------------------------------------------
+# shape helpers
+# ---------------------------------------------------------------------------------------------
+def _parse_shapes(text: str) -> list[tuple[int, ...]]:
+    if not isinstance(text, str) or not text:
+        return []
+    out = []
+    for part in text.split(";"):
+        out.append(() if part == "scalar" else tuple(int(x) for x in part.split("x")))
+    return out
+
+
+def _first_out(text: str) -> tuple[int, ...]:
+    shapes = _parse_shapes(text)
+    return shapes[0] if shapes else ()
+
+
+def _has_square_tail(shapes: list[tuple[int, ...]], seq: int) -> bool:
+    return any(len(s) >= 2 and s[-1] == seq and s[-2] == seq for s in shapes)
+
+
+# ---------------------------------------------------------------------------------------------
+# vocabulary parallelism for embedding / head
+# ---------------------------------------------------------------------------------------------
+def vocab_parallel(ops: pd.DataFrame, vocab: int, tp: int) -> pd.DataFrame:
+    """Rewrite embedding/head ops to one rank's share of a vocabulary split over ``tp`` ranks."""
+    if tp == 1:
+        return ops
+    ops = ops.copy()
+    part = vocab // tp
+    edge = ops["layer"].isin(["embedding", "head"])
+    for dim in ("m", "n", "k"):
+        hit = edge & (ops["kind"] == "matmul") & (ops[dim] == vocab)
+        ops.loc[hit, dim] = part
+        # the cost model reads the dims; flops (and an output with a vocab dim) shrink by t
+        ops.loc[hit, "flops"] = ops.loc[hit, "flops"] / tp
+        if dim != "k":
+            ops.loc[hit, "elements"] = ops.loc[hit, "elements"] // tp
+            ops.loc[hit, "bytes_out"] = ops.loc[hit, "bytes_out"] // tp
+    vec = edge & (ops["kind"] == "vector")
+    out_has = ops["out_shapes"].map(lambda s: any(vocab in sh for sh in _parse_shapes(s)))
+    in_has = ops["in_shapes"].map(lambda s: any(vocab in sh for sh in _parse_shapes(s)))
+    for col in ("elements", "bytes_out"):
+        ops.loc[vec & out_has, col] = ops.loc[vec & out_has, col] // tp
+    ops.loc[vec & out_has, "flops"] = ops.loc[vec & out_has, "flops"] / tp
+    ops.loc[vec & in_has, "bytes_in"] = ops.loc[vec & in_has, "bytes_in"] // tp
+    return ops
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels: fusion groups and their latencies
+# ---------------------------------------------------------------------------------------------
+def fusion_groups(ops: pd.DataFrame, edges: pd.DataFrame, fuse: bool) -> np.ndarray:
+    """Group id per op row (ops of one layer+pass, row order = op id). Vector ops join their
+    sole consumer's group when it is a vector op over the same number of elements."""
+    n = len(ops)
+    group = np.arange(n)
+    if not fuse or n == 0:
+        return group
+    kind = ops["kind"].to_numpy()
+    elements = ops["elements"].to_numpy()
+    consumers: dict[int, list[int]] = {}
+    for s, d in zip(edges["src"].to_numpy(), edges["dst"].to_numpy()):
+        consumers.setdefault(int(s), []).append(int(d))
+    # ops are in execution order, so a producer always precedes its consumer
+    for u in range(n):
+        outs = consumers.get(u, [])
+        if kind[u] != "vector" or len(outs) != 1:
+            continue
+        v = outs[0]
+        if kind[v] == "vector" and elements[v] == elements[u]:
+            group[v] = group[u]
+    return group
+
+
+def kernel_latencies(ops: pd.DataFrame, edges: pd.DataFrame, core: dict, cm: dict, n_tc: int,
+                     n_vc: int, fuse: bool) -> pd.DataFrame:
+    """One row per kernel of one layer+pass: ``group`` (first op id), ``latency_s``, ``bound``,
+    ``ops`` (op ids). Matmuls via ``phaze.estimate.matmul_cost``, element-wise kernels via
+    ``phaze.estimate.vector_cost``; collectives and allocations are not kernels here."""
+    from phaze.estimate import matmul_cost, vector_cost
+    from phaze.estimate.stage import cycles_per_element
+
+    ops = ops.reset_index(drop=True)
+    if not (ops["op"].to_numpy() == np.arange(len(ops))).all():
+        raise PhazeError("ops of a layer+pass must be numbered 0..n-1 in execution order")
+    group = fusion_groups(ops, edges, fuse)
+    kind = ops["kind"].to_numpy()
+    rows = []
+
+    mm = np.flatnonzero(kind == "matmul")
+    if len(mm):
+        sub = ops.iloc[mm]
+        cost = matmul_cost(sub["m"].to_numpy(float), sub["n"].to_numpy(float),
+                           sub["k"].to_numpy(float), np.maximum(sub["batch"].to_numpy(float), 1.0),
+                           core, cm, n_tc)
+        for j, i in enumerate(mm):
+            rows.append((i, float(cost["latency_s"][j]), str(cost["bound"][j]), [i]))
+
+    vec = np.flatnonzero(kind == "vector")
+    if len(vec):
+        sub = ops.iloc[vec]
+        cpe = cycles_per_element(sub["aten"], cm)
+        comp = vector_cost(sub["elements"].to_numpy(float), 0.0, cpe, core, cm, n_vc)["compute_s"]
+        comp = dict(zip(vec, np.asarray(comp, dtype=float)))
+        # bytes that stay on chip inside a fused kernel: edges between members of one group
+        nop = set(np.flatnonzero(kind == "nop"))
+        internal_in = np.zeros(len(ops))
+        consumed_outside = np.zeros(len(ops), dtype=bool)
+        has_consumer = np.zeros(len(ops), dtype=bool)
+        for s, d, b in zip(edges["src"].to_numpy(), edges["dst"].to_numpy(), edges["bytes"].to_numpy()):
+            s, d = int(s), int(d)
+            has_consumer[s] = True
+            if group[s] == group[d] or s in nop:
+                internal_in[d] += b
+            else:
+                consumed_outside[s] = True
+        bytes_in = ops["bytes_in"].to_numpy(float)
+        bytes_out = ops["bytes_out"].to_numpy(float)
+        members: dict[int, list[int]] = {}
+        for i in vec:
+            members.setdefault(int(group[i]), []).append(int(i))
+        for g, mem in members.items():
+            moved = sum(max(bytes_in[i] - internal_in[i], 0.0) for i in mem)
+            # an op's result leaves the kernel unless its only consumers are in the kernel
+            moved += sum(bytes_out[i] for i in mem if consumed_outside[i] or not has_consumer[i])
+            compute = sum(comp[i] for i in mem)
+            cost = vector_cost(1.0, moved, 0.0, core, cm, n_vc)
+            terms = {"compute": compute, "glb": float(cost["glb_s"]), "hbm": float(cost["hbm_s"])}
+            bound = max(terms, key=terms.get)
+            rows.append((g, terms[bound], bound, mem))
+    out = pd.DataFrame(rows, columns=["group", "latency_s", "bound", "ops"])
+    return out.sort_values("group").reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# a whole layer
+# ---------------------------------------------------------------------------------------------
+def layer_work(ops: pd.DataFrame, edges: pd.DataFrame, *, core: dict, cm: dict, n_tc: int,
+               n_vc: int, fuse: bool, tp: int, sequence_parallel: bool, microbatch: int, seq: int,
+               hidden: int, param_bytes: int) -> LayerWork:
+    """Per-microbatch work of one layer on one tensor-parallel rank (ops/edges of that layer)."""
+    work = LayerWork(param_bytes=int(param_bytes))
+    token_shape = (microbatch, seq, hidden)
+    for pass_ in ("fwd", "bwd"):
+        o = ops[ops["pass"] == pass_].sort_values("op").reset_index(drop=True)
+        e = edges[edges["pass"] == pass_]
+        if o.empty:
+            continue
+        kernels = kernel_latencies(o, e, core, cm, n_tc, n_vc, fuse)
+        replicated = (o["out_shapes"].map(lambda s: _first_out(s) == token_shape).to_numpy(bool)
+                      & (o["kind"] == "vector").to_numpy(bool))
+        square = [(_has_square_tail(_parse_shapes(a) + _parse_shapes(b), seq))
+                  for a, b in zip(o["in_shapes"], o["out_shapes"])]
+        total = 0.0
+        attention = 0.0
+        for _, k in kernels.iterrows():
+            lat = k["latency_s"]
+            if sequence_parallel and tp > 1 and all(replicated[i] for i in k["ops"]):
+                lat /= tp  # runs on s/t tokens
+            total += lat
+            work.bound_s[k["bound"]] = work.bound_s.get(k["bound"], 0.0) + lat
+            if pass_ == "fwd" and all(square[i] for i in k["ops"]):
+                attention += lat
+        flops = float(o.loc[o["kind"] == "matmul", "flops"].sum())
+        coll = []
+        for _, c in o[o["kind"] == "collective"].iterrows():
+            size = float(c["bytes_in"])
+            if int(c["group_size"]) <= 1:
+                continue
+            if sequence_parallel:
+                coll += [("reduce_scatter", size), ("all_gather", size)]
+            else:
+                coll.append((c["collective"] or "all_reduce", size))
+        if pass_ == "fwd":
+            work.fwd_s, work.attention_core_fwd_s, work.fwd_flops = total, attention, flops
+            work.fwd_collectives, work.kernels_fwd = coll, len(kernels)
+        else:
+            work.bwd_s, work.bwd_flops, work.bwd_collectives = total, flops, coll
+            work.kernels_bwd = len(kernels)
+    return work
+
+
+def add_vocab_parallel_collectives(embedding: LayerWork, head: LayerWork, *, tp: int,
+                                   microbatch: int, seq: int, hidden: int,
+                                   sequence_parallel: bool, elem_bytes: int = 2) -> None:
+    """Megatron's vocabulary-parallel communication (absent from a blocks-only TP trace)."""
+    if tp == 1:
+        return
+    act = float(microbatch * seq * hidden * elem_bytes)
+    # embedding: partial lookups summed across ranks
+    embedding.fwd_collectives += [("reduce_scatter", act)] if sequence_parallel else [("all_reduce", act)]
+    # head: column-parallel logits; the input gradient is summed in backward
+    if sequence_parallel:
+        head.fwd_collectives += [("all_gather", act)]
+        head.bwd_collectives += [("reduce_scatter", act)]
+    else:
+        head.bwd_collectives += [("all_reduce", act)]
+    # parallel cross-entropy: max, sum of exp, target logit (fp32 per token)
+    head.fwd_collectives += [("all_reduce", float(microbatch * seq * 4))] * 3

@@ -1,0 +1,152 @@
+"""Validation against published training runs: Megatron-LM's Table 1 (Narayanan et al., SC'21).
+
+Each row is a GPT model trained on DGX A100 80 GB nodes with the authors' published strategy
+(tensor/pipeline parallelism, microbatch, interleaving, DDP implementation, full recomputation).
+The published iteration time is F / (gpus × achieved FLOP/s), with F from their Eq. (3):
+F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)). We predict the iteration time with ``evaluate`` on
+the ``a100-80gb`` preset and compare. Nothing in the model is fitted to these rows.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+from phaze.errors import PhazeError
+
+REFERENCE = Path(__file__).resolve().parent / "data" / "megatron_narayanan2021_table1.csv"
+SEQ = 2048
+VOCAB = 51200
+PRESET = "a100-80gb"
+REQUIRED = ("params_billion", "attention_heads", "hidden_size", "layers", "tensor_parallel",
+            "pipeline_parallel", "gpus", "global_batch", "microbatch", "interleave", "ddp",
+            "achieved_tflops_per_gpu")
+
+
+def read_reference(path: Path | str = REFERENCE) -> list[dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise PhazeError(f"reference table not found: {path}")
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    rows = list(csv.DictReader(lines))
+    if not rows:
+        raise PhazeError(f"{path}: no data rows")
+    missing = [c for c in REQUIRED if c not in rows[0]]
+    if missing:
+        raise PhazeError(f"{path}: missing columns {missing}")
+    out = []
+    for i, r in enumerate(rows, 1):
+        try:
+            row = {k: int(r[k]) for k in REQUIRED if k not in ("params_billion", "ddp",
+                                                               "achieved_tflops_per_gpu")}
+            row["params_billion"] = float(r["params_billion"])
+            row["achieved_tflops_per_gpu"] = float(r["achieved_tflops_per_gpu"])
+        except ValueError as exc:
+            raise PhazeError(f"{path}: row {i}: {exc}") from None
+        if r["ddp"] not in ("torch", "local"):
+            raise PhazeError(f"{path}: row {i}: ddp must be torch or local, got {r['ddp']!r}")
+        row["ddp"] = r["ddp"]
+        out.append(row)
+    return out
+
+
+def eq3_flops(global_batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
+    """Narayanan et al. 2021, Eq. (3): FLOPs per iteration, recomputation pass included."""
+    return 96.0 * global_batch * seq * layers * hidden**2 * (
+        1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
+
+
+def gpt_spec(row: dict):
+    from phaze.trace.models import ModelSpec
+
+    h, a, l = row["hidden_size"], row["attention_heads"], row["layers"]
+    kwargs = dict(n_layer=l, n_embd=h, n_head=a, n_inner=4 * h, vocab_size=VOCAB,
+                  n_positions=SEQ)
+    return ModelSpec(f"gpt-{row['params_billion']:g}b", "gpt2", l, h, a, 4 * h, VOCAB, SEQ, a,
+                     kwargs)
+
+
+def spearman(x: list[float], y: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(v):
+            j = i
+            while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2 + 1
+            i = j + 1
+        return r
+    rx, ry = ranks(x), ranks(y)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    vx = math.sqrt(sum((a - mx) ** 2 for a in rx))
+    vy = math.sqrt(sum((b - my) ** 2 for b in ry))
+    if vx == 0 or vy == 0:
+        return float("nan")
+    return cov / (vx * vy)
+
+
+def validate(config: dict, reference: Path | str = REFERENCE) -> dict:
+    from phaze.arch.presets import load_preset
+    from phaze.fidelity.evaluate import evaluate_strategy
+    from phaze.fidelity.strategy import Strategy
+
+    preset = load_preset(PRESET)
+    rows = []
+    for ref in read_reference(reference):
+        spec = gpt_spec(ref)
+        strategy = Strategy(devices=ref["gpus"], tp=ref["tensor_parallel"],
+                            pp=ref["pipeline_parallel"], microbatch=ref["microbatch"],
+                            global_batch=ref["global_batch"], interleave=ref["interleave"],
+                            recompute="full", sequence_parallel=False,
+                            ddp="overlap" if ref["ddp"] == "torch" else "after")
+        result = evaluate_strategy(spec, strategy, preset, seq=SEQ, costmodel=config["costmodel"],
+                                   fidelity=config["fidelity"])
+        flops = eq3_flops(ref["global_batch"], SEQ, ref["layers"], ref["hidden_size"], VOCAB)
+        published_s = flops / (ref["gpus"] * ref["achieved_tflops_per_gpu"] * 1e12)
+        predicted_s = result["iteration_time_s"]
+        rows.append({
+            "params_billion": ref["params_billion"], "tp": ref["tensor_parallel"],
+            "pp": ref["pipeline_parallel"], "dp": strategy.dp, "gpus": ref["gpus"],
+            "microbatch": ref["microbatch"], "interleave": ref["interleave"], "ddp": ref["ddp"],
+            "published_time_s": published_s, "predicted_time_s": predicted_s,
+            "error": predicted_s / published_s - 1.0,
+            "published_tflops_per_gpu": ref["achieved_tflops_per_gpu"],
+            "predicted_tflops_per_gpu": flops / (ref["gpus"] * predicted_s) / 1e12,
+            "breakdown": result["breakdown"],
+            "peak_memory_bytes": result["peak_memory_bytes"],
+        })
+    errors = [abs(r["error"]) for r in rows]
+    return {
+        "preset": PRESET,
+        "rows": rows,
+        "mean_abs_error": sum(errors) / len(errors),
+        "max_abs_error": max(errors),
+        "spearman": spearman([r["predicted_tflops_per_gpu"] for r in rows],
+                             [r["published_tflops_per_gpu"] for r in rows]),
+    }
+
+
+def format_table(report: dict) -> str:
+    head = (f"{'model':>7} {'t':>2} {'p':>3} {'d':>3} {'gpus':>5} {'b':>3} {'V':>2} {'ddp':>5} "
+            f"{'published_s':>11} {'predicted_s':>11} {'error':>7} {'pub_TF':>6} {'pred_TF':>7}  "
+            f"largest non-compute terms (s)")
+    lines = [head]
+    for r in report["rows"]:
+        bd = {k: v for k, v in r["breakdown"].items() if k not in ("compute_s", "recompute_s")}
+        top = sorted(bd.items(), key=lambda kv: -kv[1])[:2]
+        terms = ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in top)
+        lines.append(
+            f"{r['params_billion']:>6g}B {r['tp']:>2} {r['pp']:>3} {r['dp']:>3} {r['gpus']:>5} "
+            f"{r['microbatch']:>3} {r['interleave']:>2} {r['ddp']:>5} "
+            f"{r['published_time_s']:>11.3f} {r['predicted_time_s']:>11.3f} "
+            f"{r['error'] * 100:>+6.1f}% {r['published_tflops_per_gpu']:>6.0f} "
+            f"{r['predicted_tflops_per_gpu']:>7.1f}  {terms}")
+    lines.append(f"mean |error| {report['mean_abs_error'] * 100:.1f} %   max |error| "
+                 f"{report['max_abs_error'] * 100:.1f} %   Spearman (TFLOP/s per GPU) "
+                 f"{report['spearman']:.2f}")
+    return "\n".join(lines)
