@@ -12,7 +12,9 @@
 # not SLURM's defaults so a real cluster on the same host is not disturbed; override with
 # PHAZE_SLURM_{CTLD,SLURMD,DBD,MYSQL}_PORT. The only system-wide effect is `apt-get install` of the
 # packages when they are missing (service starts are suppressed during the install with a temporary
-# /usr/sbin/policy-rc.d, created only if none exists, so apt does not start system daemons).
+# /usr/sbin/policy-rc.d, created only if none exists, so apt does not start system daemons), and a
+# symlink /etc/slurm/slurm.conf -> STATE_DIR/etc/slurm.conf, made only when no such file exists,
+# because the executor plugin's job step hides SLURM_CONF from srun (see below).
 #
 # Idempotent: daemons already running from STATE_DIR (pid file alive and naming that daemon) are
 # kept; with everything up this takes about a second. Needs root on Debian (or a derivative).
@@ -179,6 +181,8 @@ AccountingStoragePort=$DBD_PORT
 # Connections to slurmdbd authenticate through this munge socket, not AuthInfo's.
 AccountingStoragePass=$MUNGE_SOCKET
 AccountingStorageEnforce=associations
+# Keep sbatch --comment (the plugin puts the rule name there) so sacct can show it.
+AccountingStoreFlags=job_comment
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
@@ -219,6 +223,19 @@ for f in slurm.conf slurmdbd.conf; do
 done
 chmod 644 "$DIR/etc/slurm.conf"
 chmod 600 "$DIR/etc/slurmdbd.conf"   # slurmdbd insists: it holds the database password
+# snakemake-executor-plugin-slurm-jobstep (0.6.1) strips every SLURM_* variable, SLURM_CONF
+# included, before the `srun` that runs a rule inside its job, so that srun only finds the config
+# at the compiled-in default path. Link it there, but never over a real one.
+ETC_CONF=/etc/slurm/slurm.conf
+if [ -L "$ETC_CONF" ] && [ "$(readlink "$ETC_CONF")" = "$SLURM_CONF" ]; then
+  :
+elif [ -e "$ETC_CONF" ] || [ -L "$ETC_CONF" ]; then
+  die "$ETC_CONF exists (a real cluster?): not replacing it. Rules' srun inside jobs would use it"
+else
+  mkdir -p /etc/slurm
+  ln -s "$SLURM_CONF" "$ETC_CONF"
+  log "linked $ETC_CONF -> $SLURM_CONF (removed by stop_slurm.sh)"
+fi
 cat > "$DIR/env.sh" <<EOF
 # source this to talk to the test cluster in $DIR
 export SLURM_CONF=$DIR/etc/slurm.conf

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stop the private test cluster started by start_slurm.sh: cancel its jobs, then end exactly the
 # daemons whose pid files are in STATE_DIR/run (checking each pid still names that daemon, so a
-# recycled pid is never signalled). Nothing else is touched; the state directory is kept unless
+# recycled pid is never signalled), and remove the /etc/slurm/slurm.conf link start_slurm.sh made
+# if it still points here. Nothing else is touched; the state directory is kept unless
 # --purge is given (then it is deleted after everything stopped).
 #
 #   bash tests/cluster/stop_slurm.sh [--purge] [STATE_DIR]     # default /tmp/phaze-slurm
@@ -52,6 +53,11 @@ for pair in slurmd:slurmd slurmctld:slurmctld slurmdbd:slurmdbd mysqld:mariadbd 
   rm -f "$pidfile"
   log "stopped $name ($pid)"
 done
+# The /etc/slurm/slurm.conf link start_slurm.sh made, only if it still points at this cluster.
+if [ -L /etc/slurm/slurm.conf ] && [ "$(readlink /etc/slurm/slurm.conf)" = "$SLURM_CONF" ]; then
+  rm -f /etc/slurm/slurm.conf
+  log "removed link /etc/slurm/slurm.conf"
+fi
 if [ "$purge" = 1 ]; then
   rm -rf "$DIR"
   log "removed $DIR"

@@ -1,0 +1,293 @@
+"""The workflow through the Snakemake SLURM executor on a live single-node SLURM cluster.
+
+The module starts a private cluster with tests/cluster/start_slurm.sh (installing Debian's munge,
+slurmctld, slurmd, slurmdbd and MariaDB when missing), runs workflows with `--profile
+profiles/slurm`, and stops the cluster again (stop_slurm.sh --purge) however the tests end.
+
+It needs root on Debian: elsewhere (or with PHAZE_SKIP_CLUSTER=1) every test is skipped with the
+reason printed. The apt install counts against the 10-minute budget of the module.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[1]
+START = REPO / "tests" / "cluster" / "start_slurm.sh"
+STOP = REPO / "tests" / "cluster" / "stop_slurm.sh"
+PROFILE = REPO / "profiles" / "slurm"
+TEST_CONFIG = REPO / "config" / "test.yaml"
+COMPARISON = Path("results") / "summary" / "comparison.parquet"
+ACCOUNT = "phaze"
+PARTITION = "debug"
+
+# The plugin waits this long before its first sacct poll and after every poll that saw a job
+# finish (default 40 s, sized for busy clusters); on an idle private cluster it only adds latency.
+FAST_POLL = ["--slurm-init-seconds-before-status-checks", "2"]
+
+
+def _skip_reason() -> str | None:
+    if os.environ.get("PHAZE_SKIP_CLUSTER", "") not in ("", "0"):
+        return "PHAZE_SKIP_CLUSTER is set"
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        return "needs root (installs Debian packages and starts SLURM daemons)"
+    if not Path("/etc/debian_version").exists() or shutil.which("apt-get") is None:
+        return "needs Debian with apt-get (the cluster comes from Debian's slurm-wlm packages)"
+    etc_conf = Path("/etc/slurm/slurm.conf")
+    if etc_conf.exists() and not etc_conf.is_symlink():
+        return "a real SLURM cluster is configured here (/etc/slurm/slurm.conf); not touching it"
+    return None
+
+
+@dataclass
+class Cluster:
+    state_dir: Path
+    env: dict[str, str]
+    start_s: float
+    started_at: datetime
+
+    def run(self, *args: str, check: bool = True) -> str:
+        out = subprocess.run(args, env=self.env, capture_output=True, text=True, timeout=60)
+        if check and out.returncode != 0:
+            raise AssertionError(f"{' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
+        return out.stdout
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    reason = _skip_reason()
+    if reason:
+        print(f"cluster tests skipped: {reason}")
+        pytest.skip(reason)
+    # Short path: munge and MariaDB sockets live inside it (unix socket paths max 107 bytes).
+    state_dir = Path(tempfile.mkdtemp(prefix="phaze-slurm-", dir="/tmp"))
+    env = dict(os.environ, SLURM_CONF=str(state_dir / "etc" / "slurm.conf"))
+    for var in [v for v in env if v.startswith(("SBATCH_", "SLURM_")) and v != "SLURM_CONF"]:
+        del env[var]  # a surrounding job's settings must not leak into this cluster's jobs
+    env["SBATCH_ACCOUNT"] = ACCOUNT  # read by profiles/slurm/config.yaml, as documented
+    env["SBATCH_PARTITION"] = PARTITION
+    started_at = datetime.now() - timedelta(minutes=5)
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(
+            ["bash", str(START), str(state_dir)], capture_output=True, text=True, timeout=480
+        )
+        print(proc.stderr, end="")
+        if proc.returncode != 0:
+            logs = "\n".join(
+                f"--- {f.name}\n{f.read_text(errors='replace')[-3000:]}"
+                for f in sorted((state_dir / "log").glob("*.log"))
+            )
+            pytest.fail(f"start_slurm.sh failed ({proc.returncode}):\n{proc.stderr}\n{logs}")
+        yield Cluster(state_dir, env, time.monotonic() - t0, started_at)
+    finally:
+        stop = subprocess.run(
+            ["bash", str(STOP), "--purge", str(state_dir)], capture_output=True, text=True,
+            timeout=180,
+        )
+        print(stop.stderr, end="")
+
+
+def _snakemake(cluster: Cluster, workdir: Path, *args: str, timeout_s: float) -> str:
+    """Run snakemake in workdir; return its log text (stdout+stderr), failing with its tail."""
+    cmd = [sys.executable, "-m", "snakemake", "--directory", str(workdir), *args]
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        cmd, env=cluster.env, capture_output=True, text=True, timeout=timeout_s, cwd=workdir
+    )
+    text = proc.stdout + proc.stderr
+    print(f"{' '.join(cmd[3:])}: exit {proc.returncode} after {time.monotonic() - t0:.1f} s")
+    if proc.returncode != 0:
+        slurm_logs = "\n".join(
+            f"--- {f}\n{f.read_text(errors='replace')[-2000:]}"
+            for f in sorted((workdir / ".snakemake" / "slurm_logs").rglob("*.log"))
+        )
+        raise AssertionError(f"snakemake failed ({proc.returncode}):\n{text[-6000:]}\n{slurm_logs}")
+    return text
+
+
+@dataclass
+class SlurmJob:
+    job_id: str
+    rule: str
+    state: str
+    exit_code: str
+    req_mem: str
+    time_limit: str
+    req_cpus: int
+    account: str
+    partition: str
+
+
+def _jobs_of_run(cluster: Cluster, log: str) -> tuple[list[str], dict[str, SlurmJob]]:
+    """Job ids snakemake says it submitted, and sacct's record of every job of that run.
+
+    The plugin names all SLURM jobs of one run after its run id and puts `rule_<name>...` in the
+    job comment, so `sacct --name` finds exactly this run's jobs.
+    """
+    run_ids = re.findall(r"SLURM run ID: (\S+)", log)
+    assert len(run_ids) == 1, f"expected one SLURM run id in the log, found {run_ids}"
+    submitted = re.findall(r"submitted with SLURM jobid (\d+)", log)
+    fields = "JobID,Comment%200,State,ExitCode,ReqMem,Timelimit,ReqCPUS,Account,Partition"
+    start = cluster.started_at.strftime("%Y-%m-%dT%H:%M:%S")
+    # Accounting reaches slurmdbd asynchronously: wait until every submitted job has a final state.
+    deadline = time.monotonic() + 60
+    while True:
+        out = cluster.run(
+            "sacct", "-X", "-n", "-P", "-S", start, "--name", run_ids[0], "-o", fields
+        )
+        jobs = {}
+        for line in out.splitlines():
+            jid, comment, state, exit_code, mem, limit, cpus, account, part = line.split("|")
+            rule = re.match(r"rule_(\w+?)(?:_wildcards_.*)?$", comment)
+            jobs[jid] = SlurmJob(jid, rule.group(1) if rule else comment, state, exit_code, mem,
+                                 limit, int(cpus), account, part)
+        settled = all(j.state not in ("PENDING", "RUNNING", "COMPLETING") for j in jobs.values())
+        if (set(submitted) <= set(jobs) and settled) or time.monotonic() > deadline:
+            return submitted, jobs
+        time.sleep(1)
+
+
+def _assert_all_completed(submitted: list[str], jobs: dict[str, SlurmJob], log: str) -> None:
+    assert submitted, "snakemake submitted no SLURM job"
+    assert sorted(submitted, key=int) == sorted(jobs, key=int), (
+        f"snakemake submitted {sorted(submitted, key=int)}, sacct lists {sorted(jobs, key=int)}"
+    )
+    bad = {j.job_id: (j.rule, j.state, j.exit_code) for j in jobs.values()
+           if j.state != "COMPLETED" or j.exit_code != "0:0"}
+    assert not bad, f"SLURM jobs not COMPLETED with exit 0: {bad}"
+    # Every non-local rule instance snakemake ran went through SLURM (local rules print as
+    # "localrule"); a retried job would show up as an extra submission and fail the equality.
+    remote_rule_runs = re.findall(r"^rule (\w+):$", log, flags=re.M)
+    assert len(remote_rule_runs) == len(submitted), (
+        f"{len(remote_rule_runs)} rule jobs ran but {len(submitted)} SLURM jobs were submitted"
+    )
+    assert sorted(remote_rule_runs) == sorted(j.rule for j in jobs.values())
+    for j in jobs.values():
+        assert (j.account, j.partition) == (ACCOUNT, PARTITION), j
+
+
+def _profile_resources() -> dict:
+    # The profile is a YTE template; its set-resources block is plain YAML.
+    return yaml.safe_load((PROFILE / "config.yaml").read_text())["set-resources"]
+
+
+def _minutes(limit: str) -> int:
+    """sacct Timelimit [D-]HH:MM:SS -> minutes."""
+    days, _, hms = limit.rpartition("-")
+    h, m, s = (int(x) for x in hms.split(":"))
+    return int(days or 0) * 1440 + h * 60 + m + math.ceil(s / 60)
+
+
+TOY_SNAKEFILE = """
+rule all:
+    input: "report.txt"
+
+rule arch:
+    output: "arch.txt"
+    shell: "echo $SLURM_JOB_ID > {output}"
+
+rule report:
+    input: "arch.txt"
+    output: "report.txt"
+    shell: "cat {input} > {output}; echo $SLURM_JOB_ID >> {output}"
+"""
+
+
+def test_profile_submits_each_rule_with_its_resources(slurm_cluster, tmp_path):
+    """A two-rule workflow named like phaze's stages: each rule becomes one COMPLETED SLURM job
+    carrying the runtime, memory, CPUs, account and partition the profile sets for that rule."""
+    (tmp_path / "Snakefile").write_text(TOY_SNAKEFILE)
+    log = _snakemake(slurm_cluster, tmp_path, "--profile", str(PROFILE), *FAST_POLL,
+                     timeout_s=240)
+    submitted, jobs = _jobs_of_run(slurm_cluster, log)
+    _assert_all_completed(submitted, jobs, log)
+    assert sorted(j.rule for j in jobs.values()) == ["arch", "report"]
+    wanted = _profile_resources()
+    for j in jobs.values():
+        res = wanted[j.rule]
+        assert j.req_mem == f"{res['mem_mb']}M", j
+        assert _minutes(j.time_limit) == res["runtime"], j
+        assert j.req_cpus == res["cpus_per_task"], j
+    # The rules really ran inside those jobs: each wrote its own SLURM_JOB_ID.
+    ids_by_rule = {j.rule: j.job_id for j in jobs.values()}
+    assert (tmp_path / "arch.txt").read_text().split() == [ids_by_rule["arch"]]
+    assert (tmp_path / "report.txt").read_text().split() == [ids_by_rule["arch"],
+                                                             ids_by_rule["report"]]
+
+
+def _read_comparison(path: Path):
+    import pandas as pd
+
+    assert path.exists(), f"the workflow did not produce {path}"
+    return pd.read_parquet(path)
+
+
+def _assert_deterministic_schedules(results: Path) -> None:
+    """Equal results need solves that ended on their own, not on a clock."""
+    import pandas as pd
+
+    tables = sorted((results / "schedule").rglob("*.parquet"))
+    assert tables, f"no schedule tables under {results / 'schedule'}"
+    for t in tables:
+        status = pd.read_parquet(t, columns=["status"])["status"]
+        timed = status[status.isin(["time_limit", "watchdog"])]
+        assert timed.empty, f"{t}: {len(timed)} solves stopped on a time limit ({set(timed)})"
+
+
+@pytest.mark.timeout(600)
+def test_workflow_on_slurm_matches_local_run(slurm_cluster, tmp_path):
+    """config/test.yaml end to end through SLURM: every job a COMPLETED SLURM job, and the summary
+    throughputs equal a local run's within 1e-6 relative."""
+    import numpy as np
+
+    common = ["--snakefile", str(REPO / "Snakefile"), "--configfile", str(TEST_CONFIG)]
+    slurm_dir, local_dir = tmp_path / "slurm", tmp_path / "local"
+    slurm_dir.mkdir()
+    local_dir.mkdir()
+    log = _snakemake(slurm_cluster, slurm_dir, *common, "--profile", str(PROFILE), *FAST_POLL,
+                     timeout_s=420)
+    submitted, jobs = _jobs_of_run(slurm_cluster, log)
+    _assert_all_completed(submitted, jobs, log)
+    print(f"{len(jobs)} SLURM jobs: " + ", ".join(
+        f"{r}×{n}" for r, n in sorted(
+            {r: sum(j.rule == r for j in jobs.values()) for r in {j.rule for j in jobs.values()}}
+            .items())))
+    _snakemake(slurm_cluster, local_dir, *common, "--cores", "2", timeout_s=300)
+
+    for d in (slurm_dir, local_dir):
+        _assert_deterministic_schedules(d / "results")
+    on_slurm = _read_comparison(slurm_dir / COMPARISON)
+    local = _read_comparison(local_dir / COMPARISON)
+    assert len(on_slurm) > 0
+    key = [c for c in ("model", "strategy") if c in local.columns]
+    assert key == ["model", "strategy"], f"comparison.parquet lacks model/strategy: {local.columns}"
+    assert list(on_slurm.columns) == list(local.columns)
+    on_slurm = on_slurm.sort_values(key).reset_index(drop=True)
+    local = local.sort_values(key).reset_index(drop=True)
+    assert on_slurm[key].equals(local[key]), "different (model, strategy) rows"
+    compared = [c for c in local.columns if "throughput" in c or "speedup" in c]
+    assert "throughput_seq_s" in compared
+    for c in compared:
+        a = on_slurm[c].to_numpy(dtype=float)
+        b = local[c].to_numpy(dtype=float)
+        same = np.isclose(a, b, rtol=1e-6, atol=0.0) | (np.isnan(a) & np.isnan(b))
+        assert same.all(), (
+            f"{c} differs between SLURM and local runs:\n"
+            f"{on_slurm.loc[~same, key + [c]]}\nvs\n{local.loc[~same, key + [c]]}"
+        )
