@@ -147,7 +147,7 @@ def build_chain_table(g: LayerGraph, rule: StageRule) -> StageTable:
     F, B, P, A, X = cum(g.fw), cum(g.bw), cum(g.params), cum(g.acts), cum(g.ext_stash)
     T = np.concatenate(([0], np.cumsum(g.tp.astype(np.int64))))
     eb = np.zeros(n + 1)       # eb[i] = bytes entering layer i from layer i-1 (0 for i = 0, n)
-    eb[1:n] = g.edge_bytes
+    eb[g.src + 1] = g.edge_bytes  # edges may come in any order
     t_in = np.where(np.arange(n + 1) > 0, rule.transfer(eb), 0.0)
     t_in[0] = 0.0
     t_in[n] = 0.0
