@@ -25,13 +25,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.cluster.checkout import copy_checkout
+
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[1]
 START = REPO / "tests" / "cluster" / "start_slurm.sh"
 STOP = REPO / "tests" / "cluster" / "stop_slurm.sh"
 PROFILE = REPO / "profiles" / "slurm"
-TEST_CONFIG = REPO / "config" / "test.yaml"
 COMPARISON = Path("results") / "summary" / "comparison.parquet"
 ACCOUNT = "phaze"
 PARTITION = "debug"
@@ -194,17 +195,20 @@ def _minutes(limit: str) -> int:
     return int(days or 0) * 1440 + h * 60 + m + math.ceil(s / 60)
 
 
+# Two rules named like phaze's (the profile sizes them differently), and a local target rule.
 TOY_SNAKEFILE = """
+localrules: all
+
 rule all:
-    input: "report.txt"
+    input: "summary.txt"
 
 rule arch:
     output: "arch.txt"
     shell: "echo $SLURM_JOB_ID > {output}"
 
-rule report:
+rule search_summary:
     input: "arch.txt"
-    output: "report.txt"
+    output: "summary.txt"
     shell: "cat {input} > {output}; echo $SLURM_JOB_ID >> {output}"
 """
 
@@ -217,8 +221,9 @@ def test_profile_submits_each_rule_with_its_resources(slurm_cluster, tmp_path):
                      timeout_s=240)
     submitted, jobs = _jobs_of_run(slurm_cluster, log)
     _assert_all_completed(submitted, jobs, log)
-    assert sorted(j.rule for j in jobs.values()) == ["arch", "report"]
+    assert sorted(j.rule for j in jobs.values()) == ["arch", "search_summary"]
     wanted = _profile_resources()
+    assert wanted["arch"] != wanted["search_summary"], "pick two rules the profile sizes apart"
     for j in jobs.values():
         res = wanted[j.rule]
         assert j.req_mem == f"{res['mem_mb']}M", j
@@ -227,8 +232,8 @@ def test_profile_submits_each_rule_with_its_resources(slurm_cluster, tmp_path):
     # The rules really ran inside those jobs: each wrote its own SLURM_JOB_ID.
     ids_by_rule = {j.rule: j.job_id for j in jobs.values()}
     assert (tmp_path / "arch.txt").read_text().split() == [ids_by_rule["arch"]]
-    assert (tmp_path / "report.txt").read_text().split() == [ids_by_rule["arch"],
-                                                             ids_by_rule["report"]]
+    assert (tmp_path / "summary.txt").read_text().split() == [ids_by_rule["arch"],
+                                                              ids_by_rule["search_summary"]]
 
 
 def _read_comparison(path: Path):
@@ -256,11 +261,10 @@ def test_workflow_on_slurm_matches_local_run(slurm_cluster, tmp_path):
     throughputs equal a local run's within 1e-6 relative."""
     import numpy as np
 
-    common = ["--snakefile", str(REPO / "Snakefile"), "--configfile", str(TEST_CONFIG)]
-    slurm_dir, local_dir = tmp_path / "slurm", tmp_path / "local"
-    slurm_dir.mkdir()
-    local_dir.mkdir()
-    log = _snakemake(slurm_cluster, slurm_dir, *common, "--profile", str(PROFILE), *FAST_POLL,
+    # Each run in its own copy of the checkout, invoked as a user would from its root.
+    common = ["--configfile", "config/test.yaml"]
+    slurm_dir, local_dir = copy_checkout(tmp_path / "slurm"), copy_checkout(tmp_path / "local")
+    log = _snakemake(slurm_cluster, slurm_dir, *common, "--profile", "profiles/slurm", *FAST_POLL,
                      timeout_s=420)
     submitted, jobs = _jobs_of_run(slurm_cluster, log)
     _assert_all_completed(submitted, jobs, log)

@@ -43,6 +43,7 @@ for pair in slurmd:slurmd slurmctld:slurmctld slurmdbd:slurmdbd mysqld:mariadbd 
     rm -f "$pidfile"
     continue
   fi
+  t0=$(date +%s.%N)
   kill -TERM "$pid"
   for _ in $(seq 120); do [ -d "/proc/$pid" ] || break; sleep 0.25; done
   if [ -d "/proc/$pid" ]; then
@@ -51,7 +52,7 @@ for pair in slurmd:slurmd slurmctld:slurmctld slurmdbd:slurmdbd mysqld:mariadbd 
     status=1
   fi
   rm -f "$pidfile"
-  log "stopped $name ($pid)"
+  log "stopped $name ($pid) in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}') s"
 done
 # The /etc/slurm/slurm.conf link start_slurm.sh made, only if it still points at this cluster.
 if [ -L /etc/slurm/slurm.conf ] && [ "$(readlink /etc/slurm/slurm.conf)" = "$SLURM_CONF" ]; then
