@@ -38,6 +38,8 @@ class LayerWork:
     fwd_s: float = 0.0                 # forward kernels (no communication)
     bwd_s: float = 0.0                 # backward kernels
     attention_core_fwd_s: float = 0.0  # forward kernels of core attention (selective recompute)
+    replicated_s: float = 0.0          # fwd + bwd kernels outside the tensor-parallel region, on
+                                       # all s tokens (what sequence parallelism divides by t)
     fwd_flops: float = 0.0
     bwd_flops: float = 0.0
     fwd_collectives: list = field(default_factory=list)  # (kind, bytes) in execution order
@@ -228,8 +230,10 @@ def layer_work(ops: pd.DataFrame, edges: pd.DataFrame, *, core: dict, cm: dict, 
         attention = 0.0
         for _, k in kernels.iterrows():
             lat = k["latency_s"]
-            if sequence_parallel and tp > 1 and all(replicated[i] for i in k["ops"]):
-                lat /= tp  # runs on s/t tokens
+            if all(replicated[i] for i in k["ops"]):
+                work.replicated_s += lat
+                if sequence_parallel and tp > 1:
+                    lat /= tp  # runs on s/t tokens
             total += lat
             work.bound_s[k["bound"]] = work.bound_s.get(k["bound"], 0.0) + lat
             if pass_ == "fwd" and all(square[i] for i in k["ops"]):

@@ -19,7 +19,6 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 
-import pandas as pd
 
 from phaze.errors import PhazeError
 from phaze.fidelity.compute import (LayerWork, add_vocab_parallel_collectives, gpu_core,
