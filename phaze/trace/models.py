@@ -26,9 +26,9 @@ FAMILIES: dict[str, dict] = {
     "opt": {"config": "OPTConfig", "model": "OPTForCausalLM"},
     "llama": {"config": "LlamaConfig", "model": "LlamaForCausalLM"},
 }
-# HF `model_type` -> our family
+# HF `model_type` -> our family (whose tensor-parallel rules apply: same module names)
 MODEL_TYPES = {"bert": "bert", "megatron-bert": "megatron-bert", "gpt2": "gpt2", "opt": "opt",
-               "llama": "llama"}
+               "llama": "llama", "mistral": "llama", "qwen2": "llama"}
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class ModelSpec:
         _hf_offline()
         import transformers
 
-        if self.family in FAMILIES:
+        if self.config_path is None:
             return getattr(transformers, FAMILIES[self.family]["model"])
         config = self.hf_config(1)
         for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForMaskedLM):
@@ -111,7 +111,12 @@ class ModelSpec:
 
     @property
     def causal(self) -> bool:
-        return self.family not in ("bert", "megatron-bert")
+        """Decoder (causal LM) vs encoder (masked LM): decides inputs and mask."""
+        if self.config_path is None:
+            return self.family not in ("bert", "megatron-bert")
+        import transformers
+
+        return type(self.hf_config(1)) in transformers.AutoModelForCausalLM._model_mapping
 
 
 def _hf_offline() -> None:

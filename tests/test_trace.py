@@ -1,0 +1,340 @@
+"""Trace stage: registry, FLOP identities, tensor-parallel slicing, memory, tables, CLI.
+
+Each (model, microbatch, t, seq) is traced once per session (``_trace`` is cached); tracing on
+the meta device is independent of tensor sizes, so the paper's real sequence lengths are used.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from phaze.cli import main
+from phaze.errors import PhazeError
+from phaze.io import read_table
+from phaze.trace.models import get_model_spec, list_models
+
+DATA = Path(__file__).parent / "data"
+PAPER = ["bert-large", "gpt2-xl", "opt-350m", "llama2-7b", "megatron-bert", "megatron-gpt-2.5b",
+         "megatron-gpt-8.3b", "gpt3-175b"]
+# design.md's workload table: blocks, hidden, heads, FFN, vocab, seq, valid t
+DESIGN_TABLE = {
+    "bert-large": (24, 1024, 16, 4096, 30522, 512, (1, 2, 4, 8)),
+    "gpt2-xl": (48, 1600, 25, 6400, 50257, 1024, (1,)),
+    "opt-350m": (24, 1024, 16, 4096, 50272, 2048, (1, 2, 4, 8)),
+    "llama2-7b": (32, 4096, 32, 11008, 32000, 4096, (1, 2, 4, 8)),
+    "megatron-bert": (24, 1024, 16, 4096, 30522, 512, (1, 2, 4, 8)),
+    "megatron-gpt-2.5b": (54, 1920, 20, 7680, 50257, 1024, (1, 2, 4)),
+    "megatron-gpt-8.3b": (72, 3072, 24, 12288, 50257, 1024, (1, 2, 4, 8)),
+    "gpt3-175b": (96, 12288, 96, 49152, 50257, 2048, (1, 2, 4, 8)),
+}
+TP_CASES = [(m, t) for m in PAPER for t in DESIGN_TABLE[m][6] if t > 1]
+VIEW_OPS = {"aten.view.default", "aten.t.default", "aten.transpose.int", "aten.expand.default",
+            "aten._unsafe_view.default", "aten.permute.default", "aten.unsqueeze.default",
+            "aten.slice.Tensor", "aten.split.Tensor", "aten.detach.default", "aten.alias.default"}
+
+
+@functools.lru_cache(maxsize=None)
+def _trace(model: str, microbatch: int = 1, tmp: int = 1, seq: int | None = None,
+           fuse: bool = True):
+    from phaze.trace.tracer import trace_model
+
+    return trace_model(get_model_spec(model), microbatch, tmp, seq=seq, fuse=fuse)
+
+
+def _block(trace, pass_=None, kind=None):
+    ops = trace.ops[trace.ops["layer"] == "block.0"]
+    if pass_:
+        ops = ops[ops["pass"] == pass_]
+    if kind:
+        ops = ops[ops["kind"] == kind]
+    return ops
+
+
+def _block_row(trace):
+    return trace.layers[trace.layers["layer"] == "block.0"].iloc[0]
+
+
+def _weight_matrix_params(spec) -> int:
+    """P of the FLOP identity: parameters of the block's weight matrices (no biases/norms)."""
+    h, f = spec.hidden, spec.ffn
+    return 4 * h * h + (3 if spec.family == "llama" else 2) * h * f
+
+
+def _block_params_per_rank(spec, t: int) -> int:
+    """Closed form of one rank's block parameters. GPT-2 / BERT / OPT: QKV + out + FC1 + FC2
+    with biases and two LayerNorms (= 12h^2 + 13h when f = 4h); Llama: no biases, SwiGLU,
+    two RMSNorms. Column-parallel weights and biases /t, row-parallel biases and norms whole."""
+    h, f = spec.hidden, spec.ffn
+    if spec.family == "llama":
+        return (4 * h * h + 3 * h * f) // t + 2 * h
+    return (4 * h * h + 2 * h * f) // t + (3 * h + f) // t + 2 * h + 4 * h
+
+
+# --- registry -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", PAPER)
+def test_registry_matches_design_table(name):
+    spec = get_model_spec(name)
+    blocks, hidden, heads, ffn, vocab, seq, valid = DESIGN_TABLE[name]
+    assert (spec.num_blocks, spec.hidden, spec.heads, spec.ffn, spec.vocab, spec.seq) == \
+        (blocks, hidden, heads, ffn, vocab, seq)
+    assert spec.valid_tmp == valid
+    config = spec.hf_config()
+    assert config.num_hidden_layers == blocks and config.hidden_size == hidden
+    assert config.num_attention_heads == heads and config.vocab_size == vocab
+
+
+def test_registry_lists_the_paper_workloads():
+    assert list_models() == PAPER
+    assert get_model_spec("opt-350m").hf_config().word_embed_proj_dim == 512
+
+
+# --- FLOPs ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", PAPER)
+def test_forward_matmul_flops_equal_flop_counter_mode(name):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from phaze.trace.capture import build_model, model_inputs
+
+    spec = get_model_spec(name)
+    model, blocks = build_model(spec, 1, 1, spec.seq)
+    path = next(n for n, m in model.named_modules() if m is blocks[0])
+    with FlopCounterMode(display=False) as counter:
+        model(**model_inputs(spec, 1, spec.seq))
+    expected = sum(counter.get_flop_counts()[f"{type(model).__name__}.{path}"].values())
+    got = _block(_trace(name), "fwd", "matmul")["flops"].sum()
+    assert got == expected
+
+
+@pytest.mark.parametrize("name", PAPER)
+@pytest.mark.parametrize("microbatch", [1, 2])
+def test_block_flops_closed_form(name, microbatch):
+    spec = get_model_spec(name)
+    trace = _trace(name, microbatch)
+    b, s, h = microbatch, spec.seq, spec.hidden
+    closed = 2 * _weight_matrix_params(spec) * b * s + 4 * b * s * s * h
+    fwd = _block(trace, "fwd", "matmul")["flops"].sum()
+    bwd = _block(trace, "bwd", "matmul")["flops"].sum()
+    assert abs(fwd - closed) <= 0.005 * closed
+    assert bwd == 2 * fwd
+    row = _block_row(trace)
+    assert row["fwd_matmul_flops"] == fwd and row["bwd_matmul_flops"] == bwd
+
+
+# --- tensor-parallel slicing ----------------------------------------------------------------
+
+@pytest.mark.parametrize("name,t", TP_CASES)
+def test_tensor_parallel_slicing(name, t):
+    spec = get_model_spec(name)
+    base, sliced = _trace(name, 1, 1), _trace(name, 1, t)
+    for pass_ in ("fwd", "bwd"):
+        full = _block(base, pass_, "matmul")["flops"].sum()
+        assert _block(sliced, pass_, "matmul")["flops"].sum() * t == full
+    # The matmuls read 1/t of the weight matrices (and of the column-parallel biases, which
+    # addmm reads); row-parallel biases are added after the all-reduce, outside the matmul.
+    h, f = spec.hidden, spec.ffn
+    col_bias = 0 if spec.family == "llama" else 3 * h + f
+    row_bias = 0 if spec.family == "llama" else 2 * h
+    w = _weight_matrix_params(spec)
+    assert _block(base, "fwd", "matmul")["weight_bytes"].sum() == 2 * (w + col_bias + row_bias)
+    assert _block(sliced, "fwd", "matmul")["weight_bytes"].sum() == 2 * (w + col_bias) // t
+    assert _block_row(sliced)["param_bytes"] == 2 * _block_params_per_rank(spec, t)
+    assert bool(_block_row(sliced)["tensor_parallel"])
+    # 2 all-reduces forward (after attention-out and FC2) + 2 backward (QKV and FC1 inputs)
+    bsh_bytes = 1 * spec.seq * spec.hidden * 2
+    for pass_ in ("fwd", "bwd"):
+        coll = _block(sliced, pass_, "collective")
+        assert len(coll) == 2
+        assert (coll["collective"] == "all_reduce").all() and (coll["group_size"] == t).all()
+        assert (coll["bytes_in"] == bsh_bytes).all() and (coll["bytes_out"] == bsh_bytes).all()
+        assert (coll["core"] == "vc").all()
+    assert _block(base, kind="collective").empty
+    # the forward all-reduce directly consumes a row-parallel matmul output
+    fwd = _block(sliced, "fwd")
+    edges = sliced.edges[(sliced.edges["layer"] == "block.0") & (sliced.edges["pass"] == "fwd")]
+    for op in _block(sliced, "fwd", "collective")["op"]:
+        producers = edges[edges["dst"] == op]["src"]
+        assert list(fwd.set_index("op").loc[producers, "kind"]) == ["matmul"]
+
+
+def test_bad_tensor_parallel_width_says_why():
+    with pytest.raises(PhazeError, match="25 attention heads"):
+        get_model_spec("gpt2-xl").check_tmp(2)
+    with pytest.raises(PhazeError, match="divide"):
+        get_model_spec("megatron-gpt-2.5b").check_tmp(8)  # 20 heads
+    with pytest.raises(PhazeError, match="not supported"):
+        get_model_spec("opt-350m").check_tmp(3)
+
+
+# --- memory ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", PAPER)
+def test_block_param_bytes_closed_form(name):
+    spec = get_model_spec(name)
+    assert _block_row(_trace(name))["param_bytes"] == 2 * _block_params_per_rank(spec, 1)
+
+
+@pytest.mark.parametrize("name", ["gpt2-xl", "megatron-gpt-2.5b", "gpt3-175b", "bert-large",
+                                  "megatron-bert"])
+def test_block_activation_bytes_match_korthikanti(name):
+    """Saved-for-backward bytes of a GPT/BERT block with dropout = Korthikanti et al. (2022)
+    s*b*h*(10 + 24/t + 5*a*s/(h*t)) (16-bit activations, 1-byte dropout masks, no sequence
+    parallelism), plus the two LayerNorms' mean/rstd (4*s*b 16-bit values), which it omits."""
+    spec = get_model_spec(name)
+    s, h, a = spec.seq, spec.hidden, spec.heads
+    for t in spec.valid_tmp:
+        for b in (1, 2) if t == 1 else (1,):
+            expected = s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) + 4 * s * b * 2
+            row = _block_row(_trace(name, b, t))
+            assert row["activation_bytes"] == pytest.approx(expected, abs=0.5)
+
+
+@pytest.mark.parametrize("name", PAPER)
+def test_layer_boundaries(name):
+    spec = get_model_spec(name)
+    layers = _trace(name).layers
+    bsh = spec.seq * spec.hidden * 2
+    assert list(layers["layer"]) == ["embedding"] + [f"block.{i}" for i in
+                                                    range(spec.num_blocks)] + ["head"]
+    assert list(layers["index"]) == list(range(spec.num_blocks + 2))
+    blocks = layers[layers["kind"] == "block"]
+    assert (blocks["boundary_bytes"] == bsh).all() and (blocks["stash_recompute_bytes"] == bsh).all()
+    assert blocks["signature"].nunique() == 1
+    assert layers.iloc[0]["boundary_bytes"] == bsh and layers.iloc[-1]["boundary_bytes"] == 0
+    # embedding and head hold the rest of the parameters (tied embeddings counted once)
+    assert layers["param_bytes"].min() > 0
+
+
+def test_tied_embedding_is_counted_once():
+    spec = get_model_spec("gpt2-xl")
+    layers = _trace("gpt2-xl").layers
+    h, v = spec.hidden, spec.vocab
+    total = layers["param_bytes"].sum() // 2
+    expected = (v * h + 1024 * h) + spec.num_blocks * _block_params_per_rank(spec, 1) + 2 * h
+    assert total == expected  # 1.56e9: wte + wpe + blocks + final LayerNorm, no second vocab matrix
+
+
+# --- graph and tables -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,t", [("gpt2-xl", 1), ("llama2-7b", 4), ("bert-large", 2),
+                                    ("opt-350m", 8)])
+def test_graph_integrity(name, t):
+    trace = _trace(name, 1, t)
+    ops, edges = trace.ops, trace.edges
+    assert set(ops["kind"]) <= {"matmul", "vector", "collective", "nop"}
+    assert not set(ops["aten"]) & VIEW_OPS, "views must be collapsed"
+    assert set(ops["layer"]) == {"embedding", "block.0", "head"}
+    for (sig, pass_), group in ops.groupby(["signature", "pass"]):
+        assert list(group["op"]) == list(range(len(group)))
+        e = edges[(edges["signature"] == sig) & (edges["pass"] == pass_)]
+        assert (e["src"] < e["dst"]).all()  # execution order is a topological order
+        assert e["dst"].isin(group["op"]).all() and (e["bytes"] > 0).all()
+        assert not e.duplicated(["src", "dst"]).any()
+        fused = group[group["fused_into"] >= 0]
+        by_id = group.set_index("op")
+        assert (by_id.loc[fused["fused_into"], "core"] == "fused").all()
+        for _, r in fused.iterrows():  # a fused op is its matmul's only consumer
+            assert list(e[e["src"] == r["fused_into"]]["dst"]) == [r["op"]]
+    mm = ops[ops["kind"] == "matmul"]
+    assert (mm["m"] * mm["n"] * mm["k"] * mm["batch"] * 2 == mm["flops"]).all()
+    assert (ops.loc[ops["kind"] != "matmul", "m"] == 0).all()
+    assert ops["pass"].isin(["fwd", "bwd"]).all()
+
+
+def test_fusion_is_a_column_not_a_deletion():
+    fused, plain = _trace("bert-large", fuse=True), _trace("bert-large", fuse=False)
+    cols = ["layer", "pass", "op", "aten", "flops", "bytes_in"]
+    pd.testing.assert_frame_equal(fused.ops[cols], plain.ops[cols])
+    assert (plain.ops["fused_into"] == -1).all() and "fused" not in set(plain.ops["core"])
+    assert (fused.ops["fused_into"] >= 0).sum() > 0
+
+
+def test_signatures_distinguish_shapes_and_are_deterministic():
+    sig = lambda tr: _block_row(tr)["signature"]  # noqa: E731
+    a = _trace("opt-350m", 1, 1)
+    assert sig(a) != sig(_trace("opt-350m", 1, 2)) != sig(_trace("opt-350m", 2, 1))
+    assert sig(a) != sig(_trace("opt-350m", 1, 1, seq=1024))
+    assert sig(a) != sig(_trace("bert-large"))
+    from phaze.trace.tracer import trace_model
+
+    again = trace_model(get_model_spec("opt-350m"), 1, 1)
+    pd.testing.assert_frame_equal(again.ops, a.ops)
+    pd.testing.assert_frame_equal(again.layers, a.layers)
+
+
+def test_two_block_check_rejects_a_non_representative_block(monkeypatch):
+    """The 2-block verification must fail when block.1 differs from the traced block."""
+    import phaze.trace.tracer as tracer
+
+    real = tracer.capture
+
+    def skewed(spec, num_blocks, *args):
+        cap = real(spec, num_blocks, *args)
+        if num_blocks == 2:
+            cap.activation_bytes["block.1"] += 2
+        return cap
+
+    monkeypatch.setattr(tracer, "capture", skewed)
+    with pytest.raises(PhazeError, match="not identical"):
+        tracer.trace_model(get_model_spec("opt-350m"), 1, 1, seq=64)
+
+
+# --- Hugging Face config.json by path --------------------------------------------------------
+
+def test_config_json_by_path(tmp_path):
+    from phaze.trace.tracer import trace_model
+
+    spec = get_model_spec(str(DATA / "tiny-gpt2" / "config.json"))
+    assert (spec.name, spec.num_blocks, spec.hidden, spec.heads, spec.valid_tmp) == \
+        ("tiny-gpt2", 3, 64, 4, (1, 2, 4))
+    trace = trace_model(spec, 2, 2, seq=32)
+    assert len(trace.layers) == 5
+    assert _block_row(trace)["param_bytes"] == 2 * _block_params_per_rank(spec, 2)
+    # an architecture without tensor-parallel rules traces at t = 1 only
+    neox = get_model_spec(str(DATA / "tiny-neox"))
+    assert neox.valid_tmp == (1,)
+    assert len(trace_model(neox, 1, 1, seq=16).layers) == 5
+    with pytest.raises(PhazeError, match="gpt_neox"):
+        neox.check_tmp(2)
+
+
+# --- CLI ------------------------------------------------------------------------------------
+
+def test_cli_writes_the_three_tables(tmp_path):
+    out = tmp_path / "trace"
+    assert main(["trace", "--model", "opt-350m", "--microbatch", "1", "--tmp", "2", "--seq", "64",
+                 "--config", "config/test.yaml", "--out", str(out)]) == 0
+    ops, edges, layers = (read_table(out / f"{n}.parquet", n) for n in ("ops", "edges", "layers"))
+    assert len(layers) == 26 and set(ops["signature"]) <= set(layers["signature"])
+    assert set(edges["signature"]) <= set(ops["signature"])
+    meta = json.loads((out / "trace.json").read_text())
+    assert (meta["model"], meta["seq_len"], meta["tmp"]) == ("opt-350m", 64, 2)
+    assert meta["transformers"] == "5.24.0"
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+    (["--model", "gpt2-xl", "--tmp", "2"], "25 attention heads"),
+    (["--model", "tests/data/missing/config.json"], "not found"),
+    (["--model", "opt-350m", "--microbatch", "0"], "--microbatch"),
+    (["--model", "opt-350m", "--tmp", "3"], "not supported"),
+])
+def test_cli_errors_exit_2_with_one_line(argv, needle, tmp_path, capsys):
+    argv = ["trace", "--microbatch", "1", *argv, "--out", str(tmp_path / "x")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("phaze trace: error:") and needle in err[0]
+    assert not (tmp_path / "x").exists()
+
+
+def test_cli_rejects_a_file_that_is_not_a_hf_config(tmp_path, capsys):
+    bad = tmp_path / "config.json"
+    bad.write_text('{"hidden_size": 8}')
+    assert main(["trace", "--model", str(bad), "--microbatch", "1", "--out",
+                 str(tmp_path / "x")]) == 2
+    assert "no model_type" in capsys.readouterr().err
