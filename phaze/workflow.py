@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 from phaze.io.atomic import write_text_atomic
@@ -38,8 +39,22 @@ def config_section(config: dict, *keys: str) -> str:
     return json.dumps({k: config.get(k) for k in keys}, sort_keys=True)
 
 
+# A JSON string literal, or a number whose mantissa lacks a decimal point (json writes 1e-06).
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|(?<![\w.])(-?\d+)([eE][-+]?\d+)')
+
+
+def yaml_safe_json(obj) -> str:
+    """JSON that YAML 1.1 loaders also read with the same types.
+
+    Stage CLIs read the snapshot with a YAML loader (JSON is YAML), and YAML 1.1 takes json's
+    ``1e-06`` for a string; ``1.0e-06`` is a float to both."""
+    text = json.dumps(obj, indent=2, sort_keys=True)
+    return _JSON_TOKEN.sub(lambda m: m.group(0) if m.group(1) is None
+                           else f"{m.group(1)}.0{m.group(2)}", text)
+
+
 def snapshot_config(config: dict, path: str | Path) -> str:
-    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    text = yaml_safe_json(config) + "\n"
     path = Path(path)
     if not path.exists() or path.read_text() != text:
         write_text_atomic(path, text)

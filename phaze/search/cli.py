@@ -26,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--plan", required=True, help="chunks.parquet")
         p.add_argument("--round", type=int, required=True)
-        p.add_argument("--place", nargs="*", default=[], help="placement files r{R}_{tier}.parquet")
+        p.add_argument("--place", nargs="*", default=[],
+                       help="placement files .../place/**/r{R}_{tier}.parquet (other paths ignored)")
         p.add_argument("--config")
         p.add_argument("--out", required=True,
                        help="prune: output directory; state: state JSON file")
@@ -41,12 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("summarize", help="best / comparison / explored tables")
     p.add_argument("--plan", required=True)
     p.add_argument("--space", required=True)
-    p.add_argument("--round", type=int, required=True, help="last round computed")
-    p.add_argument("--place", nargs="*", default=[])
-    p.add_argument("--blind-place", nargs="*", default=[])
-    p.add_argument("--blind", nargs="*", default=[], help="blind choice tables")
-    p.add_argument("--schedules", nargs="*", default=[],
-                   help="schedule tables (bounds/ILP tiers) for the ILP counts")
+    p.add_argument("--inputs", nargs="*", default=[],
+                   help="every input file of the summary; sorted by path: place/**/r{R}_{tier}."
+                        "parquet, place/**/blind.parquet, baselines/blind/*/choice.parquet, "
+                        "schedule/** (ILP counts); other files are ignored")
     p.add_argument("--config")
     p.add_argument("--out-dir", required=True)
 

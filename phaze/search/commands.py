@@ -48,7 +48,7 @@ def _load_round_inputs(args):
     cfg = _config(args)["search"]
     settings = SearchSettings.from_config(cfg)
     plan_df = read_table(args.plan, "chunks")
-    place = load_place(args.place)
+    place = load_place([p for p in args.place if _round_of(p) >= 0])
     if place.empty:
         raise PhazeError(f"round {args.round}: no placement results given")
     return cfg, settings, plan_df, place
@@ -163,12 +163,19 @@ def summarize(args: argparse.Namespace) -> int:
     settings = SearchSettings.from_config(cfg)
     plan_df = read_table(args.plan, "chunks")
     space = read_table(args.space, "space")
-    place = load_place(args.place)
-    blind_place = load_place(args.blind_place)
-    blind = (pd.concat([read_table(p) for p in args.blind], ignore_index=True)
-             if args.blind else pd.DataFrame(columns=["model", "arch"]))
+    files = [str(p) for p in args.inputs]
+    round_files = [p for p in files if _round_of(p) >= 0]
+    if not round_files:
+        raise PhazeError("summarize: no placement files r{R}_{tier}.parquet among --inputs")
+    last = max(_round_of(p) for p in round_files)
+    place = load_place(round_files)
+    blind_place = load_place([p for p in files if re.search(r"/place/.*/blind\.parquet$", p)])
+    blind_files = [p for p in files if re.search(r"baselines/blind/[^/]+/choice\.parquet$", p)]
+    blind = (pd.concat([read_table(p) for p in blind_files], ignore_index=True)
+             if blind_files else pd.DataFrame(columns=["model", "arch"]))
+    schedules = [p for p in files if "/schedule/" in p]
     models = sorted(place["model"].astype(str).unique())
-    out = build(plan_df, space, place, blind_place, blind, models, settings, args.round,
+    out = build(plan_df, space, place, blind_place, blind, models, settings, last,
                 cfg["baseline_preset"])
     d = Path(args.out_dir)
     write_table(out["best"], d / "best.parquet", "best")
@@ -176,7 +183,7 @@ def summarize(args: argparse.Namespace) -> int:
     write_table(out["explored"], d / "explored.parquet", "explored")
     ex = out["explored"]
     stats = {
-        "rounds_computed": args.round + 1,
+        "rounds_computed": last + 1,
         "rounds_total": n_rounds(plan_df),
         "archs_in_space": int(len(plan_df)),
         "archs_computed": int(ex["arch"].nunique()),
@@ -186,7 +193,7 @@ def summarize(args: argparse.Namespace) -> int:
                      "patience": settings.patience, "pruning": settings.pruning,
                      "round_buckets": cfg["round_buckets"],
                      "bucket_width_mm2": cfg["bucket_width_mm2"]},
-        **_ilp_counts(args.schedules, ex),
+        **_ilp_counts(schedules, ex),
     }
     write_json_atomic(d / "search_stats.json", stats)
     print(json.dumps(stats, indent=1))

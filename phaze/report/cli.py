@@ -1,0 +1,35 @@
+"""`python -m phaze report`: the plots from results/summary/*.parquet (PNG + PDF)."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--summary", required=True, help="directory with best/comparison/explored.parquet")
+    parser.add_argument("--config")
+    parser.add_argument("--out-dir", required=True, help="plot directory")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import matplotlib.pyplot as plt
+
+    from phaze.config import load_config, validate_config
+    from phaze.io import atomic_path, read_table
+    from phaze.report.plots import make_figures
+
+    cfg = (load_config(args.config) if args.config else validate_config({}))["report"]
+    d = Path(args.summary)
+    best = read_table(d / "best.parquet", "best")
+    comparison = read_table(d / "comparison.parquet", "comparison")
+    explored = read_table(d / "explored.parquet", "explored")
+    figs = make_figures(best, comparison, explored, cfg["hbm_gib"])
+    out = Path(args.out_dir)
+    for name, fig in figs.items():
+        for fmt in cfg["formats"]:
+            with atomic_path(out / f"{name}.{fmt}") as tmp:
+                fig.savefig(tmp, format=fmt, dpi=cfg["dpi"], bbox_inches="tight")
+        plt.close(fig)
+    print(f"phaze report: {len(figs)} figures x {cfg['formats']} -> {out}")
+    return 0

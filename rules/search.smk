@@ -1,0 +1,409 @@
+# The search, as Snakemake rounds.
+#
+#   search_plan (checkpoint)     space.parquet -> chunks.parquet: area bucket, round, chunk per arch
+#   per round r, for the (model, microbatch) pairs a running search still needs:
+#     estimate (rules/estimate.smk) trace x chunk -> operator latencies
+#     schedule_bounds            trace x chunk -> list-schedule makespans + lower bounds (no ILP)
+#     place_bounds               model x HBM x microbatch x recompute -> throughput upper bound (ub)
+#                                and achievable throughput (lo) of every arch of the round
+#     search_prune (checkpoint)  which archs can still beat the best proven -> ILP chunk tables
+#     schedule_ilp               ILP only for those archs
+#     place_ilp                  placement on the ILP makespans
+#     search_state (checkpoint)  early-stop test; round r+1 exists only if a search still runs
+#   baselines: search_blind (+ estimate/schedule/place of its arch); tpuv4 is pinned to round 0.
+#   search_summary               results/summary/{best,comparison,explored}.parquet
+import functools as _functools
+import os as _os
+
+import pandas as _pd
+
+SPACE = f"{RESULTS}/arch/space.parquet"
+PLAN = f"{RESULTS}/arch/chunks.parquet"
+TAG = "b{mbs}_s{seq}_t{tmp}"
+TRACE_DIR = f"{RESULTS}/trace/{{model}}/{TAG}"
+
+
+def _trace_inputs(wc):
+    d = f"{RESULTS}/trace/{wc.model}/b{wc.mbs}_s{wc.seq}_t{wc.tmp}"
+    return {"ops": f"{d}/ops.parquet", "edges": f"{d}/edges.parquet", "layers": f"{d}/layers.parquet"}
+
+
+@_functools.lru_cache(maxsize=None)
+def _read_plan(path, mtime):
+    return _pd.read_parquet(path, columns=["arch", "round", "chunk"])
+
+
+def plan_table():
+    path = checkpoints.search_plan.get().output[0]
+    return _read_plan(path, _os.path.getmtime(path))
+
+
+def round_chunks(r):
+    p = plan_table()
+    return sorted(int(c) for c in p.loc[p["round"] == int(r), "chunk"].unique())
+
+
+def state_of(r):
+    with open(checkpoints.search_state.get(round=int(r)).output[0]) as fh:
+        return _json.load(fh)
+
+
+def pairs_of_round(r):
+    """(model, microbatch) pairs computed in round r."""
+    r = int(r)
+    if r == 0:
+        return PAIRS
+    return [(m, int(b)) for m, b in state_of(r - 1)["needed"]]
+
+
+def _place_dir(m, h, b, rec):
+    return f"{RESULTS}/place/{m}/h{gib_str(h)}_b{b}_r{rec}"
+
+
+def bound_place_files(r):
+    return [f"{_place_dir(m, h, b, rec)}/r{r}_{tier}.parquet"
+            for m, b in pairs_of_round(r) for h in HBM_GIB for rec in RECOMPUTE for tier in ("ub", "lo")]
+
+
+def ilp_selection(r, m, b):
+    """Chunks of round r whose ILP selection for (m, b) is non-empty."""
+    d = checkpoints.search_prune.get(round=int(r)).output[0]
+    sel = _pd.read_parquet(f"{d}/{m}_b{b}.parquet", columns=["chunk"])
+    return sorted(int(c) for c in sel["chunk"].unique())
+
+
+def ilp_place_files(r):
+    return [f"{_place_dir(m, h, b, rec)}/r{r}_ilp.parquet"
+            for m, b in pairs_of_round(r) if ilp_selection(r, m, b)
+            for h in HBM_GIB for rec in RECOMPUTE]
+
+
+def place_files_upto(r):
+    files = []
+    for q in range(int(r) + 1):
+        files += bound_place_files(q) + ilp_place_files(q)
+    return files
+
+
+def schedule_files_upto(r):
+    files = []
+    for q in range(int(r) + 1):
+        for m, b in pairs_of_round(q):
+            chosen = set(ilp_selection(q, m, b))
+            for t in model_tmps(m):
+                d = f"{RESULTS}/schedule/{m}/{tag(m, b, t)}"
+                files += [f"{d}/bounds/c{c}.parquet" for c in round_chunks(q)]
+                files += [f"{d}/ilp/r{q}_c{c}.parquet" for c in sorted(chosen)]
+    return files
+
+
+def last_round():
+    r = 0
+    while state_of(r)["continue"]:
+        r += 1
+    return r
+
+
+checkpoint search_plan:
+    input:
+        SPACE,
+    output:
+        PLAN,
+    params:
+        code=code_version("search"),
+        cfg=config_section(config, "search"),
+    log:
+        f"{RESULTS}/logs/search/plan.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/search/plan.tsv"
+    shell:
+        "{PHAZE} search plan --space {input} --config {CONFIG_JSON} --out {output} > {log} 2>&1"
+
+
+rule schedule_bounds:
+    input:
+        unpack(_trace_inputs),
+        latency=f"{RESULTS}/estimate/{{model}}/{TAG}/{{chunk}}.parquet",
+        space=SPACE,
+        plan=PLAN,
+    output:
+        f"{RESULTS}/schedule/{{model}}/{TAG}/bounds/c{{chunk}}.parquet",
+    params:
+        code=code_version("schedule"),
+        cfg=config_section(config, "schedule"),
+        trace=lambda wc, input: _os.path.dirname(input.ops),
+    log:
+        f"{RESULTS}/logs/schedule/{{model}}/{TAG}/bounds/c{{chunk}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/schedule/{{model}}/{TAG}/bounds/c{{chunk}}.tsv"
+    shell:
+        "{PHAZE} schedule --tier bounds --trace {params.trace} --latency {input.latency}"
+        " --space {input.space} --chunks {input.plan} --chunk {wildcards.chunk}"
+        " --config {CONFIG_JSON} --out {output} > {log} 2>&1"
+
+
+def _place_inputs(wc, kind):
+    """Trace dirs and schedule files (per t) a placement job reads."""
+    m, b = wc.model, int(wc.mbs)
+    tmps = model_tmps(m)
+    per_t = []
+    for t in tmps:
+        d = f"{RESULTS}/schedule/{m}/{tag(m, b, t)}"
+        if kind == "bounds":
+            per_t.append([f"{d}/bounds/c{c}.parquet" for c in round_chunks(wc.round)])
+        elif kind == "ilp":
+            per_t.append([f"{d}/ilp/r{wc.round}_c{c}.parquet" for c in ilp_selection(wc.round, m, b)])
+        else:
+            per_t.append([f"{d}/blind.parquet"])
+    return tmps, per_t
+
+
+def _place_input_files(kind):
+    def fn(wc):
+        tmps, per_t = _place_inputs(wc, kind)
+        layers = [f"{trace_dir(wc.model, wc.mbs, t)}/layers.parquet" for t in tmps]
+        return {"layers": layers, "schedules": [f for fs in per_t for f in fs], "space": SPACE}
+    return fn
+
+
+def _place_args(kind):
+    def fn(wc):
+        tmps, per_t = _place_inputs(wc, kind)
+        return (f"--model {wc.model} --tmp {' '.join(map(str, tmps))}"
+                f" --trace-dirs {' '.join(trace_dir(wc.model, wc.mbs, t) for t in tmps)}"
+                f" --schedules {' '.join(','.join(fs) for fs in per_t)}"
+                f" --hbm-gib {wc.hbm} --microbatch {wc.mbs} --recompute {wc.rec}")
+    return fn
+
+
+PLACE_DIR = f"{RESULTS}/place/{{model}}/h{{hbm}}_b{{mbs}}_r{{rec}}"
+
+
+rule place_bounds:
+    input:
+        unpack(_place_input_files("bounds")),
+    output:
+        ub=f"{PLACE_DIR}/r{{round}}_ub.parquet",
+        lo=f"{PLACE_DIR}/r{{round}}_lo.parquet",
+    params:
+        code=code_version("place"),
+        cfg=config_section(config, "place"),
+        args=_place_args("bounds"),
+    log:
+        f"{RESULTS}/logs/place/{{model}}/h{{hbm}}_b{{mbs}}_r{{rec}}/r{{round}}_bounds.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/place/{{model}}/h{{hbm}}_b{{mbs}}_r{{rec}}/r{{round}}_bounds.tsv"
+    shell:
+        "({PHAZE} place {params.args} --space {SPACE} --latency-column lower_bound_s"
+        " --config {CONFIG_JSON} --out {output.ub}"
+        " && {PHAZE} place {params.args} --space {SPACE} --latency-column makespan_s"
+        " --config {CONFIG_JSON} --out {output.lo}) > {log} 2>&1"
+
+
+checkpoint search_prune:
+    input:
+        plan=PLAN,
+        place=lambda wc: place_files_upto(int(wc.round) - 1) + bound_place_files(wc.round),
+    output:
+        directory(f"{RESULTS}/search/r{{round}}/ilp"),
+    params:
+        code=code_version("search"),
+        cfg=config_section(config, "search"),
+    log:
+        f"{RESULTS}/logs/search/r{{round}}_prune.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/search/r{{round}}_prune.tsv"
+    shell:
+        "{PHAZE} search prune --plan {PLAN} --round {wildcards.round} --place {input}"
+        " --config {CONFIG_JSON} --out {output} > {log} 2>&1"
+
+
+rule schedule_ilp:
+    input:
+        unpack(_trace_inputs),
+        latency=f"{RESULTS}/estimate/{{model}}/{TAG}/{{chunk}}.parquet",
+        space=SPACE,
+        selection=f"{RESULTS}/search/r{{round}}/ilp",
+    output:
+        f"{RESULTS}/schedule/{{model}}/{TAG}/ilp/r{{round}}_c{{chunk}}.parquet",
+    params:
+        code=code_version("schedule"),
+        cfg=config_section(config, "schedule"),
+        trace=lambda wc, input: _os.path.dirname(input.ops),
+    log:
+        f"{RESULTS}/logs/schedule/{{model}}/{TAG}/ilp/r{{round}}_c{{chunk}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/schedule/{{model}}/{TAG}/ilp/r{{round}}_c{{chunk}}.tsv"
+    shell:
+        "{PHAZE} schedule --tier ilp --trace {params.trace} --latency {input.latency}"
+        " --space {input.space} --chunks {input.selection}/{wildcards.model}_b{wildcards.mbs}.parquet"
+        " --chunk {wildcards.chunk} --config {CONFIG_JSON} --out {output} > {log} 2>&1"
+
+
+rule place_ilp:
+    input:
+        unpack(_place_input_files("ilp")),
+    output:
+        f"{PLACE_DIR}/r{{round}}_ilp.parquet",
+    params:
+        code=code_version("place"),
+        cfg=config_section(config, "place"),
+        args=_place_args("ilp"),
+    log:
+        f"{RESULTS}/logs/place/{{model}}/h{{hbm}}_b{{mbs}}_r{{rec}}/r{{round}}_ilp.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/place/{{model}}/h{{hbm}}_b{{mbs}}_r{{rec}}/r{{round}}_ilp.tsv"
+    shell:
+        "{PHAZE} place {params.args} --space {SPACE} --latency-column makespan_s"
+        " --config {CONFIG_JSON} --out {output} > {log} 2>&1"
+
+
+checkpoint search_state:
+    input:
+        plan=PLAN,
+        place=lambda wc: place_files_upto(wc.round),
+    output:
+        f"{RESULTS}/search/r{{round}}/state.json",
+    params:
+        code=code_version("search"),
+        cfg=config_section(config, "search"),
+    log:
+        f"{RESULTS}/logs/search/r{{round}}_state.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/search/r{{round}}_state.tsv"
+    shell:
+        "{PHAZE} search state --plan {PLAN} --round {wildcards.round} --place {input}"
+        " --config {CONFIG_JSON} --out {output} > {log} 2>&1"
+
+
+# ---- placement-blind baseline ------------------------------------------------------------------
+BLIND_MBS = min(MICROBATCHES)
+
+
+def _blind_inputs(wc):
+    p = plan_table()
+    d = trace_dir(wc.model, BLIND_MBS, 1)
+    return {
+        "layers": f"{d}/layers.parquet",
+        "latency": [f"{RESULTS}/estimate/{wc.model}/{tag(wc.model, BLIND_MBS, 1)}/{c}.parquet"
+                    for c in sorted(p["chunk"].unique())],
+        "space": SPACE,
+    }
+
+
+rule search_blind:
+    input:
+        unpack(_blind_inputs),
+    output:
+        f"{RESULTS}/baselines/blind/{{model}}/choice.parquet",
+    params:
+        code=code_version("search"),
+        trace=lambda wc, input: _os.path.dirname(input.layers),
+    log:
+        f"{RESULTS}/logs/search/blind_{{model}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/search/blind_{{model}}.tsv"
+    shell:
+        "{PHAZE} search blind --model {wildcards.model} --trace {params.trace}"
+        " --latency {input.latency} --space {input.space} --out {output} > {log} 2>&1"
+
+
+rule estimate_blind:
+    input:
+        unpack(_trace_inputs),
+        space=SPACE,
+        choice=f"{RESULTS}/baselines/blind/{{model}}/choice.parquet",
+    output:
+        f"{RESULTS}/estimate/{{model}}/{TAG}/blind.parquet",
+    params:
+        code=code_version("estimate", "arch"),
+        cfg=config_section(config, "costmodel"),
+        trace=lambda wc, input: _os.path.dirname(input.ops),
+    log:
+        f"{RESULTS}/logs/estimate/{{model}}/{TAG}/blind.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/estimate/{{model}}/{TAG}/blind.tsv"
+    shell:
+        "{PHAZE} estimate --trace {params.trace} --space {input.space} --chunks {input.choice}"
+        " --chunk 0 --config {CONFIG_JSON} --out {output} > {log} 2>&1"
+
+
+rule schedule_blind:
+    input:
+        unpack(_trace_inputs),
+        latency=f"{RESULTS}/estimate/{{model}}/{TAG}/blind.parquet",
+        space=SPACE,
+        choice=f"{RESULTS}/baselines/blind/{{model}}/choice.parquet",
+    output:
+        f"{RESULTS}/schedule/{{model}}/{TAG}/blind.parquet",
+    params:
+        code=code_version("schedule"),
+        cfg=config_section(config, "schedule"),
+        trace=lambda wc, input: _os.path.dirname(input.ops),
+    log:
+        f"{RESULTS}/logs/schedule/{{model}}/{TAG}/blind.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/schedule/{{model}}/{TAG}/blind.tsv"
+    shell:
+        "{PHAZE} schedule --tier ilp --trace {params.trace} --latency {input.latency}"
+        " --space {input.space} --chunks {input.choice} --chunk 0"
+        " --config {CONFIG_JSON} --out {output} > {log} 2>&1"
+
+
+rule place_blind:
+    input:
+        unpack(_place_input_files("blind")),
+    output:
+        f"{PLACE_DIR}/blind.parquet",
+    params:
+        code=code_version("place"),
+        cfg=config_section(config, "place"),
+        args=_place_args("blind"),
+    log:
+        f"{RESULTS}/logs/place/{{model}}/h{{hbm}}_b{{mbs}}_r{{rec}}/blind.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/place/{{model}}/h{{hbm}}_b{{mbs}}_r{{rec}}/blind.tsv"
+    shell:
+        "{PHAZE} place {params.args} --space {SPACE} --latency-column makespan_s"
+        " --config {CONFIG_JSON} --out {output} > {log} 2>&1"
+
+
+def blind_place_files():
+    return [f"{_place_dir(m, h, b, rec)}/blind.parquet"
+            for m in MODELS for b in MICROBATCHES for h in HBM_GIB for rec in RECOMPUTE]
+
+
+def _summary_inputs(wc):
+    r = last_round()
+    return {
+        "plan": PLAN,
+        "space": SPACE,
+        "state": f"{RESULTS}/search/r{r}/state.json",
+        "place": place_files_upto(r),
+        "blind_place": blind_place_files(),
+        "blind": [f"{RESULTS}/baselines/blind/{m}/choice.parquet" for m in MODELS],
+        "schedules": schedule_files_upto(r)
+        + [f"{RESULTS}/schedule/{m}/{tag(m, b, t)}/blind.parquet"
+           for m in MODELS for b in MICROBATCHES for t in model_tmps(m)],
+    }
+
+
+SUMMARY = {name: f"{RESULTS}/summary/{name}.parquet" for name in ("best", "comparison", "explored")}
+
+
+rule search_summary:
+    input:
+        unpack(_summary_inputs),
+    output:
+        **SUMMARY,
+        stats=f"{RESULTS}/summary/search_stats.json",
+    params:
+        code=code_version("search"),
+        cfg=config_section(config, "search"),
+    log:
+        f"{RESULTS}/logs/search/summary.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/search/summary.tsv"
+    shell:
+        "{PHAZE} search summarize --plan {PLAN} --space {SPACE} --inputs {input} --config {CONFIG_JSON}"
+        " --out-dir {RESULTS}/summary > {log} 2>&1"
