@@ -16,8 +16,10 @@ Final round, for every data-parallel degree d: ``K = devices // d`` devices per 
 
 where P is the first stage's parameters (upstream) or the largest stage's (ours). The latter is a
 second bottleneck, handled exactly by `solve_width`: the DP is re-run with stages limited to
-P ≤ π for the distinct stage-parameter values π (largest first), until a lower bound shows that
-smaller π cannot win.
+P ≤ π for distinct stage-parameter values π, largest first, jumping straight below the largest
+stage of the concrete solutions found and stopping when a lower bound (smallest possible largest
+stage for s stages, `min_max_stage_params`) shows no smaller π can win; typically one to three
+DP runs per t.
 """
 from __future__ import annotations
 
@@ -92,9 +94,11 @@ class _WidthDP:
     """DP tables for one t (and one parameter cap π)."""
 
     def __init__(self, table: StageTable, t: int, recompute: bool, bound_s: int,
-                 allowed: np.ndarray, n_tp_layers: int, n_layers: int):
+                 allowed: np.ndarray, n_tp_layers: int, n_layers: int, track_path: bool = False):
         self.table, self.t, self.recompute, self.S = table, t, recompute, bound_s
         self.allowed = allowed
+        # track_path: remember each state's argmin pair and the largest stage parameters along
+        # that path (our all-reduce needs the concrete solution's largest stage)
         self.a = np.where(table.tp, t, 1).astype(np.int64)
         n_plain = n_layers - n_tp_layers
         if t == 1 or n_tp_layers == 0 or n_plain == 0:
@@ -115,6 +119,7 @@ class _WidthDP:
         # devices of a pipeline with s stages, c of them tracked (c > s never occurs: dp is inf)
         self.devs = self.a_untracked * (s - c) + self.a_tracked * c
         self.svec = np.arange(1, bound_s + 1)
+        self.track_path = track_path
         self.dp = self._run()
 
     def _loads(self, k: np.ndarray) -> np.ndarray:
@@ -129,9 +134,10 @@ class _WidthDP:
         k = np.arange(self.table.offsets[q], self.table.offsets[q + 1])
         return k[self.allowed[k]]
 
-    def _prev(self, k: np.ndarray) -> np.ndarray:
+    def _prev(self, k: np.ndarray, table: np.ndarray | None = None) -> np.ndarray:
         """dp of each pair's sub-downset at s-1 = 0..S-1, shifted along c for tracked stages."""
-        prev = self.dp[self.table.sub[k], : self.S, :]
+        src = self.dp if table is None else table
+        prev = src[self.table.sub[k], : self.S, :]
         if self.C:
             shifted = np.full_like(prev, INF)
             shifted[..., 1:] = prev[..., :-1]
@@ -140,9 +146,14 @@ class _WidthDP:
 
     def _run(self) -> np.ndarray:
         tb = self.table
-        dp = np.full((tb.n_downsets, self.S + 1, self.C + 1), INF)
+        shape = (tb.n_downsets, self.S + 1, self.C + 1)
+        dp = np.full(shape, INF)
         dp[0, 0, 0] = 0.0
         self.dp = dp
+        if self.track_path:
+            self.path_params = np.full(shape, INF)
+            self.path_params[0, 0, 0] = 0.0
+            self.path_pair = np.full(shape, -1, dtype=np.int64)
         for q in tb.order:
             if q == tb.full:
                 continue  # the first stage is placed by the final round
@@ -150,7 +161,14 @@ class _WidthDP:
             if len(k) == 0:
                 continue
             cand = np.maximum(self._prev(k), self._loads(k)[:, :, None])
-            dp[q, 1:, :] = cand.min(axis=0)
+            if not self.track_path:
+                dp[q, 1:, :] = cand.min(axis=0)
+                continue
+            arg = cand.argmin(axis=0)[None]  # (1, S, C+1)
+            dp[q, 1:, :] = np.take_along_axis(cand, arg, 0)[0]
+            pp = np.maximum(self._prev(k, self.path_params), tb.params[k][:, None, None])
+            self.path_params[q, 1:, :] = np.take_along_axis(pp, arg, 0)[0]
+            self.path_pair[q, 1:, :] = k[arg[0]]
         return dp
 
     def best_within(self, q: int, s: int, budget: int) -> float:
@@ -170,14 +188,34 @@ class _WidthDP:
         a = self.a[k]
         devs_rest = self.devs[: self.S]  # (S, C+1) devices of the rest at s-1
 
-        def max_load(K: int) -> np.ndarray:
+        def max_load(K: int, with_params: bool = False):
             budget = (K - a)[:, None, None]
-            rest = np.where(devs_rest[None, :, :] <= budget, prev, INF).min(axis=2)
+            masked = np.where(devs_rest[None, :, :] <= budget, prev, INF)
+            c = masked.argmin(axis=2)[..., None]  # (n, S, 1)
+            rest = np.take_along_axis(masked, c, 2)[..., 0]
             m = np.maximum(rest, loads)
             m[a > K] = INF
-            return m
+            if not with_params:
+                return m
+            rest_p = np.take_along_axis(self.path_params[self.table.sub[k], : self.S, :], c, 2)[..., 0]
+            return m, np.maximum(rest_p, self.table.params[k][:, None]), c[..., 0]
 
         return k, a, max_load
+
+    def reconstruct_path(self, k_first: int, s: int, c_rest: int) -> list[int]:
+        """Follow the remembered argmin pairs (track_path DP) from the first stage."""
+        stages = [int(k_first)]
+        cur, cur_s, c = int(self.table.sub[k_first]), s - 1, int(c_rest)
+        while cur != 0:
+            k = int(self.path_pair[cur, cur_s, c])
+            if k < 0:
+                raise PhazeError("internal error: placement DP path is broken")
+            stages.append(k)
+            c -= int(self.tracked[k])
+            cur, cur_s = int(self.table.sub[k]), cur_s - 1
+        if cur_s != 0 or c != 0:
+            raise PhazeError("internal error: placement DP path left stages over")
+        return stages
 
     def reconstruct(self, k_first: int, s: int, K: int) -> list[int]:
         """Pair indices of the stages, first stage first, realising the DP value (upstream's walk:
@@ -205,9 +243,22 @@ class _WidthDP:
         return stages
 
 
-def _final_round(w: _WidthDP, d_values, devices, microbatches, allreduce: AllReduce, cap):
-    """Best (time, d, k_first, s, K) over d, first stage and stage count; upstream's order of
-    preference on ties (smaller d, then shorter first stage, then fewer stages) in mode first."""
+def _d_groups(d_values, devices, microbatches):
+    """Consecutive runs of d (ascending) sharing K = devices // d: (K, ds, microbatches per pipeline)."""
+    K_all = devices // d_values
+    mp_all = -(-microbatches // d_values)
+    start = 0
+    while start < len(d_values):
+        stop = start
+        while stop < len(d_values) and K_all[stop] == K_all[start]:
+            stop += 1
+        yield int(K_all[start]), d_values[start:stop], mp_all[start:stop]
+        start = stop
+
+
+def _final_round(w: _WidthDP, d_values, devices, microbatches, allreduce: AllReduce):
+    """Upstream's objective (first stage's parameters synchronised): best (time, d, k_first, s,
+    K) with upstream's preference on ties: smaller d, then shorter first stage, then fewer stages."""
     if len(d_values) == 0:
         return None
     k, a, max_load = w.first_stage_loads()
@@ -215,55 +266,73 @@ def _final_round(w: _WidthDP, d_values, devices, microbatches, allreduce: AllRed
         return None
     params = w.table.params[k]
     best = None
-    K_all = devices // d_values
-    mp_all = -(-microbatches // d_values)
-    # d ascending; consecutive d share K = devices // d
-    start = 0
-    while start < len(d_values):
-        K = int(K_all[start])
-        stop = start
-        while stop < len(d_values) and K_all[stop] == K:
-            stop += 1
-        ds = d_values[start:stop]
-        mp = mp_all[start:stop]
+    for K, ds, mp in _d_groups(d_values, devices, microbatches):
         m = max_load(K)  # (n_pairs, S)
-        if np.isfinite(m).any():
-            steps = (mp[:, None] + w.svec[None, :] - 1).astype(float)  # (n_d, S)
-            if allreduce.mode == "first":
-                total = m[None, :, :] * steps[:, None, :] + allreduce(ds, params)[:, :, None]
-                flat = int(np.argmin(total))
-                di, ki, si = np.unravel_index(flat, total.shape)
-                value = float(total[di, ki, si])
-            else:
-                mmin = m.min(axis=0)
-                arg = m.argmin(axis=0)
-                total = mmin[None, :] * steps + allreduce(ds, np.array([cap]))
-                flat = int(np.argmin(total))
-                di, si = np.unravel_index(flat, total.shape)
-                ki = int(arg[si])
-                value = float(total[di, si])
-            if math.isfinite(value) and (best is None or value < best[0]):
-                best = (value, int(ds[di]), int(k[ki]), int(si) + 1, K)
-        start = stop
+        if not np.isfinite(m).any():
+            continue
+        steps = (mp[:, None] + w.svec[None, :] - 1).astype(float)  # (n_d, S)
+        total = m[None, :, :] * steps[:, None, :] + allreduce(ds, params)[:, :, None]
+        di, ki, si = np.unravel_index(int(np.argmin(total)), total.shape)
+        value = float(total[di, ki, si])
+        if math.isfinite(value) and (best is None or value < best[0]):
+            best = (value, int(ds[di]), int(k[ki]), int(si) + 1, K)
     return best
 
 
-def _lower_bound(w: _WidthDP, d_values, devices, microbatches, allreduce: AllReduce):
-    """A bound on any solution whose stages are a subset of w's allowed ones: compute term with
-    these (smallest) loads plus the all-reduce of zero parameters (latency only)."""
+def _final_round_max(w: _WidthDP, d_values, devices, microbatches, allreduce: AllReduce,
+                     params_floor: np.ndarray, incumbent: float):
+    """Our objective (largest stage synchronised) at the current parameter cap.
+
+    For every (d, s) the DP gives the optimal max load L and a concrete solution with largest
+    stage P; its true time is L·steps + AR_d(P). Returns (best, limit): best = (time, d,
+    k_first, s, c_rest) or None; limit = the largest P over the (d, s) that a smaller cap could
+    still improve (L·steps + AR_d(smallest possible P for s stages) < best time), or -inf.
+    A solution better than the best must, for its (d, s), have a largest stage < that (d, s)'s
+    P (otherwise the concrete solution is at least as good), so caps in [limit, current) change
+    nothing and the next cap is the largest candidate below `limit`."""
     k, a, max_load = w.first_stage_loads()
     if len(k) == 0 or len(d_values) == 0:
-        return INF
-    best = INF
-    K_all = devices // d_values
-    mp_all = -(-microbatches // d_values)
-    for K in np.unique(K_all):
-        sel = K_all == K
-        mmin = max_load(int(K)).min(axis=0)
-        steps = (mp_all[sel][:, None] + w.svec[None, :] - 1).astype(float)
-        total = mmin[None, :] * steps + allreduce(d_values[sel], np.array([0.0]))
-        best = min(best, float(total.min()))
-    return best
+        return None, -INF
+    best = None
+    groups = []
+    for K, ds, mp in _d_groups(d_values, devices, microbatches):
+        m, p, c = max_load(K, with_params=True)  # (n_pairs, S) each
+        arg = m.argmin(axis=0)
+        cols = np.arange(w.S)
+        mmin, pbest = m[arg, cols], p[arg, cols]
+        if not np.isfinite(mmin).any():
+            continue
+        steps = (mp[:, None] + w.svec[None, :] - 1).astype(float)
+        finite = np.isfinite(mmin)
+        total = np.where(finite[None, :], mmin[None, :] * steps
+                         + allreduce(ds, np.where(finite, pbest, 0.0)), INF)
+        di, si = np.unravel_index(int(np.argmin(total)), total.shape)
+        value = float(total[di, si])
+        if math.isfinite(value) and (best is None or value < best[0]):
+            best = (value, int(ds[di]), int(k[arg[si]]), int(si) + 1, int(c[arg[si], si]))
+        groups.append((ds, steps, mmin, pbest, finite))
+    bound = min(incumbent, best[0] if best else INF)
+    limit = -INF
+    for ds, steps, mmin, pbest, finite in groups:
+        lower = np.where(finite[None, :], mmin[None, :] * steps + allreduce(ds, params_floor), INF)
+        alive = (lower < bound) & finite[None, :]
+        if alive.any():
+            limit = max(limit, float(np.max(np.where(alive, pbest[None, :], -INF))))
+    return best, limit
+
+
+def min_max_stage_params(table: StageTable, bound_s: int) -> np.ndarray:
+    """p[s-1] = the smallest possible largest-stage parameter bytes over all splits of the
+    whole graph into s contiguous stages (ignoring memory and devices): a lower bound on the
+    all-reduce volume of any s-stage placement."""
+    dp = np.full((table.n_downsets, bound_s + 1), INF)
+    dp[0, 0] = 0.0
+    for q in table.order:
+        k = np.arange(table.offsets[q], table.offsets[q + 1])
+        if len(k):
+            cand = np.maximum(dp[table.sub[k], :bound_s], table.params[k][:, None])
+            dp[q, 1:] = cand.min(axis=0)
+    return dp[table.full, 1:]
 
 
 def evaluate(g: LayerGraph, rule: StageRule, t: int, stages: list, d: int, devices: int,
@@ -319,35 +388,36 @@ def solve_width(g: LayerGraph, rule: StageRule, t: int, devices: int, microbatch
     if t == 1 and n_tp:
         raise PhazeError("tensor-parallel width 1 but a layer is marked tensor-parallel")
 
-    def dp_for(allowed):
-        return _WidthDP(table, t, rule.recompute, bound_s, allowed, n_tp, g.n)
+    def dp_for(allowed, track_path=False):
+        return _WidthDP(table, t, rule.recompute, bound_s, allowed, n_tp, g.n, track_path)
 
-    everything = np.ones(len(table.sub), dtype=bool)
     if allreduce.mode == "first":
-        w = dp_for(everything)
-        found = _final_round(w, d_values, devices, microbatches, allreduce, None)
+        w = dp_for(np.ones(len(table.sub), dtype=bool))
+        found = _final_round(w, d_values, devices, microbatches, allreduce)
         if found is None:
             return None
         _, d, k_first, s, K = found
         pairs = w.reconstruct(k_first, s, K)
         return _placement_from_pairs(g, rule, t, table, pairs, d, devices, microbatches, allreduce, w)
 
-    # mode max: exact over the largest stage's parameters by descending caps π
-    caps = np.unique(table.params[table.max_position > 0])[::-1]
-    best = None
-    for cap in caps:
-        allowed = table.params <= cap
-        w = dp_for(allowed)
-        if best is not None and _lower_bound(w, d_values, devices, microbatches, allreduce) >= best.time_per_batch:
-            break  # smaller caps only raise loads; the all-reduce cannot go below its latency
-        found = _final_round(w, d_values, devices, microbatches, allreduce, float(cap))
-        if found is None:
-            break  # fewer allowed stages cannot become feasible
-        _, d, k_first, s, K = found
-        pairs = w.reconstruct(k_first, s, K)
-        p = _placement_from_pairs(g, rule, t, table, pairs, d, devices, microbatches, allreduce, w)
-        if best is None or p.time_per_batch < best.time_per_batch:
-            best = p
+    # mode max: exact over the largest stage's parameters by descending caps (see _final_round_max)
+    caps = np.unique(table.params[table.max_position > 0])
+    params_floor = min_max_stage_params(table, bound_s)
+    best, best_time = None, INF
+    cap_index = len(caps) - 1
+    while cap_index >= 0:
+        w = dp_for(table.params <= caps[cap_index], track_path=True)
+        found, limit = _final_round_max(w, d_values, devices, microbatches, allreduce,
+                                        params_floor, best_time)
+        if found is not None and found[0] < best_time:
+            _, d, k_first, s, c_rest = found
+            pairs = w.reconstruct_path(k_first, s, c_rest)
+            best = _placement_from_pairs(g, rule, t, table, pairs, d, devices, microbatches,
+                                         allreduce, w)
+            best_time = found[0]
+        if found is None or not math.isfinite(limit):
+            break
+        cap_index = min(cap_index - 1, int(np.searchsorted(caps, limit, side="left")) - 1)
     return best
 
 
