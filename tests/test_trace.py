@@ -217,6 +217,9 @@ def test_tied_embedding_is_counted_once():
     total = layers["param_bytes"].sum() // 2
     expected = (v * h + 1024 * h) + spec.num_blocks * _block_params_per_rank(spec, 1) + 2 * h
     assert total == expected  # 1.56e9: wte + wpe + blocks + final LayerNorm, no second vocab matrix
+    tied = layers.set_index("layer")["tied_param_bytes"]
+    assert tied["head"] == 2 * v * h and tied.drop("head").eq(0).all()
+    assert (_trace("llama2-7b").layers["tied_param_bytes"] == 0).all()  # untied
 
 
 # --- graph and tables -----------------------------------------------------------------------

@@ -22,6 +22,7 @@ class Capture:
     ops: list[RawOp]
     layer_names: list[str]            # execution order: embedding, block.0 ..., head
     param_bytes: dict[str, int]       # per layer, one rank's share, counted once (tied weights)
+    tied_param_bytes: dict[str, int]  # parameters a layer reads that another layer owns
     activation_bytes: dict[str, int]  # saved-for-backward activations per layer
     input_bytes: dict[str, int]       # what enters each layer (the recompute stash)
     output_bytes: dict[str, int]      # what leaves each layer for the next one
@@ -149,6 +150,7 @@ def capture(spec: ModelSpec, num_blocks: int, microbatch: int, seq: int, tmp: in
     input_bytes["head"] = output_bytes[f"block.{num_blocks - 1}"]
     output_bytes["head"] = 0
     param_bytes = {n: 0 for n in names}
+    tied_param_bytes = {n: 0 for n in names}
     unused = []
     for pname, p in params.items():
         layer = recorder.param_layer.get(pname)
@@ -156,8 +158,10 @@ def capture(spec: ModelSpec, num_blocks: int, microbatch: int, seq: int, tmp: in
             unused.append(pname)
             continue
         param_bytes[layer] += tensor_bytes(p)
+        for user in recorder.param_users[pname] - {layer}:
+            tied_param_bytes[user] += tensor_bytes(p)
     if unused:
         raise PhazeError(f"{spec.name}: parameters never used in training: {unused[:5]}")
-    return Capture(recorder.ops, names, param_bytes,
+    return Capture(recorder.ops, names, param_bytes, tied_param_bytes,
                    {n: recorder.activation_bytes.get(n, 0) for n in names},
                    input_bytes, output_bytes)

@@ -77,6 +77,7 @@ class Recorder(TorchDispatchMode):
     layer: str = "embedding"
     pass_: str = "fwd"
     param_layer: dict = field(default_factory=dict)   # parameter name -> layer of first use
+    param_users: dict = field(default_factory=dict)   # parameter name -> layers that read it
     activation_bytes: dict = field(default_factory=dict)  # layer -> saved-for-backward bytes
 
     def __post_init__(self):
@@ -153,8 +154,9 @@ class Recorder(TorchDispatchMode):
         inputs = []
         for t in flat_in:
             src, param = self._origin.get(t, (-1, None))
-            if param is not None and param not in self.param_layer:
-                self.param_layer[param] = layer
+            if param is not None:
+                self.param_layer.setdefault(param, layer)
+                self.param_users.setdefault(param, set()).add(layer)
             inputs.append(RawInput(src, param, tuple(t.shape), tensor_bytes(t)))
         flops = 0.0
         if func.overloadpacket in flop_registry:

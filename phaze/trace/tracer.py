@@ -41,7 +41,7 @@ def _graphs(cap: Capture, fuse: bool) -> dict[str, tuple[list, list, str]]:
 
 def _block_facts(cap: Capture, graphs, name: str) -> tuple:
     return (graphs[name][2], cap.param_bytes[name], cap.activation_bytes[name],
-            cap.input_bytes[name], cap.output_bytes[name])
+            cap.input_bytes[name], cap.output_bytes[name], cap.tied_param_bytes[name])
 
 
 def trace_model(spec: ModelSpec, microbatch: int, tmp: int = 1, seq: int | None = None,
@@ -64,7 +64,7 @@ def trace_model(spec: ModelSpec, microbatch: int, tmp: int = 1, seq: int | None 
             if got != reference:
                 raise PhazeError(
                     f"{spec.name}: {name} of a 2-block trace differs from the 1-block trace "
-                    f"(signature, param, activation, input, output bytes: {got} vs {reference}); "
+                    f"(signature; param, activation, input, output, tied bytes: {got} vs {reference}); "
                     "its blocks are not identical, so replicating one block would be wrong")
 
     op_rows, edge_rows = [], []
@@ -94,6 +94,10 @@ def _layers_table(spec, cap: Capture, graphs, microbatch, seq, tmp) -> pd.DataFr
         rows.append({
             "layer": name, "kind": kind, "signature": graphs[src][2],
             "param_bytes": cap.param_bytes[src],
+            # tied weights (GPT-2's LM head = word embedding): counted once, in param_bytes of
+            # the layer that uses them first; a pipeline stage holding this layer WITHOUT that
+            # one needs its own copy (as Megatron keeps on the last stage)
+            "tied_param_bytes": cap.tied_param_bytes[src],
             "activation_bytes": cap.activation_bytes[src],
             "stash_recompute_bytes": cap.input_bytes[src],
             "boundary_bytes": cap.output_bytes[src],
