@@ -216,6 +216,12 @@ def test_cli_end_to_end_and_errors(tmp_path, capsys):
     rc = main(["estimate", "--trace", str(trace), "--space", str(tmp_path / "space.parquet"),
                "--out", str(out)])
     assert rc == 2 and "matmul ops need" in capsys.readouterr().err
+    bad = fixture_ops()
+    bad.loc[1, "batch"] = 0
+    bad.to_parquet(trace / "ops.parquet")
+    rc = main(["estimate", "--trace", str(trace), "--space", str(tmp_path / "space.parquet"),
+               "--out", str(out)])
+    assert rc == 2 and "batch >= 1" in capsys.readouterr().err
     rc = main(["estimate", "--trace", str(tmp_path / "nope"), "--space",
                str(tmp_path / "space.parquet"), "--out", str(out)])
     assert rc == 2 and "trace directory not found" in capsys.readouterr().err

@@ -10,6 +10,9 @@ Public API (numpy; every argument broadcasts, so one call covers operators × co
 ``matmul_cost(...)`` -> dict with ``compute_s, glb_s, hbm_s, hbm_bytes, latency_s, bound``.
 ``vector_latency(elements, bytes_moved, cycles_per_element, core, costmodel, n_cores=1)``
     An element-wise/reduction op on ``n_cores`` vector cores (``core``: ``vc_width, freq_hz``).
+``vector_cost(...)`` -> dict with ``compute_s, glb_s, hbm_s, latency_s, bound``.
+``phaze.estimate.stage.cycles_per_element(aten_names, costmodel)``
+    The per-element cycle counts the stage uses (config table ``vector_cycles_per_element``).
 ``collective_latency(bytes_, group_size, costmodel, kind="all_reduce") -> seconds``
     Ring collective over ``group_size`` devices on links of ``link_bandwidth_Bps`` /
     ``link_latency_s``.

@@ -44,9 +44,10 @@ def check_ops(ops: pd.DataFrame, source: str = "ops table") -> pd.DataFrame:
         raise PhazeError(f"{source} has unknown op kinds {bad_kind}; known: {list(KINDS)}")
     mm = ops[ops["kind"] == "matmul"]
     dims = mm[["m", "n", "k", "batch"]]
-    if dims.isna().any().any() or (dims < 0).any().any():
-        raise PhazeError(f"{source}: matmul ops need non-negative m, n, k, batch "
-                         f"(bad op ids {list(mm.loc[dims.isna().any(axis=1) | (dims < 0).any(axis=1), 'op'][:5])})")
+    bad = dims.isna().any(axis=1) | (dims[["m", "n", "k"]] < 0).any(axis=1) | (dims["batch"] < 1)
+    if bad.any():
+        raise PhazeError(f"{source}: matmul ops need m, n, k >= 0 and batch >= 1 "
+                         f"(bad ops {list(zip(mm.loc[bad, 'pass'], mm.loc[bad, 'op']))[:5]})")
     vec = ops[ops["kind"] == "vector"]
     if vec[["elements", "bytes_in", "bytes_out"]].isna().any().any():
         raise PhazeError(f"{source}: vector ops need elements, bytes_in, bytes_out")

@@ -1,0 +1,62 @@
+"""The estimate stage on a REAL trace (phaze trace, OPT-350M at a short sequence, t = 2)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from phaze.cli import main
+from phaze.config import REPO_ROOT, load_config
+from phaze.estimate import collective_latency
+from phaze.io.tables import read_table
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("real")
+    test_cfg = str(REPO_ROOT / "config" / "test.yaml")
+    assert main(["trace", "--model", "opt-350m", "--microbatch", "1", "--tmp", "2", "--seq", "128",
+                 "--out", str(d / "trace")]) == 0
+    assert main(["arch", "--config", test_cfg, "--out", str(d / "space.parquet")]) == 0
+    assert main(["estimate", "--trace", str(d / "trace"), "--space", str(d / "space.parquet"),
+                 "--config", test_cfg, "--out", str(d / "lat.parquet")]) == 0
+    ops = read_table(d / "trace" / "ops.parquet")
+    return (ops, read_table(d / "space.parquet", "space"), read_table(d / "lat.parquet", "latency"),
+            load_config(test_cfg)["costmodel"])
+
+
+def test_every_op_of_every_arch_is_estimated(run):
+    ops, space, lat, _ = run
+    assert len(lat) == len(ops) * len(space)
+    assert np.isfinite(lat[["latency_1core_s", "latency_allcores_s"]].to_numpy()).all()
+    assert (lat.latency_allcores_s >= 0).all()
+    assert (lat.latency_allcores_s <= lat.latency_1core_s * (1 + 1e-12)).all()
+    assert set(lat.bound) <= {"compute", "glb", "hbm", "link", "fused", "none"}
+
+
+def test_real_ops_respect_the_roofline_and_formulas(run):
+    ops, space, lat, cm = run
+    merged = lat.merge(ops, on=["signature", "pass", "op"], suffixes=("", "_op")).merge(
+        space[["arch", "peak_flops"]], on="arch")
+    mm = merged[merged.kind == "matmul"]
+    assert len(mm) and (mm.latency_allcores_s >= mm.flops / mm.peak_flops * (1 - 1e-9)).all()
+    coll = merged[merged.kind == "collective"]
+    assert len(coll)  # t = 2 has Megatron all-reduces
+    want = collective_latency(coll.bytes_in.to_numpy(float), coll.group_size.to_numpy(float), cm)
+    np.testing.assert_allclose(coll.latency_allcores_s, want)
+    fused = merged[merged.fused_into >= 0]
+    assert len(fused) and (fused.latency_allcores_s == 0).all()
+
+
+def test_faster_hbm_speeds_up_exactly_the_hbm_bound_ops(run):
+    ops, space, lat, cm = run
+    from phaze.estimate.stage import estimate
+
+    fast = estimate(ops, space, {**cm, "hbm_bandwidth_Bps": cm["hbm_bandwidth_Bps"] * 10})
+    assert (fast.latency_allcores_s.to_numpy() <= lat.latency_allcores_s.to_numpy() * (1 + 1e-12)).all()
+    hbm = (lat.bound == "hbm").to_numpy()
+    assert hbm.any()
+    assert (fast.latency_allcores_s.to_numpy()[hbm] < lat.latency_allcores_s.to_numpy()[hbm]).all()
+    # ops bound by anything else are unchanged (fused matmuls are charged their bound's term)
+    other = np.isin(lat.bound.to_numpy(), ["compute", "glb", "link", "none", "fused"])
+    np.testing.assert_allclose(fast.latency_allcores_s.to_numpy()[other],
+                               lat.latency_allcores_s.to_numpy()[other])
