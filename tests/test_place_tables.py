@@ -1,0 +1,191 @@
+"""Tables mode (the workflow's): layers + schedules + space -> one row per arch x cluster size."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from phaze.cli import main
+from phaze.io import read_table, write_table
+from phaze.place.tables import expert_stages
+from phaze.place.upstream import load_instance, solve_instance
+
+BLOCKS = 6
+PEAK = {"fast": 4e14, "slow": 1e14}
+
+
+def layers_frame(t):
+    rows = [dict(layer="embedding", kind="embedding", signature="emb", param_bytes=int(2e8),
+                 activation_bytes=int(1e7), stash_recompute_bytes=4096, boundary_bytes=int(1e7),
+                 fwd_flops=1e9, bwd_flops=2e9)]
+    for b in range(BLOCKS):
+        rows.append(dict(layer=f"block.{b}", kind="block", signature=f"blk{t}",
+                         param_bytes=int(1.2e9 / t), activation_bytes=int(5e8 / t),
+                         stash_recompute_bytes=int(1e7), boundary_bytes=int(1e7),
+                         fwd_flops=2e12 / t, bwd_flops=4e12 / t))
+    rows.append(dict(layer="head", kind="head", signature="head", param_bytes=int(2e8),
+                     activation_bytes=int(5e7), stash_recompute_bytes=int(1e7), boundary_bytes=0,
+                     fwd_flops=4e11, bwd_flops=8e11))
+    df = pd.DataFrame(rows)
+    df["tensor_parallel"] = (df["kind"] == "block") & (t > 1)
+    df["index"] = np.arange(len(df))
+    return df
+
+
+def schedule_frame(t, archs=("fast", "slow"), drop=None):
+    rows = []
+    lay = layers_frame(t).drop_duplicates("signature")
+    for arch in archs:
+        for _, r in lay.iterrows():
+            for p, col in (("fwd", "fwd_flops"), ("bwd", "bwd_flops")):
+                if drop == (arch, r["signature"], p):
+                    continue
+                lat = r[col] / (0.5 * PEAK[arch]) + 1e-5
+                rows.append(dict(arch=arch, signature=r["signature"], **{"pass": p},
+                                 makespan_s=lat, lower_bound_s=0.8 * lat, gap=0.2, status="ok",
+                                 solve_s=0.0, peak_tc=1, peak_vc=1, upper_bound_s=lat, method="chain"))
+    return pd.DataFrame(rows)
+
+
+def space_frame():
+    return pd.DataFrame([dict(arch=a, n_tc=8, n_vc=2, tc_width=128, tc_depth=128, vc_width=128,
+                              glb_bytes=2**27, freq_hz=1e9, area_mm2=100.0, peak_flops=PEAK[a],
+                              preset="") for a in ("fast", "slow")])
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    args = {"trace": [], "sched": []}
+    for t in (1, 2):
+        d = tmp_path / f"trace_t{t}"
+        write_table(layers_frame(t), d / "layers.parquet", "layers")
+        write_table(schedule_frame(t), tmp_path / f"sched_t{t}.parquet", "schedule")
+        args["trace"].append(str(d))
+        args["sched"].append(str(tmp_path / f"sched_t{t}.parquet"))
+    write_table(space_frame(), tmp_path / "space.parquet", "space")
+    cfg = {"models": ["tiny"], "place": {"devices": [64, 16], "global_batch": 256,
+                                         "expert": {"tiny": {"pp": 2, "dp": 16, "tp": 2}}}}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    return tmp_path, args
+
+
+def run_place(tmp_path, args, *extra, hbm="32", out="place.parquet", config="cfg.yaml"):
+    argv = ["place", "--model", "tiny", "--tmp", "1", "2", "--trace-dirs", *args["trace"],
+            "--schedules", *args["sched"], "--space", str(tmp_path / "space.parquet"),
+            "--hbm-gib", hbm, "--microbatch", "2", "--recompute", "on",
+            "--config", str(tmp_path / config), "--out", str(tmp_path / out), *extra]
+    return main(argv)
+
+
+def test_rows_per_arch_and_cluster_size(inputs):
+    tmp_path, args = inputs
+    assert run_place(tmp_path, args) == 0
+    df = read_table(tmp_path / "place.parquet", "place")
+    assert sorted(zip(df["arch"], df["devices"])) == [("fast", 16), ("fast", 64), ("slow", 16), ("slow", 64)]
+    assert df["feasible"].all()
+    for _, r in df.iterrows():
+        assert r["throughput_seq_s"] == pytest.approx(256 / r["time_per_batch_s"])
+        assert r["pp"] * r["dp"] <= r["devices"] and r["devices_used"] <= r["devices"]
+        stages = json.loads(r["stages"])
+        assert stages[0]["first"] == "embedding" and stages[-1]["last"] == "head"
+        assert sum(s["layers"] for s in stages) == BLOCKS + 2 and len(stages) == r["pp"]
+        assert max(json.loads(r["stage_mem_bytes"])) <= 32 * 2**30
+        flops_seq = sum(f + b for f, b in zip(layers_frame(1)["fwd_flops"], layers_frame(1)["bwd_flops"])) / 2
+        assert r["mfu"] == pytest.approx(flops_seq * 256 / (r["time_per_batch_s"] * r["devices"] * PEAK[r["arch"]]))
+        if r["expert_feasible"]:
+            # the expert placement is one of the candidates the DP searched
+            assert r["time_per_batch_s"] <= r["expert_time_per_batch_s"] * (1 + 1e-12)
+    big = df[df["devices"] == 64].set_index("arch")
+    assert big.loc["fast", "throughput_seq_s"] > big.loc["slow", "throughput_seq_s"]
+    assert big["expert_feasible"].all() and (big["expert_pp"] == 2).all() and (big["expert_tp"] == 2).all()
+    small = df[df["devices"] == 16]
+    assert not small["expert_feasible"].any()
+    assert small["expert_reason"].str.contains("64 devices").all()
+    assert small["expert_throughput_seq_s"].isna().all()
+
+
+def test_expert_infeasible_memory_never_discards_the_architecture(inputs, tmp_path):
+    tmp_path, args = inputs
+    cfg = {"models": ["tiny"], "place": {"devices": [64], "global_batch": 256,
+                                         "expert": {"tiny": {"pp": 1, "dp": 64, "tp": 1}}}}
+    (tmp_path / "one.yaml").write_text(yaml.safe_dump(cfg))
+    assert run_place(tmp_path, args, hbm="8", config="one.yaml") == 0
+    df = read_table(tmp_path / "place.parquet", "place")
+    assert df["feasible"].all() and (df["pp"] > 1).all()
+    assert not df["expert_feasible"].any()
+    assert df["expert_reason"].str.contains("GiB").all()
+
+
+def test_nothing_fits_is_a_row_with_a_reason(inputs):
+    tmp_path, args = inputs
+    assert run_place(tmp_path, args, hbm="0.05") == 0
+    df = read_table(tmp_path / "place.parquet", "place")
+    assert len(df) == 4 and not df["feasible"].any()
+    assert df["reason"].str.contains("no placement fits").all()
+    assert df["throughput_seq_s"].isna().all() and (df["pp"] == 0).all()
+
+
+def test_lower_bound_latencies_give_a_throughput_upper_bound(inputs):
+    tmp_path, args = inputs
+    assert run_place(tmp_path, args) == 0
+    assert run_place(tmp_path, args, "--latency-column", "lower_bound_s", out="ub.parquet") == 0
+    a = read_table(tmp_path / "place.parquet").sort_values(["arch", "devices"])
+    b = read_table(tmp_path / "ub.parquet").sort_values(["arch", "devices"])
+    assert (b["throughput_seq_s"].to_numpy() >= a["throughput_seq_s"].to_numpy()).all()
+
+
+def test_inconsistent_inputs_are_errors(inputs, capsys):
+    tmp_path, args = inputs
+    write_table(schedule_frame(2, archs=("fast",)), tmp_path / "odd.parquet", "schedule")
+    bad = dict(args, sched=[args["sched"][0], str(tmp_path / "odd.parquet")])
+    assert run_place(tmp_path, bad) == 2
+    assert "different architectures" in capsys.readouterr().err
+    write_table(schedule_frame(2, drop=("slow", "blk2", "bwd")), tmp_path / "hole.parquet", "schedule")
+    bad = dict(args, sched=[args["sched"][0], str(tmp_path / "hole.parquet")])
+    assert run_place(tmp_path, bad) == 2
+    assert "no schedule for arch slow signature blk2 pass bwd" in capsys.readouterr().err
+    assert main(["place", "--model", "tiny"]) == 2
+    assert "--tmp" in capsys.readouterr().err
+
+
+def test_comma_joined_schedule_chunks(inputs):
+    tmp_path, args = inputs
+    joined = []
+    for t, path in zip((1, 2), args["sched"]):
+        df = read_table(path)
+        for arch in ("fast", "slow"):
+            write_table(df[df["arch"] == arch], tmp_path / f"c_{t}_{arch}.parquet", "schedule")
+        joined.append(f"{tmp_path}/c_{t}_fast.parquet,{tmp_path}/c_{t}_slow.parquet")
+    assert run_place(tmp_path, dict(args, sched=joined), out="joined.parquet") == 0
+    assert run_place(tmp_path, args) == 0
+    a = read_table(tmp_path / "joined.parquet").sort_values(["arch", "devices"])
+    b = read_table(tmp_path / "place.parquet").sort_values(["arch", "devices"])
+    assert np.allclose(a["time_per_batch_s"], b["time_per_batch_s"])
+
+
+def test_export_instance_round_trip(inputs):
+    tmp_path, args = inputs
+    path = tmp_path / "inst.json"
+    argv = ["place", "--model", "tiny", "--tmp", "1", "2", "--trace-dirs", *args["trace"],
+            "--schedules", *args["sched"], "--space", str(tmp_path / "space.parquet"),
+            "--hbm-gib", "32", "--microbatch", "2", "--recompute", "on", "--archs", "fast",
+            "--config", str(tmp_path / "cfg.yaml"), "--export-instance", str(path)]
+    assert main(argv) == 0
+    ins = load_instance(path)
+    assert ins["numTransformerLayers"] == BLOCKS and ins["mbsInBatch"] == 128
+    assert ins["optimizerAlgorithm"] == "Adam" and ins["activationRecomputation"] is True
+    assert set(ins["nodes"]) == {"1", "2"} and len(ins["nodes"]["2"]) == BLOCKS + 2
+    assert ins["maxMemoryPerDevice"] == 32 * 2**30 and ins["maxDevices"] == 64
+    out = solve_instance(ins)
+    assert out["finalTimePerBatch"] is not None and out["fixedStrategyTimePerBatch"] is not None
+    # several architectures: refuse rather than guess
+    argv = [a for a in argv if a not in ("--archs", "fast")]
+    assert main(argv) == 2
+
+
+def test_expert_split_is_even_with_first_stages_taking_the_extra_block():
+    layers = layers_frame(1)
+    st = expert_stages(layers, 4)  # 6 blocks over 4 stages: 2, 2, 1, 1
+    assert [len(s) for s in st] == [3, 2, 1, 2]
+    assert st[0][0] == 0 and st[-1][-1] == BLOCKS + 1
