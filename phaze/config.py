@@ -7,6 +7,7 @@ workflow run sees.
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import jsonschema
@@ -58,8 +59,9 @@ def load_config(path: str | Path | None = None) -> dict:
         raise PhazeError(f"config file not found: {path}")
     try:
         with open(path) as fh:
-            config = yaml.safe_load(fh) or {}
-    except yaml.YAMLError as exc:
+            # JSON through json: YAML 1.1 reads `1e-06` (no dot) as a string.
+            config = (json.load(fh) if path.suffix == ".json" else yaml.safe_load(fh)) or {}
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
         raise PhazeError(f"config file {path} is not valid YAML: {exc}") from exc
     if not isinstance(config, dict):
         raise PhazeError(f"config file {path} must hold a mapping at the top level")
