@@ -414,6 +414,8 @@ def solve_width(g: LayerGraph, rule: StageRule, t: int, devices: int, microbatch
             pairs = w.reconstruct_path(k_first, s, c_rest)
             best = _placement_from_pairs(g, rule, t, table, pairs, d, devices, microbatches,
                                          allreduce, w)
+            if not math.isclose(best.time_per_batch, found[0], rel_tol=1e-9):
+                raise PhazeError("internal error: placement DP path does not reproduce its value")
             best_time = found[0]
         if found is None or not math.isfinite(limit):
             break
