@@ -162,6 +162,33 @@ def test_tensor_parallel_slicing(name, t):
         assert list(fwd.set_index("op").loc[producers, "kind"]) == ["matmul"]
 
 
+@pytest.mark.parametrize("name,t", [("gpt3-175b", 8), ("llama2-7b", 4), ("gpt2-xl", 1),
+                                    ("megatron-gpt-2.5b", 4)])
+def test_vocab_parallel_embedding_and_head(name, t):
+    """Word embedding and LM head hold ceil(V/t) rows per rank; one forward all-reduce of the
+    embedding output, one backward all-reduce of the head's input gradient."""
+    spec = get_model_spec(name)
+    trace = _trace(name, 2, t)
+    b, s, h, rows = 2, spec.seq, spec.hidden, -(-spec.vocab // t)
+    ops, layers = trace.ops, trace.layers.set_index("layer")
+    head_mm = ops[(ops["layer"] == "head") & (ops["kind"] == "matmul")]
+    assert head_mm[head_mm["pass"] == "fwd"]["flops"].sum() == 2 * b * s * h * rows
+    assert head_mm[head_mm["pass"] == "bwd"]["flops"].sum() == 4 * b * s * h * rows
+    positions = spec.seq * h if spec.family == "gpt2" else 0  # learned positions, replicated
+    assert layers.loc["embedding", "param_bytes"] == 2 * (rows * h + positions)
+    head_weight = layers.loc["head", "tied_param_bytes" if spec.family == "gpt2" else "param_bytes"]
+    assert head_weight >= 2 * rows * h
+    coll = ops[ops["kind"] == "collective"]
+    outside = coll[coll["layer"] != "block.0"]
+    if t == 1:
+        assert coll.empty
+    else:
+        assert sorted(zip(outside["layer"], outside["pass"])) == [("embedding", "fwd"),
+                                                                  ("head", "bwd")]
+        assert (outside["bytes_in"] == b * s * h * 2).all()
+        assert layers["tensor_parallel"].all()
+
+
 def test_bad_tensor_parallel_width_says_why():
     with pytest.raises(PhazeError, match="25 attention heads"):
         get_model_spec("gpt2-xl").check_tmp(2)

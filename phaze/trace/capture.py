@@ -14,7 +14,7 @@ from torch import nn
 from phaze.errors import PhazeError
 from phaze.trace.models import ModelSpec
 from phaze.trace.recorder import Recorder, RawOp, tensor_bytes
-from phaze.trace.tensor_parallel import apply_tensor_parallel
+from phaze.trace.tensor_parallel import apply_tensor_parallel, apply_vocab_parallel
 
 
 @dataclass
@@ -45,8 +45,9 @@ def find_blocks(model: nn.Module, num_blocks: int) -> nn.ModuleList:
 
 
 def build_model(spec: ModelSpec, num_blocks: int, tmp: int = 1, seq: int | None = None):
-    """The model with ``num_blocks`` blocks on the meta device, train mode, each block rewritten
-    to one rank's share of width-``tmp`` tensor parallelism. Returns (model, blocks)."""
+    """The model with ``num_blocks`` blocks on the meta device, train mode, rewritten to one
+    rank's share of width-``tmp`` tensor parallelism (blocks, word embedding and LM head).
+    Returns (model, blocks)."""
     spec.check_tmp(tmp)
     config = spec.hf_config(num_blocks, seq)
     cls = spec.model_class()
@@ -64,6 +65,7 @@ def build_model(spec: ModelSpec, num_blocks: int, tmp: int = 1, seq: int | None 
     blocks = find_blocks(model, num_blocks)
     for block in blocks:
         apply_tensor_parallel(block, spec.family, tmp)
+    apply_vocab_parallel(model, tmp)
     return model, blocks
 
 

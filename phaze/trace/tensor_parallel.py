@@ -13,6 +13,14 @@ produces the backward graph:
   all-reduce of the input gradient backward). It is applied once per module that owns the group
   (attention, MLP), so Q, K and V share ONE backward all-reduce, as with Megatron's fused QKV.
 
+* the word embedding and the LM head are vocab-parallel (Megatron's VocabParallelEmbedding and
+  column-parallel output layer): each rank holds ceil(V/t) rows (the vocabulary padded to a
+  multiple of t; Megatron pads further, to a multiple of 128·t), looks up only its rows, zeroes
+  the others and all-reduces the embedding output in forward; the head's input gets ``f`` (one
+  backward all-reduce) and the loss runs on the rank's V/t logits. Megatron's vocab-parallel
+  cross-entropy adds three all-reduces of b·s scalars (max, sum of exp, target logit) that are
+  not modelled: each is 1/h of a block all-reduce.
+
 The collective is a custom op ``phaze::all_reduce(x, group_size)`` so the recorder sees it as one
 operator at the right place in the graph.
 """
@@ -181,3 +189,40 @@ def apply_tensor_parallel(block: nn.Module, family: str, t: int) -> None:
         setattr(parent, leaf, RowParallelLinear(getattr(parent, leaf), t))
     for path in rules["group_inputs"]:
         block.get_submodule(path).register_forward_pre_hook(_group_input_hook(t), with_kwargs=True)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """One rank's rows of a vocab-parallel word embedding (rank 0: rows [0, rows))."""
+
+    def __init__(self, rows: int, hidden: int, t: int):
+        super().__init__()
+        self.weight = _new_param((rows, hidden))
+        self.rows, self.group_size = rows, t
+
+    def forward(self, ids):
+        outside = (ids < 0) | (ids >= self.rows)
+        local = ids.masked_fill(outside, 0)
+        out = nn.functional.embedding(local, self.weight)
+        out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+        return _ReduceFromTensorParallel.apply(out, self.group_size)
+
+
+def apply_vocab_parallel(model: nn.Module, t: int) -> None:
+    """Make the word embedding and the LM head (tied or not) vocab-parallel, in place."""
+    if t == 1:
+        return
+    emb, head = model.get_input_embeddings(), model.get_output_embeddings()
+    vocab, hidden = emb.weight.shape
+    rows = -(-vocab // t)
+    tied = head is not None and head.weight is emb.weight
+    new_emb = VocabParallelEmbedding(rows, hidden, t)
+    model.set_input_embeddings(new_emb)
+    if head is not None:
+        head.weight = new_emb.weight if tied else _new_param((rows, head.weight.shape[1]))
+        if getattr(head, "bias", None) is not None:
+            head.bias = _new_param((rows,))
+        head.out_features = rows
+        model.set_output_embeddings(head)  # BERT: also re-points predictions.bias
+        head.register_forward_pre_hook(_group_input_hook(t), with_kwargs=True)
+    # HF's losses view the logits as (-1, config.vocab_size): each rank's loss sees its rows.
+    model.config.vocab_size = rows

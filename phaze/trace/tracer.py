@@ -101,7 +101,8 @@ def _layers_table(spec, cap: Capture, graphs, microbatch, seq, tmp) -> pd.DataFr
             "activation_bytes": cap.activation_bytes[src],
             "stash_recompute_bytes": cap.input_bytes[src],
             "boundary_bytes": cap.output_bytes[src],
-            "tensor_parallel": kind == "block" and tmp > 1,
+            # blocks, and the vocab-parallel word embedding / LM head, are split over t ranks
+            "tensor_parallel": tmp > 1,
             "index": index,
             "block": int(name.split(".")[1]) if kind == "block" else -1,
             "fwd_flops": flops(src, "fwd"), "bwd_flops": flops(src, "bwd"),
