@@ -368,3 +368,23 @@ def test_cli_rejects_a_file_that_is_not_a_hf_config(tmp_path, capsys):
     assert main(["trace", "--model", str(bad), "--microbatch", "1", "--out",
                  str(tmp_path / "x")]) == 2
     assert "no model_type" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name,t", [("gpt2-xl", 1), ("llama2-7b", 2)])
+def test_backward_ops_land_in_their_forward_layer(name, t):
+    """Backward attribution by autograd sequence numbers puts each gradient op in the layer whose
+    forward created it: loss gradients in the head, the embedding gradient in the embedding."""
+    ops = _trace(name, 1, t).ops
+    bwd = ops[ops["pass"] == "bwd"].groupby("layer")["aten"].apply(list)
+    assert "aten.nll_loss_backward.default" in bwd["head"]
+    assert "aten._log_softmax_backward_data.default" in bwd["head"]
+    assert "aten.embedding_dense_backward.default" in bwd["embedding"]
+    assert "aten._softmax_backward_data.default" in bwd["block.0"]
+    norm_bwd = {"gpt2": "aten.native_layer_norm_backward.default", "llama": "aten.rsqrt.default"}
+    assert norm_bwd[get_model_spec(name).family] in set(ops[ops["layer"] == "block.0"]["aten"])
+    for layer in ("embedding", "head"):
+        assert not any(a.startswith("aten._softmax_backward") for a in bwd[layer])
+    # every backward matmul of the block is a gradient of a forward matmul of the block
+    fwd_mm = _block(_trace(name, 1, t), "fwd", "matmul")
+    bwd_mm = _block(_trace(name, 1, t), "bwd", "matmul")
+    assert len(bwd_mm) == 2 * len(fwd_mm)
