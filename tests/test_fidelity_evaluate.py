@@ -152,3 +152,26 @@ def test_spearman_handles_ties():
     assert math.isclose(spearman([1, 2, 3, 4], [10, 20, 30, 40]), 1.0)
     assert math.isclose(spearman([1, 2, 3, 4], [4, 3, 2, 1]), -1.0)
     assert math.isclose(spearman([1, 2, 2, 3], [1, 2, 2, 3]), 1.0)
+
+
+def test_embedding_and_head_follow_megatron():
+    spec = tiny_gpt()
+    plain = workload(spec, tp=2)
+    sp = workload(spec, tp=2, sequence_parallel=True)
+    act = 2 * SEQ * 256 * 2  # b·s·h fp16
+    # trace: vocab-parallel embedding all-reduce (fwd), head-input gradient all-reduce (bwd);
+    # here: + the cross-entropy's three b·s fp32 all-reduces
+    assert plain.embedding.fwd_collectives == [("all_reduce", act)]
+    assert plain.head.bwd_collectives == [("all_reduce", act)]
+    assert plain.head.fwd_collectives == [("all_reduce", 2 * SEQ * 4)] * 3
+    # sequence parallelism: reduce-scatter into / all-gather out of the sequence-parallel region
+    assert sp.embedding.fwd_collectives == [("reduce_scatter", act)]
+    assert sp.head.fwd_collectives[0] == ("all_gather", act)
+    assert sp.head.bwd_collectives == [("reduce_scatter", act)]
+    # GPT-2 ties the LM head to the word embedding: the last stage keeps a copy (V/t rows)
+    assert plain.tied_embeddings and plain.word_embedding_params == 1024 // 2 * 256
+    r = run(spec, tp=2, pp=2)
+    first, last = r["per_stage"]
+    blocks = 4 * plain.block.param_bytes / 2
+    assert math.isclose(last["params"], blocks + plain.head.param_bytes / 2 + 1024 // 2 * 256)
+    assert math.isclose(first["params"], blocks + plain.embedding.param_bytes / 2)

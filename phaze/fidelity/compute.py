@@ -9,10 +9,10 @@ two shared stages, each a statement about how GPU training runs rather than a tu
   only the next, runs as one kernel whose HBM traffic is only what enters the chain from outside
   and what its last op writes (Megatron's fused bias-GeLU, scale-mask-softmax, bias-dropout-add).
   Its compute is the sum of its ops' compute. Allocation-only producers (``empty_like``) are free.
-* **Vocabulary parallelism** (Megatron's ``VocabParallelEmbedding`` / parallel cross-entropy):
-  the trace slices blocks only; for t > 1 every embedding/head op dimension equal to the vocabulary
-  is divided by t, and the embedding all-reduce (b·s·h), the logits-input gradient all-reduce
-  (b·s·h) and the cross-entropy's three b·s fp32 all-reduces are added.
+* **Vocabulary parallelism** comes from the trace (vocab-parallel embedding and LM head, their
+  forward / backward all-reduces); added here: the three b·s fp32 all-reduces of Megatron's
+  vocab-parallel cross-entropy (max, sum of exp, target logit), which the trace leaves out, and
+  the sequence-parallel form of the embedding/head collectives.
 * **Sequence parallelism**: the ops outside the tensor-parallel region (those whose output is the
   full b×s×h activation: layer norms, dropouts, residual adds, biases after row-parallel GEMMs)
   run on s/t tokens, so their time is divided by t, and every all-reduce becomes a
@@ -91,34 +91,6 @@ def _first_out(text: str) -> tuple[int, ...]:
 
 def _has_square_tail(shapes: list[tuple[int, ...]], seq: int) -> bool:
     return any(len(s) >= 2 and s[-1] == seq and s[-2] == seq for s in shapes)
-
-
-# ---------------------------------------------------------------------------------------------
-# vocabulary parallelism for embedding / head
-# ---------------------------------------------------------------------------------------------
-def vocab_parallel(ops: pd.DataFrame, vocab: int, tp: int) -> pd.DataFrame:
-    """Rewrite embedding/head ops to one rank's share of a vocabulary split over ``tp`` ranks."""
-    if tp == 1:
-        return ops
-    ops = ops.copy()
-    part = vocab // tp
-    edge = ops["layer"].isin(["embedding", "head"])
-    for dim in ("m", "n", "k"):
-        hit = edge & (ops["kind"] == "matmul") & (ops[dim] == vocab)
-        ops.loc[hit, dim] = part
-        # the cost model reads the dims; flops (and an output with a vocab dim) shrink by t
-        ops.loc[hit, "flops"] = ops.loc[hit, "flops"] / tp
-        if dim != "k":
-            ops.loc[hit, "elements"] = ops.loc[hit, "elements"] // tp
-            ops.loc[hit, "bytes_out"] = ops.loc[hit, "bytes_out"] // tp
-    vec = edge & (ops["kind"] == "vector")
-    out_has = ops["out_shapes"].map(lambda s: any(vocab in sh for sh in _parse_shapes(s)))
-    in_has = ops["in_shapes"].map(lambda s: any(vocab in sh for sh in _parse_shapes(s)))
-    for col in ("elements", "bytes_out"):
-        ops.loc[vec & out_has, col] = ops.loc[vec & out_has, col] // tp
-    ops.loc[vec & out_has, "flops"] = ops.loc[vec & out_has, "flops"] / tp
-    ops.loc[vec & in_has, "bytes_in"] = ops.loc[vec & in_has, "bytes_in"] // tp
-    return ops
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,20 +229,18 @@ def layer_work(ops: pd.DataFrame, edges: pd.DataFrame, *, core: dict, cm: dict, 
     return work
 
 
-def add_vocab_parallel_collectives(embedding: LayerWork, head: LayerWork, *, tp: int,
-                                   microbatch: int, seq: int, hidden: int,
-                                   sequence_parallel: bool, elem_bytes: int = 2) -> None:
-    """Megatron's vocabulary-parallel communication (absent from a blocks-only TP trace)."""
+def megatron_edge_collectives(embedding: LayerWork, head: LayerWork, *, tp: int, microbatch: int,
+                              seq: int, sequence_parallel: bool) -> None:
+    """Embedding/head communication as Megatron runs it, on top of the trace's vocab-parallel
+    all-reduces (embedding output in forward, head-input gradient in backward)."""
     if tp == 1:
         return
-    act = float(microbatch * seq * hidden * elem_bytes)
-    # embedding: partial lookups summed across ranks
-    embedding.fwd_collectives += [("reduce_scatter", act)] if sequence_parallel else [("all_reduce", act)]
-    # head: column-parallel logits; the input gradient is summed in backward
     if sequence_parallel:
-        head.fwd_collectives += [("all_gather", act)]
-        head.bwd_collectives += [("reduce_scatter", act)]
-    else:
-        head.bwd_collectives += [("all_reduce", act)]
-    # parallel cross-entropy: max, sum of exp, target logit (fp32 per token)
-    head.fwd_collectives += [("all_reduce", float(microbatch * seq * 4))] * 3
+        # the embedding output is reduce-scattered into the sequence-parallel region; the head
+        # all-gathers its input in forward and reduce-scatters the input gradient in backward
+        embedding.fwd_collectives = [("reduce_scatter", size) for _, size in
+                                     embedding.fwd_collectives[::2]]
+        head.bwd_collectives = [("reduce_scatter", size) for _, size in head.bwd_collectives[::2]]
+        head.fwd_collectives = [("all_gather", size) for _, size in head.bwd_collectives]
+    # vocab-parallel cross-entropy: max, sum of exp, target logit (fp32 per token)
+    head.fwd_collectives = head.fwd_collectives + [("all_reduce", float(microbatch * seq * 4))] * 3

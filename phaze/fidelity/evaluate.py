@@ -21,8 +21,8 @@ from functools import lru_cache
 
 
 from phaze.errors import PhazeError
-from phaze.fidelity.compute import (LayerWork, add_vocab_parallel_collectives, gpu_core,
-                                    layer_work, preset_costmodel, vocab_parallel)
+from phaze.fidelity.compute import (LayerWork, gpu_core, layer_work, megatron_edge_collectives,
+                                    preset_costmodel)
 from phaze.fidelity.memory import BlockShape, block_activation_bytes, block_working_bytes
 from phaze.fidelity.network import HierarchicalNetwork
 from phaze.fidelity.strategy import Strategy
@@ -68,16 +68,17 @@ class Workload:
     embedding: LayerWork
     head: LayerWork
     num_blocks: int
-    word_embedding_params: int   # one rank's share of the (tied) word embedding
+    word_embedding_params: int   # one rank's share of a tied word embedding (0 if untied)
     head_activation_bytes: float
     embedding_activation_bytes: float
+    tied_embeddings: bool = True  # the head reuses the word embedding (GPT, BERT, OPT)
 
 
 def build_workload(spec, strategy: Strategy, seq: int, preset: dict, costmodel: dict,
                    fidelity: dict) -> Workload:
     tp, b = strategy.tp, strategy.microbatch
     trace = trace_for(spec, b, tp, seq)
-    ops = vocab_parallel(trace.ops, spec.vocab, tp)
+    ops = trace.ops
     layers = trace.layers.set_index("layer")
     core = gpu_core(preset)
     cm = preset_costmodel(preset, costmodel)
@@ -93,14 +94,14 @@ def build_workload(spec, strategy: Strategy, seq: int, preset: dict, costmodel: 
 
     block_name = "block.0"
     block, embedding, head = work(block_name), work("embedding"), work("head")
-    add_vocab_parallel_collectives(embedding, head, tp=tp, microbatch=b, seq=seq,
-                                   hidden=spec.hidden, sequence_parallel=strategy.sequence_parallel)
-    word = spec.vocab * spec.hidden
-    # the trace holds the whole word embedding on every rank; Megatron splits it by vocabulary
-    embedding.param_bytes -= int(word * ELEM_BYTES * (1 - 1 / tp))
-    return Workload(block, embedding, head, spec.num_blocks, word // tp,
-                    float(layers.loc["head", "activation_bytes"]) / tp,
-                    float(layers.loc["embedding", "activation_bytes"]))
+    megatron_edge_collectives(embedding, head, tp=tp, microbatch=b, seq=seq,
+                              sequence_parallel=strategy.sequence_parallel)
+    # a tied LM head (GPT-2's) is counted once, in the embedding; a last pipeline stage without
+    # the embedding keeps its own copy (the trace's tied_param_bytes), as Megatron does
+    tied_bytes = int(layers["tied_param_bytes"].get("head", 0)) if "tied_param_bytes" in layers else 0
+    return Workload(block, embedding, head, spec.num_blocks, tied_bytes // ELEM_BYTES,
+                    float(layers.loc["head", "activation_bytes"]),
+                    float(layers.loc["embedding", "activation_bytes"]), tied_bytes > 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,7 +179,9 @@ def evaluate_strategy(spec, strategy: Strategy, preset: dict, *, seq: int, costm
         if first:
             params += w.embedding.param_bytes / ELEM_BYTES
         if last:
-            params += w.head.param_bytes / ELEM_BYTES + (w.word_embedding_params if p > 1 else 0)
+            # with tied embeddings the last stage keeps its own copy of the word embedding
+            params += w.head.param_bytes / ELEM_BYTES + (
+                w.word_embedding_params if p > 1 and w.tied_embeddings else 0)
         dp_ranks = strategy.dp_group(0, j)
         grads = params * fidelity["grad_bytes_per_param"]
         ar = net.all_reduce(grads, dp_ranks)
@@ -187,7 +190,8 @@ def evaluate_strategy(spec, strategy: Strategy, preset: dict, *, seq: int, costm
             dp = max(ar - bwd_part, last_bucket)
         else:
             dp = ar
-        if p > 1 and (first or last):  # Megatron all-reduces the tied word-embedding gradient
+        if p > 1 and (first or last) and w.tied_embeddings:
+            # Megatron all-reduces the tied word-embedding gradient between first and last stage
             dp += net.all_reduce(w.word_embedding_params * fidelity["grad_bytes_per_param"],
                                  [strategy.rank(0, 0, 0), strategy.rank(0, 0, p - 1)])
         opt = params * fidelity["optimizer_bytes_per_param"] / cm["hbm_bandwidth_Bps"]
