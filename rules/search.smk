@@ -18,6 +18,9 @@ import os as _os
 import pandas as _pd
 
 SPACE = f"{RESULTS}/arch/space.parquet"
+PLAN_KEYS = ("bucket_width_mm2", "round_buckets", "chunk_archs", "baseline_preset")
+SEARCH_STATE_CODE = code_version(*(f"search/{f}.py" for f in ("evaluate", "stop", "plan", "files", "commands", "cli")))
+SEARCH_STATE_CFG = _json.dumps({k: v for k, v in SEARCH.items() if k not in ("chunk_archs",)}, sort_keys=True)
 PLAN = f"{RESULTS}/arch/chunks.parquet"
 TAG = "b{mbs}_s{seq}_t{tmp}"
 TRACE_DIR = f"{RESULTS}/trace/{{model}}/{TAG}"
@@ -72,6 +75,12 @@ def ilp_selection(r, m, b):
     return sorted(int(c) for c in sel["chunk"].unique())
 
 
+def _ilp_archs(r, m, b, chunk):
+    d = checkpoints.search_prune.get(round=int(r)).output[0]
+    sel = _pd.read_parquet(f"{d}/{m}_b{b}.parquet", columns=["arch", "chunk"])
+    return sorted(sel.loc[sel["chunk"] == int(chunk), "arch"])
+
+
 def ilp_place_files(r):
     return [f"{_place_dir(m, h, b, rec)}/r{r}_ilp.parquet"
             for m, b in pairs_of_round(r) if ilp_selection(r, m, b)
@@ -110,8 +119,9 @@ checkpoint search_plan:
     output:
         PLAN,
     params:
-        code=code_version("search"),
-        cfg=config_section(config, "search"),
+        # only what decides the plan: a rewritten chunks.parquet re-runs every estimate after it
+        code=code_version("search/plan.py"),
+        cfg=_json.dumps({k: SEARCH[k] for k in PLAN_KEYS}, sort_keys=True),
     log:
         f"{RESULTS}/logs/search/plan.log",
     benchmark:
@@ -207,8 +217,8 @@ checkpoint search_prune:
     output:
         directory(f"{RESULTS}/search/r{{round}}/ilp"),
     params:
-        code=code_version("search"),
-        cfg=config_section(config, "search"),
+        code=SEARCH_STATE_CODE,
+        cfg=SEARCH_STATE_CFG,
     log:
         f"{RESULTS}/logs/search/r{{round}}_prune.log",
     benchmark:
@@ -223,21 +233,24 @@ rule schedule_ilp:
         unpack(_trace_inputs),
         latency=f"{RESULTS}/estimate/{{model}}/{TAG}/{{chunk}}.parquet",
         space=SPACE,
-        selection=f"{RESULTS}/search/r{{round}}/ilp",
     output:
         f"{RESULTS}/schedule/{{model}}/{TAG}/ilp/r{{round}}_c{{chunk}}.parquet",
     params:
         code=code_version("schedule"),
         cfg=config_section(config, "schedule"),
         trace=lambda wc, input: _os.path.dirname(input.ops),
+        # The archs pruning selected, as a param: this job exists only once search_prune is done
+        # (place_ilp asks the checkpoint), and a re-run prune that selects the same archs (say,
+        # after a placement edit) does not re-run the ILPs.
+        archs=lambda wc: ",".join(_ilp_archs(wc.round, wc.model, wc.mbs, wc.chunk)),
     log:
         f"{RESULTS}/logs/schedule/{{model}}/{TAG}/ilp/r{{round}}_c{{chunk}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/schedule/{{model}}/{TAG}/ilp/r{{round}}_c{{chunk}}.tsv"
     shell:
         "{PHAZE} schedule --tier ilp --trace {params.trace} --latency {input.latency}"
-        " --space {input.space} --chunks {input.selection}/{wildcards.model}_b{wildcards.mbs}.parquet"
-        " --chunk {wildcards.chunk} --config {CONFIG_JSON} --out {output} > {log} 2>&1"
+        " --space {input.space} --archs {params.archs} --config {CONFIG_JSON} --out {output}"
+        " > {log} 2>&1"
 
 
 rule place_ilp:
@@ -265,8 +278,8 @@ checkpoint search_state:
     output:
         f"{RESULTS}/search/r{{round}}/state.json",
     params:
-        code=code_version("search"),
-        cfg=config_section(config, "search"),
+        code=SEARCH_STATE_CODE,
+        cfg=SEARCH_STATE_CFG,
     log:
         f"{RESULTS}/logs/search/r{{round}}_state.log",
     benchmark:
@@ -297,7 +310,7 @@ rule search_blind:
     output:
         f"{RESULTS}/baselines/blind/{{model}}/choice.parquet",
     params:
-        code=code_version("search"),
+        code=code_version("search/baselines.py", "search/commands.py"),
         trace=lambda wc, input: _os.path.dirname(input.layers),
     log:
         f"{RESULTS}/logs/search/blind_{{model}}.log",

@@ -1,0 +1,190 @@
+"""End-to-end: config/test.yaml through Snakemake in a temporary copy of the repository.
+
+One module fixture runs the workflow, interrupting it (Ctrl-C, SIGINT to the process group) while
+a `schedule` job runs and re-running it with the README's command; the tests then check the
+summary tables and plots, that no truncated Parquet file was ever left under a final name, and —
+with dry runs in further copies — that edits re-run exactly what depends on them.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+# The flags of scripts/run.sh (the README's run command); test_run_command_flags checks they match.
+RUN_FLAGS = ["--cores", "2", "--rerun-incomplete", "--printshellcmds"]
+CONFIG = ["--configfile", "config/test.yaml"]
+COPY = ("Snakefile", "rules", "config", "phaze", "report")
+
+pytestmark = pytest.mark.slow
+
+
+def _copy_repo(dst: Path, results_from: Path | None = None) -> Path:
+    dst.mkdir(parents=True, exist_ok=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in COPY:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dst / name, ignore=ignore)
+        else:
+            shutil.copy2(src, dst / name)
+    if results_from is not None:  # copy2 keeps mtimes, so Snakemake sees the same state
+        for name in ("results", ".snakemake"):
+            shutil.copytree(results_from / name, dst / name, ignore=shutil.ignore_patterns("locks"))
+    return dst
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def _all_parquet_readable(root: Path) -> list[str]:
+    bad = []
+    for p in root.rglob("*.parquet"):
+        try:
+            pq.read_metadata(p)
+        except Exception:  # noqa: BLE001 - any failure means a truncated/corrupt file
+            bad.append(str(p))
+    return bad
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    work = _copy_repo(tmp_path_factory.mktemp("wf") / "repo")
+    log = open(work / "first_run.log", "w")
+    proc = subprocess.Popen([SNAKEMAKE, *RUN_FLAGS, *CONFIG], cwd=work, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True, env=_env())
+    interrupted = False
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        running = [p for p in (work / "results" / "logs" / "schedule").rglob("*.log")] \
+            if (work / "results" / "logs" / "schedule").exists() else []
+        if running:
+            time.sleep(0.5)  # let the solver get going
+            os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+            interrupted = True
+            break
+        time.sleep(0.2)
+    proc.wait(timeout=120)
+    log.close()
+    truncated_after_kill = _all_parquet_readable(work / "results")
+    second = subprocess.run([SNAKEMAKE, *RUN_FLAGS, *CONFIG], cwd=work, capture_output=True,
+                            text=True, env=_env(), timeout=900)
+    (work / "second_run.log").write_text(second.stdout + second.stderr)
+    return {"dir": work, "interrupted": interrupted, "first_rc": proc.returncode,
+            "truncated_after_kill": truncated_after_kill, "second": second}
+
+
+def test_run_command_flags():
+    text = (REPO / "scripts" / "run.sh").read_text()
+    for flag in ("--rerun-incomplete",):
+        assert flag in text
+
+
+def test_interrupted_run_resumes_and_leaves_no_truncated_parquet(run_dir):
+    assert run_dir["interrupted"], "the run finished before a schedule job started"
+    assert run_dir["first_rc"] != 0
+    assert run_dir["truncated_after_kill"] == []
+    second = run_dir["second"]
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert _all_parquet_readable(run_dir["dir"] / "results") == []
+
+
+def test_summary_tables_and_plots_are_nontrivial(run_dir):
+    assert run_dir["second"].returncode == 0
+    res = run_dir["dir"] / "results"
+    cmp = pd.read_parquet(res / "summary" / "comparison.parquet")
+    best = pd.read_parquet(res / "summary" / "best.parquet")
+    explored = pd.read_parquet(res / "summary" / "explored.parquet")
+    assert set(cmp["strategy"]) == {"phaze-per-model", "phaze-common", "tpuv4-expert",
+                                    "tpuv4-phaze", "placement-blind"}
+    for col in ("speedup_vs_tpuv4_expert", "speedup_vs_tpuv4_phaze", "speedup_vs_placement_blind"):
+        vals = cmp[col].to_numpy(float)
+        assert all(math.isfinite(v) and v > 0 for v in vals), (col, vals)
+    for (model, hbm), grp in cmp.groupby(["model", "hbm_bytes"]):
+        thr = grp.set_index("strategy")["throughput_seq_s"]
+        assert thr["phaze-per-model"] >= thr["tpuv4-phaze"] * (1 - 1e-12), model
+        assert thr["tpuv4-phaze"] >= thr["tpuv4-expert"] * (1 - 1e-9), model
+    for hbm, grp in cmp.groupby("hbm_bytes"):
+        thr = grp.pivot_table(index="model", columns="strategy", values="throughput_seq_s")
+        assert thr["phaze-common"].mean() >= thr["tpuv4-phaze"].mean() * (1 - 1e-12)
+    assert (best["throughput_seq_s"] > 0).all() and len(best) >= 2
+    # the search visited buckets in order; every arch of the space was computed at least by bounds
+    assert explored["bucket"].min() == 0 and explored["has_ilp"].any()
+    for name in ("speedup", "convergence", "area_throughput", "arch_table", "pipeline"):
+        for ext in ("png", "pdf"):
+            f = res / "plots" / f"{name}.{ext}"
+            assert f.exists() and f.stat().st_size > 5_000, f
+
+
+def _dry_run_jobs(work: Path) -> dict[str, int]:
+    out = subprocess.run([SNAKEMAKE, "-n", "--cores", "2", *CONFIG], cwd=work,
+                         capture_output=True, text=True, env=_env(), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout + out.stderr
+    if "Nothing to be done" in text:
+        return {}
+    block = text.split("Job stats:", 1)[1].split("\n\n", 1)[0]
+    jobs = {}
+    for line in block.splitlines():
+        m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
+        if m and m.group(1) != "total":
+            jobs[m.group(1)] = int(m.group(2))
+    return jobs
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, (path, old)
+    path.write_text(text.replace(old, new, 1))
+
+
+def _append_comment(path: Path) -> None:
+    with open(path, "a") as fh:
+        fh.write("\n# an edit that changes the code's hash\n")
+
+
+EDITS = {
+    "nothing": (lambda w: None, set(), {"trace", "arch", "estimate", "schedule_bounds", "place_bounds"}),
+    "costmodel config": (
+        lambda w: _edit(w / "config/test.yaml", "costmodel: {}", "costmodel: {glb_bandwidth_Bps: 9.0e+11}"),
+        {"estimate"}, {"trace", "arch"}),
+    "cost-model code": (
+        lambda w: _append_comment(w / "phaze/estimate/model.py"), {"estimate"}, {"trace", "arch"}),
+    "schedule config": (
+        lambda w: _edit(w / "config/test.yaml", "time_limit_s: 1\n", "time_limit_s: 1.5\n"),
+        {"schedule_bounds"}, {"trace", "arch", "estimate"}),
+    "placement config": (
+        lambda w: _edit(w / "config/test.yaml", "optimizer: adam", "optimizer: sgd"),
+        {"place_bounds"}, {"trace", "arch", "estimate", "schedule_bounds"}),
+    "placement code": (
+        lambda w: _append_comment(w / "phaze/place/dp.py"),
+        {"place_bounds"}, {"trace", "arch", "estimate", "schedule_bounds"}),
+}
+
+
+@pytest.mark.parametrize("what", list(EDITS))
+def test_incremental_reruns(run_dir, tmp_path, what):
+    assert run_dir["second"].returncode == 0
+    work = _copy_repo(tmp_path / "repo", results_from=run_dir["dir"])
+    edit, must, must_not = EDITS[what]
+    edit(work)
+    jobs = _dry_run_jobs(work)
+    assert must <= set(jobs), (what, jobs)
+    assert not (must_not & set(jobs)), (what, jobs)
+    if what == "nothing":
+        assert jobs == {}, jobs
