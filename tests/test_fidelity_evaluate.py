@@ -175,3 +175,20 @@ def test_embedding_and_head_follow_megatron():
     blocks = 4 * plain.block.param_bytes / 2
     assert math.isclose(last["params"], blocks + plain.head.param_bytes / 2 + 1024 // 2 * 256)
     assert math.isclose(first["params"], blocks + plain.embedding.param_bytes / 2)
+
+
+def test_presets_carry_sources_and_h100_beats_a100():
+    from phaze.fidelity.evaluate import peak_flops
+
+    h100 = load_preset("h100-sxm")
+    assert math.isclose(peak_flops(A100), 312e12, rel_tol=0.001)
+    assert math.isclose(peak_flops(h100), 989.4e12, rel_tol=0.001)
+    for preset in (A100, h100):
+        for key in list(preset["arch"]) + list(preset["costmodel"]):
+            assert key in preset["sources"], f"no source for {key}"
+        assert "network" in preset and "devices_per_node" in preset["network"]
+    spec = tiny_gpt(hidden=512)
+    s = Strategy(devices=16, tp=2, pp=2, microbatch=2, global_batch=32)
+    a = evaluate_strategy(spec, s, A100, seq=SEQ, costmodel=CFG["costmodel"], fidelity=CFG["fidelity"])
+    h = evaluate_strategy(spec, s, h100, seq=SEQ, costmodel=CFG["costmodel"], fidelity=CFG["fidelity"])
+    assert h["iteration_time_s"] < a["iteration_time_s"]
