@@ -388,3 +388,49 @@ def test_backward_ops_land_in_their_forward_layer(name, t):
     fwd_mm = _block(_trace(name, 1, t), "fwd", "matmul")
     bwd_mm = _block(_trace(name, 1, t), "bwd", "matmul")
     assert len(bwd_mm) == 2 * len(fwd_mm)
+
+
+# --- property: the identities hold for any block shape, not only the paper's ----------------
+
+def _random_spec(family, heads, head_dim, ffn_mult, kv_div=1):
+    from phaze.trace.models import ModelSpec
+
+    h, f = heads * head_dim, heads * head_dim * ffn_mult
+    if family == "gpt2":
+        kwargs = dict(n_layer=3, n_embd=h, n_head=heads, n_inner=f, vocab_size=97,
+                      n_positions=64, activation_function="gelu_pytorch_tanh")
+        return ModelSpec("rand-gpt2", "gpt2", 3, h, heads, f, 97, 64, heads, kwargs)
+    kv = heads // kv_div
+    kwargs = dict(num_hidden_layers=3, hidden_size=h, num_attention_heads=heads,
+                  num_key_value_heads=kv, intermediate_size=f, vocab_size=97,
+                  max_position_embeddings=64)
+    return ModelSpec("rand-llama", "llama", 3, h, heads, f, 97, 64, kv, kwargs)
+
+
+def test_identities_hold_for_random_block_shapes():
+    from hypothesis import given, settings, strategies as st
+
+    from phaze.trace.tracer import trace_model
+
+    @settings(max_examples=8, deadline=None, derandomize=True)
+    @given(family=st.sampled_from(["gpt2", "llama"]), heads=st.sampled_from([1, 2, 4, 8]),
+           head_dim=st.integers(1, 8).map(lambda x: 2 * x),  # RoPE needs an even head size
+           ffn_mult=st.integers(1, 4),
+           b=st.integers(1, 3), s=st.integers(2, 40), t=st.sampled_from([1, 2, 4]))
+    def check(family, heads, head_dim, ffn_mult, b, s, t):
+        spec = _random_spec(family, heads, head_dim, ffn_mult)
+        if t not in spec.valid_tmp:
+            with pytest.raises(PhazeError):
+                spec.check_tmp(t)
+            return
+        trace = trace_model(spec, b, t, seq=s)
+        h = spec.hidden
+        fwd = _block(trace, "fwd", "matmul")["flops"].sum()
+        assert fwd * t == 2 * _weight_matrix_params(spec) * b * s + 4 * b * s * s * h
+        assert _block(trace, "bwd", "matmul")["flops"].sum() == 2 * fwd
+        assert _block_row(trace)["param_bytes"] == 2 * _block_params_per_rank(spec, t)
+        for pass_ in ("fwd", "bwd"):
+            assert len(_block(trace, pass_, "collective")) == (2 if t > 1 else 0)
+        assert trace.layers["signature"].iloc[1:4].nunique() == 1
+
+    check()

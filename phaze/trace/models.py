@@ -82,7 +82,10 @@ class ModelSpec:
             config = _load_hf_config(Path(self.config_path))
         else:
             cls = getattr(transformers, FAMILIES[self.family]["config"])
-            config = cls(**self.config_kwargs)
+            try:
+                config = cls(**self.config_kwargs)
+            except Exception as exc:  # transformers validates configs with many exception types
+                raise PhazeError(f"{self.name}: invalid {cls.__name__}: {exc}") from exc
         config.num_hidden_layers = num_blocks if num_blocks is not None else self.num_blocks
         # Training graph: no KV cache (its concatenations are inference work).
         config.use_cache = False
