@@ -142,6 +142,8 @@ def test_validate_meets_the_issue_targets_without_a_flat_efficiency():
     assert report["mean_abs_error"] <= 0.04
     assert report["max_abs_error"] <= 0.08
     assert report["spearman"] >= 0.6
+    # every published run ran, so each must fit in the A100's 80 GiB
+    assert all(r["fits_memory"] for r in report["rows"])
     predicted = [r["predicted_tflops_per_gpu"] for r in report["rows"]]
     assert max(predicted) - min(predicted) > 15  # the published rows span 135-163
 
@@ -192,3 +194,13 @@ def test_presets_carry_sources_and_h100_beats_a100():
     a = evaluate_strategy(spec, s, A100, seq=SEQ, costmodel=CFG["costmodel"], fidelity=CFG["fidelity"])
     h = evaluate_strategy(spec, s, h100, seq=SEQ, costmodel=CFG["costmodel"], fidelity=CFG["fidelity"])
     assert h["iteration_time_s"] < a["iteration_time_s"]
+
+
+def test_memory_capacity_is_checked():
+    small = run(tiny_gpt())
+    assert small["fits_memory"] is True and small["hbm_bytes"] == 80 * 2**30
+    # 6.4 B parameters x 16 B of Adam state on one device cannot fit in 80 GiB
+    big = tiny_gpt(layers=32, hidden=4096, heads=32)
+    r = run(big, devices=1, tp=1, pp=1, microbatch=1, global_batch=1)
+    assert r["peak_memory_bytes"] > 16 * 12 * 4096**2 * 32
+    assert r["fits_memory"] is False

@@ -232,12 +232,16 @@ def evaluate_strategy(spec, strategy: Strategy, preset: dict, *, seq: int, costm
     useful_flops = sequences * 3 * (spec.num_blocks * block_fwd + head_fwd)
     peak = peak_flops(preset)
     n = strategy.devices
+    peak_memory = max(d["memory_bytes"] for d in devices)
+    capacity = (preset.get("gpu") or {}).get("hbm_bytes")
     return {
         "iteration_time_s": iteration,
         "model_flops": model_flops,
         "tflops_per_device": model_flops / (n * iteration) / 1e12,
         "mfu": useful_flops / (n * iteration * peak),
-        "peak_memory_bytes": max(d["memory_bytes"] for d in devices),
+        "peak_memory_bytes": peak_memory,
+        "hbm_bytes": capacity,
+        "fits_memory": None if capacity is None else bool(peak_memory <= capacity),
         "breakdown": breakdown,
         "strategy": {"devices": n, "tp": t, "pp": p, "dp": strategy.dp, "microbatch": b,
                      "global_batch": strategy.global_batch, "microbatches": m, "interleave": v,

@@ -119,6 +119,7 @@ def validate(config: dict, reference: Path | str = REFERENCE) -> dict:
             "predicted_tflops_per_gpu": flops / (ref["gpus"] * predicted_s) / 1e12,
             "breakdown": result["breakdown"],
             "peak_memory_bytes": result["peak_memory_bytes"],
+            "fits_memory": result["fits_memory"],
         })
     errors = [abs(r["error"]) for r in rows]
     return {
