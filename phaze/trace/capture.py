@@ -26,6 +26,7 @@ class Capture:
     activation_bytes: dict[str, int]  # saved-for-backward activations per layer
     input_bytes: dict[str, int]       # what enters each layer (the recompute stash)
     output_bytes: dict[str, int]      # what leaves each layer for the next one
+    collapsed_views: int = 0          # view/reshape operators folded into edges
 
 
 def find_blocks(model: nn.Module, num_blocks: int) -> nn.ModuleList:
@@ -166,4 +167,4 @@ def capture(spec: ModelSpec, num_blocks: int, microbatch: int, seq: int, tmp: in
         raise PhazeError(f"{spec.name}: parameters never used in training: {unused[:5]}")
     return Capture(recorder.ops, names, param_bytes, tied_param_bytes,
                    {n: recorder.activation_bytes.get(n, 0) for n in names},
-                   input_bytes, output_bytes)
+                   input_bytes, output_bytes, recorder.collapsed_views)

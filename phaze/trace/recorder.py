@@ -78,6 +78,7 @@ class Recorder(TorchDispatchMode):
     pass_: str = "fwd"
     param_layer: dict = field(default_factory=dict)   # parameter name -> layer of first use
     param_users: dict = field(default_factory=dict)   # parameter name -> layers that read it
+    collapsed_views: int = 0                           # view/reshape ops folded into edges
     activation_bytes: dict = field(default_factory=dict)  # layer -> saved-for-backward bytes
 
     def __post_init__(self):
@@ -147,6 +148,7 @@ class Recorder(TorchDispatchMode):
             origin = self._origin.get(flat_in[0], (-1, None))
             for o in flat_out:
                 self._origin[o] = origin
+            self.collapsed_views += 1
             return out
 
         layer = self.layer if self.pass_ == "fwd" else self._backward_layer()

@@ -21,6 +21,8 @@ class Trace:
     ops: pd.DataFrame
     edges: pd.DataFrame
     layers: pd.DataFrame
+    recorded_ops: int = 0      # operators the one-block trace recorded (views excluded)
+    collapsed_views: int = 0   # view/reshape operators it folded into edges
 
 
 def _layer_kind(name: str) -> str:
@@ -78,7 +80,7 @@ def trace_model(spec: ModelSpec, microbatch: int, tmp: int = 1, seq: int | None 
         edge_rows += erows
     ops, edges = to_frames(op_rows, edge_rows)
     layers = _layers_table(spec, cap, graphs, microbatch, seq, tmp)
-    return Trace(ops, edges, layers)
+    return Trace(ops, edges, layers, len(cap.ops), cap.collapsed_views)
 
 
 def _layers_table(spec, cap: Capture, graphs, microbatch, seq, tmp) -> pd.DataFrame:

@@ -23,6 +23,7 @@ def write_trace(trace, out_dir: Path, spec: ModelSpec) -> None:
         "hidden": spec.hidden, "heads": spec.heads, "ffn": spec.ffn, "vocab": spec.vocab,
         "microbatch": int(first["microbatch"]), "seq_len": int(first["seq_len"]),
         "tmp": int(first["tmp"]), "config_path": spec.config_path,
+        "recorded_ops": trace.recorded_ops, "collapsed_views": trace.collapsed_views,
         "torch": torch.__version__, "transformers": transformers.__version__,
         "python": platform.python_version(),
     })
