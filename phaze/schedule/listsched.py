@@ -212,13 +212,26 @@ def _orders(inst: Instance, y: list[int]) -> list[list[int]]:
 
 
 def initial_modes(inst: Instance) -> list[list[int]]:
+    """Mode vectors to start from. Besides all-single-core and each-op-at-its-fastest, the
+    slack rules: with every op at its fastest, ops within a fraction theta of the critical
+    path's length from being critical go intra-op, the rest stay single-core so they can overlap.
+    (Single flips cannot leave all-intra-op: one op alone on one core gains nothing.)"""
     n = inst.n
+    fast = [1 if inst.la[i] < inst.l1[i] else 0 for i in range(n)]
     modes = [
         [0] * n,                                                       # all on one core
-        [1 if inst.la[i] < inst.l1[i] else 0 for i in range(n)],       # each op at its fastest
+        fast,                                                          # each op at its fastest
         [1 if inst.la[i] * inst.n_cores("tc" if inst.core[i] != "vc" else "vc") <= inst.l1[i]
          else 0 for i in range(n)],                                     # split only if it scales
     ]
+    dur = [min(inst.la[i], inst.l1[i]) for i in range(n)]
+    head = [0.0] * n
+    for j in range(n):
+        head[j] = max((head[i] + dur[i] for i in inst.preds[j]), default=0.0)
+    tail = _tails(inst, dur)   # includes the op itself
+    cp = max((head[i] + tail[i] for i in range(n)), default=0.0)
+    for theta in (0.0, 0.02, 0.05, 0.1, 0.2, 0.35):
+        modes.append([fast[i] if cp - (head[i] + tail[i]) <= theta * cp else 0 for i in range(n)])
     uniq = []
     for m in modes:
         if m not in uniq:
@@ -226,40 +239,88 @@ def initial_modes(inst: Instance) -> list[list[int]]:
     return uniq
 
 
+def reversed_instance(inst: Instance) -> Instance:
+    """The same ops with every edge reversed (index k <-> n-1-k keeps indices topological)."""
+    n = inst.n
+    r = lambda i: n - 1 - i  # noqa: E731
+    return Instance(inst.n_tc, inst.n_vc, inst.core[::-1], inst.l1[::-1], inst.la[::-1],
+                    tuple(sorted((r(b), r(a)) for a, b in inst.edges)), inst.ids[::-1])
+
+
+def justify(inst: Instance, sched: Schedule, rev: Instance | None = None) -> Schedule:
+    """Double justification (forward-backward improvement): right-justify the schedule (an SGS
+    on the reversed graph in order of latest end), then left-justify it again (SGS in order of
+    earliest start). Never worse than the input in practice; kept only if it improves."""
+    n = inst.n
+    rev = rev or reversed_instance(inst)
+    ends = [sched.end(inst, i) for i in range(n)]
+    ry = list(reversed(sched.y))
+    back = serial_sgs(rev, priority_order(rev, [ends[n - 1 - k] for k in range(n)]), ry)
+    # reversed-time starts -> forward priority: ops that end last in reverse start first
+    rend = [back.end(rev, k) for k in range(n)]
+    fwd = serial_sgs(inst, priority_order(inst, [rend[n - 1 - i] for i in range(n)]), sched.y)
+    return fwd if fwd.makespan(inst) < sched.makespan(inst) else sched
+
+
 def best_list_schedule(inst: Instance, local_search: bool = True,
-                       extra: list[tuple[list[int], list[int]]] | None = None) -> Schedule:
+                       extra: list[tuple[list[int], list[int]]] | None = None,
+                       restarts: int = 0, seed: int = 0) -> Schedule:
     """Best schedule over mode heuristics × priority rules (plus ``extra`` (order, y) seeds, e.g.
-    a neighbouring architecture's solution), improved by flipping single intra-op flags."""
+    a neighbouring architecture's solution), each double-justified; then (``local_search``)
+    single intra-op flag flips, and ``restarts`` randomised priority perturbations (seeded, so
+    the result is reproducible)."""
+    import random
+
+    rev = reversed_instance(inst)
     best: Schedule | None = None
     best_ms = float("inf")
-    best_key: tuple[list[int], list[int]] | None = None
     cands: list[tuple[list[int], list[int]]] = []
     for y in initial_modes(inst):
         for o in _orders(inst, y):
             cands.append((o, y))
     for o, y in extra or []:
         cands.append((list(o), list(y)))
-    for o, y in cands:
-        s = serial_sgs(inst, o, y)
+
+    def consider(s: Schedule) -> bool:
+        nonlocal best, best_ms
+        s = justify(inst, s, rev)
         ms = s.makespan(inst)
-        if ms < best_ms - 1e-15:
-            best, best_ms, best_key = s, ms, (o, y)
-    if local_search and best_key is not None:
-        flippable = [i for i in range(inst.n) if inst.la[i] != inst.l1[i]]
-        y = list(best_key[1])
+        if ms < best_ms * (1 - 1e-12):
+            best, best_ms = s, ms
+            return True
+        return False
+
+    for o, y in cands:
+        consider(serial_sgs(inst, o, y))
+    if not local_search:
+        return best
+    flippable = [i for i in range(inst.n) if inst.la[i] != inst.l1[i]]
+
+    def flip_pass():
         for _pass in range(3):
             improved = False
             for i in flippable:
-                y2 = list(y)
+                y2 = list(best.y)
                 y2[i] = 1 - y2[i]
                 for o in _orders(inst, y2)[:2]:
-                    s = serial_sgs(inst, o, y2)
-                    ms = s.makespan(inst)
-                    if ms < best_ms * (1 - 1e-12):
-                        best, best_ms, y, improved = s, ms, y2, True
+                    if consider(serial_sgs(inst, o, y2)):
+                        improved = True
                         break
             if not improved:
-                break
+                return
+
+    flip_pass()
+    rng = random.Random(seed)
+    for _ in range(restarts):
+        y = list(best.y)
+        if flippable and rng.random() < 0.5:
+            k = rng.choice(flippable)
+            y[k] = 1 - y[k]
+        dur = [inst.la[i] if y[i] else inst.l1[i] for i in range(inst.n)]
+        tail = _tails(inst, dur)
+        prio = [tail[i] * rng.uniform(0.7, 1.3) for i in range(inst.n)]
+        if consider(serial_sgs(inst, priority_order(inst, prio), y)):
+            flip_pass()
     return best
 
 
