@@ -59,10 +59,6 @@ def build_model(spec: ModelSpec, num_blocks: int, tmp: int = 1, seq: int | None 
         raise PhazeError(f"{spec.name}: cannot build {cls.__name__} on the meta device: {exc}") \
             from exc
     model.train()  # the training graph: dropout as configured (see README)
-    if not spec.causal:
-        # HF encoders warn when the last/first token is padding and no mask is given: a
-        # data-dependent check (impossible on meta). The embedding keeps its padding_idx.
-        model.config.pad_token_id = None
     blocks = find_blocks(model, num_blocks)
     for block in blocks:
         apply_tensor_parallel(block, spec.family, tmp)
