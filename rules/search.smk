@@ -176,38 +176,51 @@ def _place_input_files(kind):
     return fn
 
 
-def _place_args(kind):
+def _place_batch(kind, tiers):
+    """One `phaze place` command per HBM x recompute x tier, run in one process (one job per
+    model x microbatch x round: the placements are fast, interpreter start-up is not)."""
+    import shlex
+
     def fn(wc):
         tmps, per_t = _place_inputs(wc, kind)
-        return (f"--model {wc.model} --tmp {' '.join(map(str, tmps))}"
+        base = (f"place --model {wc.model} --tmp {' '.join(map(str, tmps))}"
                 f" --trace-dirs {' '.join(trace_dir(wc.model, wc.mbs, t) for t in tmps)}"
                 f" --schedules {' '.join(','.join(fs) for fs in per_t)}"
-                f" --hbm-gib {wc.hbm} --microbatch {wc.mbs} --recompute {wc.rec}")
+                f" --microbatch {wc.mbs} --space {SPACE} --config {CONFIG_JSON}")
+        cmds = []
+        for h in HBM_GIB:
+            for rec in RECOMPUTE:
+                d = _place_dir(wc.model, h, wc.mbs, rec)
+                for tier, column in tiers:
+                    name = "blind" if kind == "blind" else f"r{wc.round}_{tier}"
+                    cmds.append(f"{base} --hbm-gib {gib_str(h)} --recompute {rec}"
+                                f" --latency-column {column} --out {d}/{name}.parquet")
+        return " ".join(shlex.quote(c) for c in cmds)
+
     return fn
 
 
-PLACE_DIR = f"{RESULTS}/place/{{model}}/h{{hbm}}_b{{mbs}}_r{{rec}}"
+def _place_outputs(name):
+    return [f"{RESULTS}/place/{{model}}/h{gib_str(h)}_b{{mbs}}_r{rec}/{name}.parquet"
+            for h in HBM_GIB for rec in RECOMPUTE]
 
 
 rule place_bounds:
     input:
         unpack(_place_input_files("bounds")),
     output:
-        ub=f"{PLACE_DIR}/r{{round}}_ub.parquet",
-        lo=f"{PLACE_DIR}/r{{round}}_lo.parquet",
+        ub=_place_outputs("r{round}_ub"),
+        lo=_place_outputs("r{round}_lo"),
     params:
         code=code_version("place"),
         cfg=config_section(config, "place"),
-        args=_place_args("bounds"),
+        cmds=_place_batch("bounds", (("ub", "lower_bound_s"), ("lo", "makespan_s"))),
     log:
-        f"{RESULTS}/logs/place/{{model}}/h{{hbm}}_b{{mbs}}_r{{rec}}/r{{round}}_bounds.log",
+        f"{RESULTS}/logs/place/{{model}}/b{{mbs}}_r{{round}}_bounds.log",
     benchmark:
-        f"{RESULTS}/benchmarks/place/{{model}}/h{{hbm}}_b{{mbs}}_r{{rec}}/r{{round}}_bounds.tsv"
+        f"{RESULTS}/benchmarks/place/{{model}}/b{{mbs}}_r{{round}}_bounds.tsv"
     shell:
-        "({PHAZE} place {params.args} --space {SPACE} --latency-column lower_bound_s"
-        " --config {CONFIG_JSON} --out {output.ub}"
-        " && {PHAZE} place {params.args} --space {SPACE} --latency-column makespan_s"
-        " --config {CONFIG_JSON} --out {output.lo}) > {log} 2>&1"
+        "{PHAZE} search batch {params.cmds} > {log} 2>&1"
 
 
 checkpoint search_prune:
@@ -257,18 +270,17 @@ rule place_ilp:
     input:
         unpack(_place_input_files("ilp")),
     output:
-        f"{PLACE_DIR}/r{{round}}_ilp.parquet",
+        _place_outputs("r{round}_ilp"),
     params:
         code=code_version("place"),
         cfg=config_section(config, "place"),
-        args=_place_args("ilp"),
+        cmds=_place_batch("ilp", (("ilp", "makespan_s"),)),
     log:
-        f"{RESULTS}/logs/place/{{model}}/h{{hbm}}_b{{mbs}}_r{{rec}}/r{{round}}_ilp.log",
+        f"{RESULTS}/logs/place/{{model}}/b{{mbs}}_r{{round}}_ilp.log",
     benchmark:
-        f"{RESULTS}/benchmarks/place/{{model}}/h{{hbm}}_b{{mbs}}_r{{rec}}/r{{round}}_ilp.tsv"
+        f"{RESULTS}/benchmarks/place/{{model}}/b{{mbs}}_r{{round}}_ilp.tsv"
     shell:
-        "{PHAZE} place {params.args} --space {SPACE} --latency-column makespan_s"
-        " --config {CONFIG_JSON} --out {output} > {log} 2>&1"
+        "{PHAZE} search batch {params.cmds} > {log} 2>&1"
 
 
 checkpoint search_state:
@@ -294,14 +306,33 @@ BLIND_MBS = min(MICROBATCHES)
 
 
 def _blind_inputs(wc):
-    p = plan_table()
     d = trace_dir(wc.model, BLIND_MBS, 1)
     return {
         "layers": f"{d}/layers.parquet",
-        "latency": [f"{RESULTS}/estimate/{wc.model}/{tag(wc.model, BLIND_MBS, 1)}/{c}.parquet"
-                    for c in sorted(p["chunk"].unique())],
+        "latency": f"{RESULTS}/estimate/{wc.model}/{tag(wc.model, BLIND_MBS, 1)}/space.parquet",
         "space": SPACE,
     }
+
+
+rule estimate_space:
+    """Latencies of the WHOLE space for one trace (the placement-blind baseline searches it all;
+    one vectorised job instead of one per chunk)."""
+    input:
+        unpack(_trace_inputs),
+        space=SPACE,
+    output:
+        f"{RESULTS}/estimate/{{model}}/{TAG}/space.parquet",
+    params:
+        code=code_version("estimate"),
+        cfg=config_section(config, "costmodel"),
+        trace=lambda wc, input: _os.path.dirname(input.ops),
+    log:
+        f"{RESULTS}/logs/estimate/{{model}}/{TAG}/space.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/estimate/{{model}}/{TAG}/space.tsv"
+    shell:
+        "{PHAZE} estimate --trace {params.trace} --space {input.space} --config {CONFIG_JSON}"
+        " --out {output} > {log} 2>&1"
 
 
 rule search_blind:
@@ -329,7 +360,7 @@ rule estimate_blind:
     output:
         f"{RESULTS}/estimate/{{model}}/{TAG}/blind.parquet",
     params:
-        code=code_version("estimate", "arch"),
+        code=code_version("estimate"),
         cfg=config_section(config, "costmodel"),
         trace=lambda wc, input: _os.path.dirname(input.ops),
     log:
@@ -367,18 +398,17 @@ rule place_blind:
     input:
         unpack(_place_input_files("blind")),
     output:
-        f"{PLACE_DIR}/blind.parquet",
+        _place_outputs("blind"),
     params:
         code=code_version("place"),
         cfg=config_section(config, "place"),
-        args=_place_args("blind"),
+        cmds=_place_batch("blind", (("ilp", "makespan_s"),)),
     log:
-        f"{RESULTS}/logs/place/{{model}}/h{{hbm}}_b{{mbs}}_r{{rec}}/blind.log",
+        f"{RESULTS}/logs/place/{{model}}/b{{mbs}}_blind.log",
     benchmark:
-        f"{RESULTS}/benchmarks/place/{{model}}/h{{hbm}}_b{{mbs}}_r{{rec}}/blind.tsv"
+        f"{RESULTS}/benchmarks/place/{{model}}/b{{mbs}}_blind.tsv"
     shell:
-        "{PHAZE} place {params.args} --space {SPACE} --latency-column makespan_s"
-        " --config {CONFIG_JSON} --out {output} > {log} 2>&1"
+        "{PHAZE} search batch {params.cmds} > {log} 2>&1"
 
 
 def blind_place_files():

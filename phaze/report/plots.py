@@ -161,6 +161,7 @@ def pipeline_stages(best: pd.DataFrame, hbm_bytes: int):
         mem = np.array(json.loads(r.stage_mem_bytes or "[]"), dtype=float) / GIB
         idx = np.arange(len(stages))
         ax.bar(idx, [s["layers"] for s in stages], color="C0", label="layers")
+        ax.set_xticks(idx)
         ax.set_xlabel("pipeline stage")
         ax.set_ylabel("layers per stage", color="C0")
         ax2 = ax.twinx()

@@ -5,6 +5,7 @@
                 model × microbatch, for ``phaze schedule --chunks``)
 * ``state``     all placements so far → the early-stop state after round r (JSON)
 * ``blind``     t = 1 latencies of the whole space → the placement-blind baseline's arch
+* ``batch``     several ``phaze`` commands in one process (the workflow's placement jobs)
 * ``summarize`` everything → results/summary/{best,comparison,explored}.parquet
 """
 from __future__ import annotations
@@ -38,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--latency", nargs="+", required=True, help="latency tables of the whole space")
     p.add_argument("--space", required=True)
     p.add_argument("--out", required=True, help="chunk table (arch, chunk = 0) of the chosen arch")
+
+    p = sub.add_parser("batch", help="run several phaze commands in one process (one job, one "
+                       "interpreter start-up: the workflow batches its many small placements)")
+    p.add_argument("commands", nargs="+", help="each a quoted `phaze` command line, e.g. 'place ...'")
 
     p = sub.add_parser("summarize", help="best / comparison / explored tables")
     p.add_argument("--plan", required=True)

@@ -197,3 +197,19 @@ def summarize(args: argparse.Namespace) -> int:
     write_json_atomic(d / "search_stats.json", stats)
     print(json.dumps(stats, indent=1))
     return 0
+
+
+def batch(args: argparse.Namespace) -> int:
+    """Run each command with the phaze CLI in this process; stop at the first failure."""
+    import shlex
+
+    from phaze.cli import main
+
+    for cmd in args.commands:
+        argv = shlex.split(cmd)
+        if argv and argv[0] == "search" and len(argv) > 1 and argv[1] == "batch":
+            raise PhazeError("search batch cannot nest itself")
+        rc = main(argv)
+        if rc:
+            return rc
+    return 0

@@ -86,7 +86,8 @@ def summarize(plan: pd.DataFrame, space: pd.DataFrame, place: pd.DataFrame,
             best_rows.append(row)
     best = pd.DataFrame(best_rows)
     if len(best):
-        best = (best.sort_values("throughput_seq_s", ascending=False)
+        best = (best.sort_values(["throughput_seq_s", "microbatch", "recompute"],
+                                 ascending=[False, True, True])
                 .drop_duplicates(["strategy", "mode", "model", "hbm_bytes", "devices"])
                 .sort_values(["strategy", "mode", "model", "hbm_bytes", "devices"]))
     # Phaze-Common keeps ONE arch per (mode, hbm, devices): the search's answer; the
