@@ -338,7 +338,8 @@ def test_config_json_by_path(tmp_path):
 def test_cli_writes_the_three_tables(tmp_path):
     out = tmp_path / "trace"
     assert main(["trace", "--model", "opt-350m", "--microbatch", "1", "--tmp", "2", "--seq", "64",
-                 "--config", "config/test.yaml", "--out", str(out)]) == 0
+                 "--config", str(DATA.parents[1] / "config" / "test.yaml"),
+                 "--out", str(out)]) == 0
     ops, edges, layers = (read_table(out / f"{n}.parquet", n) for n in ("ops", "edges", "layers"))
     assert len(layers) == 26 and set(ops["signature"]) <= set(layers["signature"])
     assert set(edges["signature"]) <= set(ops["signature"])
