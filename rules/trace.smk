@@ -12,6 +12,8 @@ def trace_tmps(model):
 def _trace_input(wildcards):
     # A model given as a config.json path: re-trace when that file changes.
     arg = MODEL_ARG.get(wildcards.model, wildcards.model)
+    if os.path.isdir(arg):
+        return [os.path.join(arg, "config.json")]
     return [arg] if arg.endswith(".json") else []
 
 
