@@ -117,9 +117,11 @@ def main() -> int:
     ilp_unit = cpu["schedule_ilp"] / max(1, units["schedule_ilp"])
     # worst case for the paper's longer limit: every instance that hit the limit runs to it
     ilp_unit_paper = ilp_unit + (n_limited / max(1, units["schedule_ilp"])) * (p["time_limit_s"] - 2.0)
-    place_unit = (cpu["place_bounds"] + cpu["place_ilp"]) / max(1, units["place_bounds"] / 2 + units["place_ilp"])
+    # one bound-tier unit = the ub + lo placements of one arch x setting (two files)
+    place_bounds_unit = cpu["place_bounds"] / max(1, units["place_bounds"] / 2)
+    place_ilp_unit = cpu["place_ilp"] / max(1, units["place_ilp"])
     per_arch = (p["traces"] * (arch_trace_cost + ilp_share * ilp_unit)
-                + p["place_settings"] * (2 + ilp_share) * place_unit)
+                + p["place_settings"] * (place_bounds_unit + ilp_share * place_ilp_unit))
     per_arch_paper_limit = per_arch + p["traces"] * ilp_share * (ilp_unit_paper - ilp_unit)
     fixed = cpu["trace"] / max(1, units["trace"]) * p["traces"]
     print(f"\npaper sweep ({args.paper}): {p['archs']} archs, {p['traces']} traces, "

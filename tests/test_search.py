@@ -229,3 +229,39 @@ def test_common_score_is_mean_of_per_model_best_and_drops_infeasible():
 def test_bucket_best_uses_achievable_max():
     df = pd.DataFrame({"bucket": [0, 0, 2], "ach": [1.0, 3.0, 2.0]})
     assert list(bucket_best(df, 3)) == [3.0, -np.inf, 2.0]
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def test_cli_plan_and_errors(tmp_path, capsys):
+    from phaze.cli import main
+    from phaze.io import read_table, write_table
+
+    space = pd.DataFrame({"arch": ["a", "b", "c"], "n_tc": 1, "n_vc": 1, "tc_width": 2, "tc_depth": 2,
+                          "vc_width": 2, "glb_bytes": 2**21, "freq_hz": 1e9,
+                          "area_mm2": [3.0, 2.0, 1.0], "peak_flops": 1e12, "preset": ["", "", "tpuv4"]})
+    write_table(space, tmp_path / "space.parquet", "space")
+    assert main(["search", "plan", "--space", str(tmp_path / "space.parquet"),
+                 "--out", str(tmp_path / "chunks.parquet")]) == 0
+    plan = read_table(tmp_path / "chunks.parquet", "chunks")
+    assert list(plan.sort_values("bucket")["arch"]) == ["a", "b", "c"]
+    assert plan.set_index("arch").loc["c", "round"] == 0  # the pinned baseline
+    # no placement results: a clear error, exit code 2
+    assert main(["search", "summarize", "--plan", str(tmp_path / "chunks.parquet"), "--space",
+                 str(tmp_path / "space.parquet"), "--inputs", "--out-dir", str(tmp_path)]) == 2
+    assert "no placement files" in capsys.readouterr().err
+    assert main(["search", "state", "--plan", str(tmp_path / "chunks.parquet"), "--round", "0",
+                 "--place", str(tmp_path / "nope" / "r0_ub.parquet"), "--out", str(tmp_path / "s.json")]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_batch_runs_commands_in_process_and_stops_at_failure(tmp_path, capsys):
+    from phaze.cli import main
+
+    space = tmp_path / "space.parquet"
+    ok = f"search plan --space {space} --out {tmp_path / 'x.parquet'}"
+    assert main(["search", "batch", ok]) == 2  # space missing: the first command fails
+    assert "not found" in capsys.readouterr().err
+    assert main(["search", "batch", "search batch 'x'"]) == 2

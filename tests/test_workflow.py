@@ -32,10 +32,14 @@ pytestmark = pytest.mark.slow
 
 
 def _copy_repo(dst: Path, results_from: Path | None = None) -> Path:
+    """Copy the repository's workflow files (or, with ``results_from``, that earlier copy's code
+    AND its results/metadata: the code must be the one that made the results, even while the
+    repository is being edited)."""
     dst.mkdir(parents=True, exist_ok=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    root = results_from if results_from is not None else REPO
     for name in COPY:
-        src = REPO / name
+        src = root / name
         if src.is_dir():
             shutil.copytree(src, dst / name, ignore=ignore)
         else:
