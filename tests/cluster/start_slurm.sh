@@ -173,7 +173,7 @@ SlurmdLogFile=$DIR/log/slurmd.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/linux
-JobAcctGatherFrequency=30
+JobAcctGatherFrequency=task=1
 # The Snakemake SLURM executor polls sacct, so accounting goes through slurmdbd.
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
@@ -227,6 +227,16 @@ chmod 600 "$DIR/etc/slurmdbd.conf"   # slurmdbd insists: it holds the database p
 # included, before the `srun` that runs a rule inside its job, so that srun only finds the config
 # at the compiled-in default path. Link it there, but never over a real one.
 ETC_CONF=/etc/slurm/slurm.conf
+if [ -L "$ETC_CONF" ] && [ "$(readlink "$ETC_CONF")" != "$SLURM_CONF" ] \
+   && [[ "$(readlink "$ETC_CONF")" == */etc/slurm.conf ]]; then
+  # A link left by another test cluster: replace it only if that cluster is gone.
+  other=$(dirname "$(dirname "$(readlink "$ETC_CONF")")")
+  if [ -f "$other/run/slurmctld.pid" ] && running "$other/run/slurmctld.pid" slurmctld; then
+    die "another test cluster ($other) is running and owns $ETC_CONF; stop it with stop_slurm.sh $other"
+  fi
+  log "replacing stale link $ETC_CONF -> $(readlink "$ETC_CONF")"
+  rm -f "$ETC_CONF"
+fi
 if [ -L "$ETC_CONF" ] && [ "$(readlink "$ETC_CONF")" = "$SLURM_CONF" ]; then
   :
 elif [ -e "$ETC_CONF" ] || [ -L "$ETC_CONF" ]; then
