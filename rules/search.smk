@@ -212,8 +212,9 @@ rule place_bounds:
         ub=_place_outputs("r{round}_ub"),
         lo=_place_outputs("r{round}_lo"),
     params:
-        code=code_version("place"),
-        cfg=config_section(config, "place"),
+        # place reads costmodel.link_* (pipeline transfers, all-reduce) and presets' overrides
+        code=code_version("place", "arch/presets.py"),
+        cfg=config_section(config, "place", "costmodel"),
         cmds=_place_batch("bounds", (("ub", "lower_bound_s"), ("lo", "makespan_s"))),
     log:
         f"{RESULTS}/logs/place/{{model}}/b{{mbs}}_r{{round}}_bounds.log",
@@ -272,8 +273,9 @@ rule place_ilp:
     output:
         _place_outputs("r{round}_ilp"),
     params:
-        code=code_version("place"),
-        cfg=config_section(config, "place"),
+        # place reads costmodel.link_* (pipeline transfers, all-reduce) and presets' overrides
+        code=code_version("place", "arch/presets.py"),
+        cfg=config_section(config, "place", "costmodel"),
         cmds=_place_batch("ilp", (("ilp", "makespan_s"),)),
     log:
         f"{RESULTS}/logs/place/{{model}}/b{{mbs}}_r{{round}}_ilp.log",
@@ -400,8 +402,9 @@ rule place_blind:
     output:
         _place_outputs("blind"),
     params:
-        code=code_version("place"),
-        cfg=config_section(config, "place"),
+        # place reads costmodel.link_* (pipeline transfers, all-reduce) and presets' overrides
+        code=code_version("place", "arch/presets.py"),
+        cfg=config_section(config, "place", "costmodel"),
         cmds=_place_batch("blind", (("ilp", "makespan_s"),)),
     log:
         f"{RESULTS}/logs/place/{{model}}/b{{mbs}}_blind.log",
