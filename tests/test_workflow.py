@@ -192,3 +192,16 @@ def test_incremental_reruns(run_dir, tmp_path, what):
     assert not (must_not & set(jobs)), (what, jobs)
     if what == "nothing":
         assert jobs == {}, jobs
+
+
+def test_snakemake_html_report_embeds_plots_with_captions(run_dir):
+    assert run_dir["second"].returncode == 0
+    work = run_dir["dir"]
+    out = subprocess.run([SNAKEMAKE, "--cores", "1", *CONFIG, "--report", "results/report.html"],
+                         cwd=work, capture_output=True, text=True, env=_env(), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    html = (work / "results" / "report.html").read_text(errors="replace")
+    for name in ("speedup.png", "convergence.png", "area_throughput.png", "arch_table.png",
+                 "pipeline.png"):
+        assert name in html
+    assert "Phaze-Per-Model" in html  # a caption from report/
