@@ -265,3 +265,28 @@ def test_batch_runs_commands_in_process_and_stops_at_failure(tmp_path, capsys):
     assert main(["search", "batch", ok]) == 2  # space missing: the first command fails
     assert "not found" in capsys.readouterr().err
     assert main(["search", "batch", "search batch 'x'"]) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# placement-blind baseline
+
+
+def test_single_accelerator_latency_counts_layers_and_takes_faster_core_choice():
+    from phaze.search.baselines import placement_blind_choice, single_accelerator_latency
+
+    lat = pd.DataFrame([
+        # arch, signature, pass, op, 1-core, all-cores
+        ("x", "emb", "fwd", 0, 1.0, 0.5), ("x", "blk", "fwd", 0, 2.0, 3.0),
+        ("x", "blk", "bwd", 0, 4.0, 1.0), ("x", "head", "fwd", 0, 1.0, 1.0),
+        ("y", "emb", "fwd", 0, 0.1, 0.1), ("y", "blk", "fwd", 0, 1.0, 1.0),
+        ("y", "blk", "bwd", 0, 1.0, 1.0), ("y", "head", "fwd", 0, 9.0, 9.0),
+    ], columns=["arch", "signature", "pass", "op", "latency_1core_s", "latency_allcores_s"])
+    layers = pd.DataFrame({"layer": ["embedding", "block.0", "block.1", "block.2", "head"],
+                           "signature": ["emb", "blk", "blk", "blk", "head"]})
+    got = single_accelerator_latency(lat, layers).set_index("arch")["latency_s"]
+    assert got["x"] == pytest.approx(0.5 + 3 * (2.0 + 1.0) + 1.0)
+    assert got["y"] == pytest.approx(0.1 + 3 * 2.0 + 9.0)
+    space = pd.DataFrame({"arch": ["x", "y"], "area_mm2": [1.0, 2.0]})
+    assert placement_blind_choice(lat, layers, space)["arch"].item() == "x"
+    with pytest.raises(PhazeError):
+        single_accelerator_latency(lat[lat["signature"] != "head"], layers)
