@@ -334,6 +334,7 @@ def test_workflow_on_slurm_matches_local_run(slurm_cluster, tmp_path):
     by_rule: dict[str, list[SlurmJob]] = {}
     for j in jobs.values():
         by_rule.setdefault(j.rule, []).append(j)
+        assert j.rule in wanted, f"profiles/slurm has no set-resources entry for rule {j.rule}"
         res = wanted[j.rule]
         assert (j.req_mem, _minutes(j.time_limit), j.req_cpus) == (
             f"{res['mem_mb']}M", res["runtime"], res["cpus_per_task"]), j
