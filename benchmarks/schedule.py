@@ -121,11 +121,14 @@ def cache_hit_rate(work: Path) -> None:
     cfg = load_config(ROOT / "config" / "config.yaml")
     space, _ = build_space(cfg)
     cm = cfg["costmodel"]
-    micro = 1
+    micros = list(cfg["trace"]["microbatch"])
     print(f"\ncache hit rate over the default config's {len(space)} architectures "
-          f"(models {cfg['models']}, microbatch {micro}, all valid t; one job = all archs):")
+          f"(models {cfg['models']}, microbatch {micros}, t {cfg['trace']['tmp']} where valid; "
+          f"one job = all archs of one trace):")
+    tot_inst = tot_hit = 0
     for model in cfg["models"]:
-        for t in get_model_spec(model).valid_tmp:
+        for micro, t in [(b, t) for b in micros for t in get_model_spec(model).valid_tmp
+                         if t in cfg["trace"]["tmp"]]:
             d = trace_dir(work, model, t, micro)
             ops = pd.read_parquet(d / "ops.parquet")
             lat = estimate(ops, space, cm)
@@ -144,9 +147,12 @@ def cache_hit_rate(work: Path) -> None:
                         for seg in _segments(inst, arts):
                             seg_keys.add(inst.subinstance(seg).cache_key()[0])
                             n_seg += 1
-            print(f"  {model} t={t}: {n_inst} instances, {len(keys)} distinct -> hit rate "
+            tot_inst += n_inst
+            tot_hit += n_inst - len(keys)
+            print(f"  {model} b={micro} t={t}: {n_inst} instances, {len(keys)} distinct -> hit rate "
                   f"{1 - len(keys) / n_inst:.1%}; segments {n_seg}, distinct {len(seg_keys)} -> "
                   f"{(1 - len(seg_keys) / n_seg) if n_seg else 0:.1%}", flush=True)
+    print(f"  overall whole-layer hit rate {tot_hit / max(tot_inst, 1):.1%} of {tot_inst} instances")
 
 
 def _segments(inst, arts):

@@ -133,6 +133,25 @@ def test_pipeline_matches_brute_force_and_bounds_are_valid():
             assert r.status in ("optimal", "chain")
 
 
+def test_cheap_bounds_never_exceed_the_optimum():
+    from phaze.schedule.bounds import forced_energy
+    rng = random.Random(99)
+    for _ in range(40):
+        inst = random_instance(rng, n_max=6)
+        opt = _bf(inst)
+        ub = best_list_schedule(inst).makespan(inst)
+        assert forced_energy(inst, ub) <= opt * (1 + 1e-9)
+        assert lower_bound(inst, ub)[0] <= opt * (1 + 1e-9)
+    # the forced-mode bound at work: one long op that only fits intra-op, beside a parallel op
+    ops = [{"id": 0, "core": "tc", "latency_1core_s": 10.0, "latency_allcores_s": 2.0},
+           {"id": 1, "core": "vc", "latency_1core_s": 3.0, "latency_allcores_s": 3.0}]
+    inst = make_instance(4, 1, ops, [])
+    # list: 0 intra-op (2) then 1 (3) = 5; or 0 single-core beside 1 = 10
+    assert _bf(inst) == 5.0
+    assert forced_energy(inst, 5.0) == 5.0           # op 0 forced intra-op -> 2 + 3
+    assert lower_bound(inst)[0] == 3.0               # without it: critical path / energy only
+
+
 def test_lazy_core_assignment_is_needed_and_exact():
     # three independent 1-core tensor ops on 2 tensor cores: without z the ILP may overlap all
     # three; the answer must still be 2 units (two in parallel, then one)
@@ -261,8 +280,8 @@ def test_watchdog_falls_back_to_list_schedule():
     # find an instance the list scheduler cannot prove optimal, so the ILP is really called
     for _ in range(200):
         inst = random_instance(rng, n_max=7)
-        lb, _ = lower_bound(inst)
-        if not inst.is_chain() and best_list_schedule(inst).makespan(inst) > lb * 1.05:
+        ub = best_list_schedule(inst).makespan(inst)
+        if not inst.is_chain() and ub > lower_bound(inst, ub)[0] * 1.05:
             break
     # a budget far below the worker's start-up time: the watchdog must fire, kill, and fall back
     with Scheduler(Options(gap=0.0, time_limit_s=0.001, watchdog_s=0.001, decompose=False,

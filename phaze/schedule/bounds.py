@@ -4,6 +4,8 @@
 * energy per core type c — intra-op ops run alone on the chip and single-core ops of type c
   share n_c cores, so T >= sum over ops using c of min(L_all, L_1 / n_c) (the ILP carries the
   mode-dependent version of the same cut);
+* forced-mode energy — ops whose single-core latency cannot fit below a makespan T must run
+  intra-op (alone) in any schedule shorter than T; the fixed point of that energy is a bound;
 * windowed energy — the same on every window [head threshold, T - tail threshold];
 * heads/tails — earliest start and minimum remaining time per op, used for variable bounds and
   per-pair big-M in the ILP.
@@ -56,9 +58,47 @@ def windowed_energy(inst: Instance, kind: str) -> float:
     return best
 
 
-def lower_bound(inst: Instance) -> tuple[float, str]:
-    """(best cheap bound, which one)."""
+def forced_intra(inst: Instance, t: float) -> list[int]:
+    """Ops that cannot run on one core in any schedule shorter than ``t``: head + L_1 + tail > t
+    (and intra-op is faster). In every schedule of makespan < t they are intra-op, alone."""
+    hd, tl = heads(inst), tails(inst)
+    return [i for i in range(inst.n)
+            if inst.la[i] < inst.l1[i] and hd[i] + inst.l1[i] + tl[i] > t * (1 + 1e-12)]
+
+
+def forced_energy(inst: Instance, ub: float) -> float:
+    """The energy bound once modes are forced: g(T) = sum of L_all over ops forced at T (they
+    take the whole chip) + the energy of the other ops of type c. g does not increase with T and
+    the optimum satisfies OPT >= g(OPT), so min{T : T >= g(T)} is a lower bound (capped at the
+    known upper bound ``ub``). Large when single-core latencies are long (many cores)."""
+    hd, tl = heads(inst), tails(inst)
+    n = inst.n
+    bp = [hd[i] + inst.l1[i] + tl[i] if inst.la[i] < inst.l1[i] else 0.0 for i in range(n)]
+
+    def g(forced: set[int]) -> float:
+        base = sum(inst.la[i] for i in forced)
+        out = base
+        for c in ("tc", "vc"):
+            n_c = inst.n_cores(c)
+            out = max(out, base + sum(min(inst.la[i], inst.l1[i] / n_c)
+                                      for i in range(n) if i not in forced and inst.uses(i, c)))
+        return out
+
+    lo = 0.0
+    for b in sorted({v for v in bp if 0.0 < v < ub} | {ub}):
+        val = g({i for i in range(n) if bp[i] >= b})   # g on [lo, b): forced = bp >= b
+        if val <= b:
+            return min(max(lo, val), ub)
+        lo = b
+    return ub
+
+
+def lower_bound(inst: Instance, ub: float | None = None) -> tuple[float, str]:
+    """(best cheap bound, which one). With ``ub`` (a known schedule's makespan) also the
+    forced-mode energy bound."""
     cands = [(critical_path(inst), "critical_path"), (energy(inst, "tc"), "energy_tc"),
              (energy(inst, "vc"), "energy_vc"), (windowed_energy(inst, "tc"), "window_tc"),
              (windowed_energy(inst, "vc"), "window_vc")]
+    if ub is not None:
+        cands.append((forced_energy(inst, ub), "forced_energy"))
     return max(cands)

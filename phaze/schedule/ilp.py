@@ -11,7 +11,8 @@ pairs only (precedence already orders the others), makespan T; minimise T.
 * pairs sharing a core type with one core of it must be ordered: o_ij + o_ji = 1.
 * energy cut per core type c: T >= sum_i y_i LA_i + sum_{i uses c} (1 - y_i) L1_i / n_c, and
   the same on late and early windows (ops with head >= h: T >= h + their energy; tails alike).
-* t_i within [head_i, UB - tail_i - q_i]; y_i fixed to 0 where LA_i >= L1_i (dominated).
+* t_i within [head_i, UB - tail_i - q_i]; y_i fixed to 0 where LA_i >= L1_i (dominated), to 1
+  where head_i + L1_i + tail_i > UB (no schedule shorter than UB runs it on one core).
 * lazily, per core type whose solution over-subscribes its cores (upstream's scheme): core
   assignment z_ik with sum_k z_ik = 1 - y_i, o_ij + o_ji >= z_ik + z_jk - 1, and the standard
   symmetry breaking z_ik = 0 for k > rank of i among that type's ops (the warm start's cores are
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phaze.errors import PhazeError
-from phaze.schedule.bounds import heads, tails
+from phaze.schedule.bounds import forced_intra, heads, tails
 from phaze.schedule.instance import Instance
 from phaze.schedule.listsched import Schedule, assign_cores
 
@@ -69,6 +70,9 @@ def build_model(inst: Instance, ub: float, lb: float, z_types=(), warm: Schedule
     for i in range(n):
         if la[i] >= l1[i]:
             m.y[i].fix(0)
+    for i in forced_intra(inst, ub):  # cannot fit on one core below UB (the warm start has y=1)
+        if warm is None or warm.y[i]:
+            m.y[i].fix(1)
     m.T = pyo.Var(bounds=(min(lb * s, 1.0), t_max))
 
     def p(i):
