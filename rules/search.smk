@@ -106,6 +106,15 @@ def schedule_files_upto(r):
     return files
 
 
+def write_list(path, files):
+    """Input lists go to a file: a paper sweep's list exceeds the 128 KiB that Linux allows one
+    command-line argument (the whole `bash -c` command is one)."""
+    _os.makedirs(_os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as fh:
+        fh.write("\n".join(map(str, files)) + "\n")
+    return path
+
+
 def last_round():
     r = 0
     while state_of(r)["continue"]:
@@ -237,9 +246,12 @@ checkpoint search_prune:
         f"{RESULTS}/logs/search/r{{round}}_prune.log",
     benchmark:
         f"{RESULTS}/benchmarks/search/r{{round}}_prune.tsv"
-    shell:
-        "{PHAZE} search prune --plan {PLAN} --round {wildcards.round} --place {input}"
-        " --config {CONFIG_JSON} --out {output} > {log} 2>&1"
+    run:
+        files = write_list(f"{log}.inputs", input)
+        shell(
+            "{PHAZE} search prune --plan {PLAN} --round {wildcards.round} --place-list {files}"
+            " --config {CONFIG_JSON} --out {output} > {log} 2>&1"
+        )
 
 
 rule schedule_ilp:
@@ -298,9 +310,12 @@ checkpoint search_state:
         f"{RESULTS}/logs/search/r{{round}}_state.log",
     benchmark:
         f"{RESULTS}/benchmarks/search/r{{round}}_state.tsv"
-    shell:
-        "{PHAZE} search state --plan {PLAN} --round {wildcards.round} --place {input}"
-        " --config {CONFIG_JSON} --out {output} > {log} 2>&1"
+    run:
+        files = write_list(f"{log}.inputs", input)
+        shell(
+            "{PHAZE} search state --plan {PLAN} --round {wildcards.round} --place-list {files}"
+            " --config {CONFIG_JSON} --out {output} > {log} 2>&1"
+        )
 
 
 # ---- placement-blind baseline ------------------------------------------------------------------
@@ -450,6 +465,9 @@ rule search_summary:
         f"{RESULTS}/logs/search/summary.log",
     benchmark:
         f"{RESULTS}/benchmarks/search/summary.tsv"
-    shell:
-        "{PHAZE} search summarize --plan {PLAN} --space {SPACE} --inputs {input} --config {CONFIG_JSON}"
-        " --out-dir {RESULTS}/summary > {log} 2>&1"
+    run:
+        files = write_list(f"{log}.inputs", input)
+        shell(
+            "{PHAZE} search summarize --plan {PLAN} --space {SPACE} --inputs-list {files}"
+            " --config {CONFIG_JSON} --out-dir {RESULTS}/summary > {log} 2>&1"
+        )

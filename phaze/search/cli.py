@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--round", type=int, required=True)
         p.add_argument("--place", nargs="*", default=[],
                        help="placement files .../place/**/r{R}_{tier}.parquet (other paths ignored)")
+        p.add_argument("--place-list", help="file with more --place paths, one per line (a paper "
+                       "sweep's file list exceeds the 128 KiB limit of one command-line argument)")
         p.add_argument("--config")
         p.add_argument("--out", required=True,
                        help="prune: output directory; state: state JSON file")
@@ -51,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="every input file of the summary; sorted by path: place/**/r{R}_{tier}."
                         "parquet, place/**/blind.parquet, baselines/blind/*/choice.parquet, "
                         "schedule/** (ILP counts); other files are ignored")
+    p.add_argument("--inputs-list", help="file with more --inputs paths, one per line")
     p.add_argument("--config")
     p.add_argument("--out-dir", required=True)
 

@@ -24,6 +24,16 @@ def _config(args) -> dict:
     return load_config(args.config) if getattr(args, "config", None) else validate_config({})
 
 
+def _with_list(paths: list[str], list_file: str | None) -> list[str]:
+    if not list_file:
+        return list(paths)
+    try:
+        extra = [line.strip() for line in Path(list_file).read_text().splitlines() if line.strip()]
+    except FileNotFoundError as exc:
+        raise PhazeError(f"file list not found: {list_file}") from exc
+    return list(paths) + extra
+
+
 def _pairs(place: pd.DataFrame) -> list[tuple[str, int]]:
     return sorted({(str(m), int(b)) for m, b in zip(place["model"], place["microbatch"])})
 
@@ -48,7 +58,8 @@ def _load_round_inputs(args):
     cfg = _config(args)["search"]
     settings = SearchSettings.from_config(cfg)
     plan_df = read_table(args.plan, "chunks")
-    place = load_place([p for p in args.place if _round_of(p) >= 0])
+    paths = _with_list(args.place, getattr(args, "place_list", None))
+    place = load_place([p for p in paths if _round_of(p) >= 0])
     if place.empty:
         raise PhazeError(f"round {args.round}: no placement results given")
     return cfg, settings, plan_df, place
@@ -162,7 +173,7 @@ def summarize(args: argparse.Namespace) -> int:
     settings = SearchSettings.from_config(cfg)
     plan_df = read_table(args.plan, "chunks")
     space = read_table(args.space, "space")
-    files = [str(p) for p in args.inputs]
+    files = [str(p) for p in _with_list(args.inputs, getattr(args, "inputs_list", None))]
     round_files = [p for p in files if _round_of(p) >= 0]
     if not round_files:
         raise PhazeError("summarize: no placement files r{R}_{tier}.parquet among --inputs")
