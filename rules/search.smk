@@ -46,9 +46,15 @@ def round_chunks(r):
     return sorted(int(c) for c in p.loc[p["round"] == int(r), "chunk"].unique())
 
 
-def state_of(r):
-    with open(checkpoints.search_state.get(round=int(r)).output[0]) as fh:
+@_functools.lru_cache(maxsize=None)
+def _read_state(path, mtime):
+    with open(path) as fh:
         return _json.load(fh)
+
+
+def state_of(r):
+    path = checkpoints.search_state.get(round=int(r)).output[0]
+    return _read_state(path, _os.path.getmtime(path))
 
 
 def pairs_of_round(r):
@@ -68,16 +74,25 @@ def bound_place_files(r):
             for m, b in pairs_of_round(r) for h in HBM_GIB for rec in RECOMPUTE for tier in ("ub", "lo")]
 
 
+@_functools.lru_cache(maxsize=None)
+def _read_selection(path, mtime):
+    return _pd.read_parquet(path, columns=["arch", "chunk"])
+
+
+def _selection(r, m, b):
+    # cached by file and mtime: DAG evaluation asks for every earlier round's selection often
+    d = checkpoints.search_prune.get(round=int(r)).output[0]
+    path = f"{d}/{m}_b{b}.parquet"
+    return _read_selection(path, _os.path.getmtime(path))
+
+
 def ilp_selection(r, m, b):
     """Chunks of round r whose ILP selection for (m, b) is non-empty."""
-    d = checkpoints.search_prune.get(round=int(r)).output[0]
-    sel = _pd.read_parquet(f"{d}/{m}_b{b}.parquet", columns=["chunk"])
-    return sorted(int(c) for c in sel["chunk"].unique())
+    return sorted(int(c) for c in _selection(r, m, b)["chunk"].unique())
 
 
 def _ilp_archs(r, m, b, chunk):
-    d = checkpoints.search_prune.get(round=int(r)).output[0]
-    sel = _pd.read_parquet(f"{d}/{m}_b{b}.parquet", columns=["arch", "chunk"])
+    sel = _selection(r, m, b)
     return sorted(sel.loc[sel["chunk"] == int(chunk), "arch"])
 
 
