@@ -20,17 +20,24 @@ P ≤ π for distinct stage-parameter values π, largest first, jumping straight
 stage of the concrete solutions found and stopping when a lower bound (smallest possible largest
 stage for s stages, `min_max_stage_params`) shows no smaller π can win; typically one to three
 DP runs per t.
+
+On a hierarchical network (``AllReduce.network``, phaze.place.network) the pipeline transfers
+are priced on the level each boundary crosses, which depends on the stage's position s and, for
+``t·d < devices_per_node``, on d: the DP (whose loads may depend on s anyway) then runs once for
+all d with ``t·d ≥ devices_per_node`` (every boundary crosses nodes) and once per smaller d with
+that d's per-position loads. The all-reduce stays a function of (d, stages, largest stage).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
 
 from phaze.errors import PhazeError
 from phaze.place.graph import LayerGraph, StageRule, StageTable, build_stage_table, stage_costs
+from phaze.place.network import PlaceNetwork
 
 INF = math.inf
 
@@ -42,14 +49,36 @@ class AllReduce:
     mode ``first`` (upstream): ``4 (d−1) P_first / (bandwidth · d)``.
     mode ``max`` (ours): ring all-reduce of the largest stage's gradients (2 bytes per parameter
     byte ratio folded into `grad_factor`): ``2 (d−1)/d · grad_factor · P_max / bandwidth +
-    2 (d−1) · latency``."""
+    2 (d−1) · latency``.
+
+    With a hierarchical `network` (mode ``max`` only) the ring runs on the two-level network
+    and the pipeline transfers too (see phaze.place.network); `bandwidth` / `latency` are then
+    unused. `t` is the tensor-parallel width the network costs are for (`for_width`)."""
 
     mode: str
     bandwidth: float
     latency: float = 0.0
     grad_factor: float = 1.0
+    network: PlaceNetwork | None = None
+    t: int = 1
 
-    def __call__(self, d: np.ndarray, params: np.ndarray) -> np.ndarray:
+    def __post_init__(self):
+        if self.network is not None and self.mode != "max":
+            raise PhazeError("a hierarchical network needs the all-reduce mode 'max' (ours); "
+                             "upstream's mode 'first' is flat by definition")
+
+    def for_width(self, t: int) -> "AllReduce":
+        return self if t == self.t else replace(self, t=int(t))
+
+    def __call__(self, d: np.ndarray, params: np.ndarray, stages=None) -> np.ndarray:
+        """(len(d), len(params)) seconds; `stages` (aligned with params) = the pipeline's stage
+        count, needed on a hierarchical network (which ring is the worst depends on it)."""
+        if self.network is not None:
+            if stages is None:
+                raise PhazeError("internal error: hierarchical all-reduce needs the stage counts")
+            p = self.grad_factor * np.asarray(params, dtype=float)
+            st = np.broadcast_to(np.asarray(stages, dtype=np.int64), p.shape)
+            return self.network.all_reduce(self.t, d, p, st)
         d = np.asarray(d, dtype=float)[:, None]
         p = np.asarray(params, dtype=float)[None, :]
         if self.mode == "first":
@@ -94,12 +123,19 @@ class _WidthDP:
     """DP tables for one t (and one parameter cap π)."""
 
     def __init__(self, table: StageTable, t: int, recompute: bool, bound_s: int,
-                 allowed: np.ndarray, n_tp_layers: int, n_layers: int, track_path: bool = False):
+                 allowed: np.ndarray, n_tp_layers: int, n_layers: int, track_path: bool = False,
+                 pos_loads: np.ndarray | None = None, uniform_width: bool = False):
         self.table, self.t, self.recompute, self.S = table, t, recompute, bound_s
         self.allowed = allowed
+        # pos_loads (pairs, S): the load of each stage at positions 1..S when transfer costs
+        # depend on the position (hierarchical network); None = the table's flat loads
+        self.pos_loads = pos_loads
+        if uniform_width:
+            # Megatron's layout: every stage on t devices, whatever its layers
+            n_tp_layers = n_layers
         # track_path: remember each state's argmin pair and the largest stage parameters along
         # that path (our all-reduce needs the concrete solution's largest stage)
-        self.a = np.where(table.tp, t, 1).astype(np.int64)
+        self.a = (np.full(len(table.tp), t) if uniform_width else np.where(table.tp, t, 1)).astype(np.int64)
         n_plain = n_layers - n_tp_layers
         if t == 1 or n_tp_layers == 0 or n_plain == 0:
             self.C = 0
@@ -125,10 +161,20 @@ class _WidthDP:
     def _loads(self, k: np.ndarray) -> np.ndarray:
         """(n, S) stage load at positions s = 1..S, inf where memory does not allow s."""
         tb = self.table
-        load = np.repeat(tb.load_plain[k][:, None], self.S, axis=1)
-        if self.recompute and self.S > 1:
-            load[:, 1:] = tb.load_recompute[k][:, None]
+        if self.pos_loads is not None:
+            load = self.pos_loads[k]
+        else:
+            load = np.repeat(tb.load_plain[k][:, None], self.S, axis=1)
+            if self.recompute and self.S > 1:
+                load[:, 1:] = tb.load_recompute[k][:, None]
         return np.where(self.svec[None, :] <= tb.max_position[k][:, None], load, INF)
+
+    def load_at(self, k: int, position: int) -> float:
+        """Load of stage k at `position` from the end (no memory check)."""
+        if self.pos_loads is not None:
+            return float(self.pos_loads[k, position - 1])
+        tb = self.table
+        return float(tb.load_recompute[k] if (self.recompute and position > 1) else tb.load_plain[k])
 
     def _pairs(self, q: int) -> np.ndarray:
         k = np.arange(self.table.offsets[q], self.table.offsets[q + 1])
@@ -230,7 +276,7 @@ class _WidthDP:
                 a = int(self.a[k])
                 if a > budget or cur_s > tb.max_position[k]:
                     continue
-                load = tb.load_recompute[k] if (self.recompute and cur_s > 1) else tb.load_plain[k]
+                load = self.load_at(int(k), cur_s)
                 if max(self.best_within(int(tb.sub[k]), cur_s - 1, budget - a), load) == target:
                     stages.append(int(k))
                     cur, cur_s, budget = int(tb.sub[k]), cur_s - 1, budget - a
@@ -305,7 +351,7 @@ def _final_round_max(w: _WidthDP, d_values, devices, microbatches, allreduce: Al
         steps = (mp[:, None] + w.svec[None, :] - 1).astype(float)
         finite = np.isfinite(mmin)
         total = np.where(finite[None, :], mmin[None, :] * steps
-                         + allreduce(ds, np.where(finite, pbest, 0.0)), INF)
+                         + allreduce(ds, np.where(finite, pbest, 0.0), w.svec), INF)
         di, si = np.unravel_index(int(np.argmin(total)), total.shape)
         value = float(total[di, si])
         if math.isfinite(value) and (best is None or value < best[0]):
@@ -314,7 +360,8 @@ def _final_round_max(w: _WidthDP, d_values, devices, microbatches, allreduce: Al
     bound = min(incumbent, best[0] if best else INF)
     limit = -INF
     for ds, steps, mmin, pbest, finite in groups:
-        lower = np.where(finite[None, :], mmin[None, :] * steps + allreduce(ds, params_floor), INF)
+        lower = np.where(finite[None, :], mmin[None, :] * steps
+                         + allreduce(ds, params_floor, w.svec), INF)
         alive = (lower < bound) & finite[None, :]
         if alive.any():
             limit = max(limit, float(np.max(np.where(alive, pbest[None, :], -INF))))
@@ -355,8 +402,27 @@ def evaluate(g: LayerGraph, rule: StageRule, t: int, stages: list, d: int, devic
         return None, "stages are not contiguous (an edge goes backwards)"
     if d < 1 or d > min(devices, microbatches):
         return None, f"data-parallel degree {d} outside 1..min(devices {devices}, microbatches {microbatches})"
-    costs = [stage_costs(g, rule, nodes) for nodes in stages]
-    a = [t if c[5] else 1 for c in costs]
+    allreduce = allreduce.for_width(t)
+    net = allreduce.network
+    if net is None:
+        costs = [stage_costs(g, rule, nodes) for nodes in stages]
+        a = [t if c[5] else 1 for c in costs]
+    else:
+        reason = net.width_reason(t)
+        if reason:
+            return None, reason
+        if not g.is_chain():
+            raise PhazeError("a hierarchical network is costed for layer chains only")
+        # the level each boundary crosses depends on the stage positions (phaze.place.network)
+        cls = net.boundary_classes(t, d, pp)
+        price = lambda c, k: float(net.transfer_times(np.array([c]), t)[k, 0])  # noqa: E731
+        costs = []
+        for i, nodes in enumerate(stages):
+            pos = pp - i
+            costs.append(stage_costs(g, rule, nodes,
+                                     transfer_in=lambda c, k=cls[pos]: price(c, k),
+                                     transfer_out=lambda c, k=cls[pos - 1]: price(c, k)))
+        a = [t] * pp  # Megatron's layout: every stage on t devices
     if sum(a) * d > devices:
         return None, f"needs {sum(a) * d} devices, more than the {devices} available"
     loads, mems = [], []
@@ -372,24 +438,66 @@ def evaluate(g: LayerGraph, rule: StageRule, t: int, stages: list, d: int, devic
     mp = -(-microbatches // d)
     p_sync = params[0] if allreduce.mode == "first" else max(params)
     max_load = max(loads)
-    time = max_load * (mp + pp - 1) + float(allreduce(np.array([d]), np.array([p_sync]))[0, 0])
+    time = max_load * (mp + pp - 1) + float(allreduce(np.array([d]), np.array([p_sync]), [pp])[0, 0])
     return Placement(t=t, d=d, stages=[s.tolist() for s in stages], devices_per_stage=a,
                      time_per_batch=time, max_load=max_load, stage_loads=loads, stage_mem=mems,
                      stage_params=params, microbatches_per_pipeline=mp), ""
 
 
+def position_loads(table: StageTable, net: PlaceNetwork, t: int, classes: np.ndarray,
+                   bound_s: int, recompute: bool) -> np.ndarray:
+    """(pairs, S) load of every chain stage at positions 1..S when boundary s (between the
+    stages at positions s+1 and s) is of class classes[s] (phaze.place.network)."""
+    if table.edge_in_bytes is None:
+        raise PhazeError("a hierarchical network is costed for layer chains only")
+    n = len(table.edge_in_bytes) - 1
+    times = net.transfer_times(table.edge_in_bytes, t)   # (3, n+1): into layer i
+    times[:, 0] = 0.0   # nothing enters the first layer ...
+    times[:, n] = 0.0   # ... and no gradient comes back after the last
+    i, j = table.first_layer, table.end_layer
+    t_in = times[classes[1:bound_s + 1]][:, i].T   # activation from the stage in front
+    t_out = times[classes[:bound_s]][:, j].T       # gradient from the stage behind
+    f, b = table.sum_fw[:, None], table.sum_bw[:, None]
+    load = t_in + f + t_out + b
+    if recompute and bound_s > 1:
+        load[:, 1:] = (t_in + f + np.maximum(f, t_out) + b)[:, 1:]
+    return load
+
+
+def _regimes(net: PlaceNetwork | None, t: int, d_values: np.ndarray, bound_s: int):
+    """(d values, boundary classes or None = the flat table) groups that share one DP."""
+    if net is None:
+        return [(d_values, None)]
+    out = []
+    small = d_values[t * d_values < net.devices_per_node]
+    for d in small:
+        out.append((np.array([d]), net.boundary_classes(t, int(d), bound_s)))
+    large = d_values[t * d_values >= net.devices_per_node]
+    if len(large):
+        cls = np.full(bound_s + 1, 1, dtype=np.int64)  # INTER everywhere
+        cls[0] = cls[bound_s] = 0
+        out.append((large, cls))
+    return out
+
+
 def solve_width(g: LayerGraph, rule: StageRule, t: int, devices: int, microbatches: int,
                 d_values: np.ndarray, allreduce: AllReduce,
                 table: StageTable | None = None) -> Placement | None:
-    """The optimal placement for one t, or None when nothing fits."""
+    """The optimal placement for one t, or None when nothing fits (or, on a hierarchical
+    network, when t does not divide the devices per node)."""
     table = table if table is not None else build_stage_table(g, rule)
     bound_s = min(devices, g.n)
     n_tp = int(np.count_nonzero(g.tp))
     if t == 1 and n_tp:
         raise PhazeError("tensor-parallel width 1 but a layer is marked tensor-parallel")
+    allreduce = allreduce.for_width(t)
+    net = allreduce.network
+    if net is not None and net.width_reason(t):
+        return None
 
-    def dp_for(allowed, track_path=False):
-        return _WidthDP(table, t, rule.recompute, bound_s, allowed, n_tp, g.n, track_path)
+    def dp_for(allowed, track_path=False, pos_loads=None):
+        return _WidthDP(table, t, rule.recompute, bound_s, allowed, n_tp, g.n, track_path,
+                        pos_loads=pos_loads, uniform_width=net is not None)
 
     if allreduce.mode == "first":
         w = dp_for(np.ones(len(table.sub), dtype=bool))
@@ -404,22 +512,25 @@ def solve_width(g: LayerGraph, rule: StageRule, t: int, devices: int, microbatch
     caps = np.unique(table.params[table.max_position > 0])
     params_floor = min_max_stage_params(table, bound_s)
     best, best_time = None, INF
-    cap_index = len(caps) - 1
-    while cap_index >= 0:
-        w = dp_for(table.params <= caps[cap_index], track_path=True)
-        found, limit = _final_round_max(w, d_values, devices, microbatches, allreduce,
-                                        params_floor, best_time)
-        if found is not None and found[0] < best_time:
-            _, d, k_first, s, c_rest = found
-            pairs = w.reconstruct_path(k_first, s, c_rest)
-            best = _placement_from_pairs(g, rule, t, table, pairs, d, devices, microbatches,
-                                         allreduce, w)
-            if not math.isclose(best.time_per_batch, found[0], rel_tol=1e-9):
-                raise PhazeError("internal error: placement DP path does not reproduce its value")
-            best_time = found[0]
-        if found is None or not math.isfinite(limit):
-            break
-        cap_index = min(cap_index - 1, int(np.searchsorted(caps, limit, side="left")) - 1)
+    for ds, classes in _regimes(net, t, np.asarray(d_values), bound_s):
+        pos = (None if classes is None else
+               position_loads(table, net, t, classes, bound_s, rule.recompute))
+        cap_index = len(caps) - 1
+        while cap_index >= 0:
+            w = dp_for(table.params <= caps[cap_index], track_path=True, pos_loads=pos)
+            found, limit = _final_round_max(w, ds, devices, microbatches, allreduce,
+                                            params_floor, best_time)
+            if found is not None and found[0] < best_time:
+                _, d, k_first, s, c_rest = found
+                pairs = w.reconstruct_path(k_first, s, c_rest)
+                best = _placement_from_pairs(g, rule, t, table, pairs, d, devices, microbatches,
+                                             allreduce, w)
+                if not math.isclose(best.time_per_batch, found[0], rel_tol=1e-9):
+                    raise PhazeError("internal error: placement DP path does not reproduce its value")
+                best_time = found[0]
+            if found is None or not math.isfinite(limit):
+                break
+            cap_index = min(cap_index - 1, int(np.searchsorted(caps, limit, side="left")) - 1)
     return best
 
 
@@ -429,13 +540,13 @@ def _placement_from_pairs(g, rule, t, table, pairs, d, devices, microbatches, al
     loads, mems = [], []
     for i, k in enumerate(pairs):
         pos = pp - i
-        loads.append(float(table.load_recompute[k] if (rule.recompute and pos > 1) else table.load_plain[k]))
+        loads.append(w.load_at(int(k), pos))
         mems.append(table.stage_memory(k, pos))
     params = [float(table.params[k]) for k in pairs]
     mp = -(-microbatches // d)
     p_sync = params[0] if allreduce.mode == "first" else max(params)
     max_load = max(loads)
-    time = max_load * (mp + pp - 1) + float(allreduce(np.array([d]), np.array([p_sync]))[0, 0])
+    time = max_load * (mp + pp - 1) + float(allreduce(np.array([d]), np.array([p_sync]), [pp])[0, 0])
     return Placement(
         t=t, d=d, stages=[table.members(k).tolist() for k in pairs],
         devices_per_stage=[int(w.a[k]) for k in pairs], time_per_batch=time, max_load=max_load,

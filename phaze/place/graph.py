@@ -118,6 +118,14 @@ class StageTable:
     const_mem: np.ndarray      # memory at position 1
     stash: np.ndarray          # extra memory per further in-flight microbatch
     members: object            # callable (pair index) -> array of layer positions
+    # chain tables only (None otherwise): the stage's layer range i..j-1, Σ fw, Σ bw and the
+    # bytes entering each layer from its predecessor (edge_in[0] = 0), so that transfer costs
+    # can be re-priced per network level (phaze.place.network)
+    first_layer: np.ndarray | None = None
+    end_layer: np.ndarray | None = None
+    sum_fw: np.ndarray | None = None
+    sum_bw: np.ndarray | None = None
+    edge_in_bytes: np.ndarray | None = None
 
     def stage_memory(self, k: int, position: int) -> float:
         return float(self.const_mem[k] + (position - 1) * self.stash[k])
@@ -179,6 +187,7 @@ def build_chain_table(g: LayerGraph, rule: StageRule) -> StageTable:
         max_position=_max_position(const, stash, rule.memory_capacity, rule.max_positions),
         params=params, const_mem=const, stash=stash,
         members=lambda k, i=i, j=j: np.arange(i[k], j[k]),
+        first_layer=i, end_layer=j, sum_fw=sum_fw, sum_bw=sum_bw, edge_in_bytes=eb,
     )
 
 
@@ -230,8 +239,13 @@ def _closure_order(immediate, q):
     return out
 
 
-def stage_costs(g: LayerGraph, rule: StageRule, nodes: np.ndarray):
-    """(load_plain, load_recompute, params, const_mem, stash, tp) of one stage by walking it."""
+def stage_costs(g: LayerGraph, rule: StageRule, nodes: np.ndarray, transfer_in=None,
+                transfer_out=None):
+    """(load_plain, load_recompute, params, const_mem, stash, tp) of one stage by walking it.
+    `transfer_in` / `transfer_out` (bytes -> seconds) price the activations entering the stage and
+    the gradients of its outputs; default `rule.transfer` for both (one flat link)."""
+    transfer_in = transfer_in or rule.transfer
+    transfer_out = transfer_out or rule.transfer
     members = set(nodes.tolist())
     inc = [[] for _ in range(g.n)]
     out = [[] for _ in range(g.n)]
@@ -246,7 +260,7 @@ def stage_costs(g: LayerGraph, rule: StageRule, nodes: np.ndarray):
         for u, c in inc[v]:
             if u == prev:
                 seen = True
-            start = max(start, finish[u] if u in finish else rule.transfer(c))
+            start = max(start, finish[u] if u in finish else transfer_in(c))
         if prev != -1:
             if rule.strict_upstream and not seen:
                 raise PhazeError("branching in the layer graph: upstream's stage rule needs each "
@@ -260,7 +274,7 @@ def stage_costs(g: LayerGraph, rule: StageRule, nodes: np.ndarray):
     for v in reversed(order):
         start = finish[prev] if prev != -1 else 0.0
         for w, c in out[v]:
-            start = max(start, finish[w] if w in finish else rule.transfer(c))
+            start = max(start, finish[w] if w in finish else transfer_out(c))
         finish[v] = start + g.bw[v]
         bw_pass = finish[v]
         prev = v
@@ -278,7 +292,7 @@ def stage_costs(g: LayerGraph, rule: StageRule, nodes: np.ndarray):
     for v in reversed(order):
         start = max(fw_only, finish[prev]) if prev != -1 else fw_only
         for w, c in out[v]:
-            start = max(start, finish[w] if w in finish else rule.transfer(c))
+            start = max(start, finish[w] if w in finish else transfer_out(c))
         finish[v] = start + g.bw[v]
         rc_tail = finish[v]
         prev = v
