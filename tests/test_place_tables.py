@@ -189,3 +189,82 @@ def test_expert_split_is_even_with_first_stages_taking_the_extra_block():
     st = expert_stages(layers, 4)  # 6 blocks over 4 stages: 2, 2, 1, 1
     assert [len(s) for s in st] == [3, 2, 1, 2]
     assert st[0][0] == 0 and st[-1][-1] == BLOCKS + 1
+
+
+# ---------- the two-level network (config place.network, a preset's network: section) ----------
+
+def _with_place(tmp_path, name, **place):
+    cfg = {"models": ["tiny"], "place": {"devices": [64, 16], "global_batch": 256,
+                                         "expert": {"tiny": {"pp": 2, "dp": 16, "tp": 2}}, **place}}
+    (tmp_path / name).write_text(yaml.safe_dump(cfg))
+    return name
+
+
+def _level(bw, lat, eff=1.0):
+    return {"bandwidth_Bps": bw, "latency_s": lat, "efficiency": eff}
+
+
+def test_network_with_equal_levels_gives_the_flat_rows(inputs):
+    tmp_path, args = inputs
+    assert run_place(tmp_path, args) == 0
+    # the flat link is the costmodel default (44.8 GB/s, 1 us): the same on both levels
+    cfg = _with_place(tmp_path, "eq.yaml", network={"devices_per_node": 4,
+                                                    "intra_node": _level(44.8e9, 1e-6),
+                                                    "inter_node": _level(44.8e9, 1e-6)})
+    assert run_place(tmp_path, args, out="eq.parquet", config=cfg) == 0
+    a = read_table(tmp_path / "place.parquet").sort_values(["arch", "devices"])
+    b = read_table(tmp_path / "eq.parquet").sort_values(["arch", "devices"])
+    assert (a["network"] == "flat").all() and (b["network"] == "config").all()
+    assert np.allclose(a["time_per_batch_s"], b["time_per_batch_s"], rtol=1e-12)
+    assert np.allclose(a["expert_time_per_batch_s"], b["expert_time_per_batch_s"], rtol=1e-12,
+                       equal_nan=True)
+
+
+def test_slow_inter_node_level_costs_time_and_bounds_tensor_width(inputs):
+    tmp_path, args = inputs
+    assert run_place(tmp_path, args) == 0
+    cfg = _with_place(tmp_path, "slow.yaml", network={"devices_per_node": 2,
+                                                      "intra_node": _level(44.8e9, 1e-6),
+                                                      "inter_node": _level(1e9, 5e-6, 0.9)})
+    assert run_place(tmp_path, args, out="slow.parquet", config=cfg) == 0
+    a = read_table(tmp_path / "place.parquet").sort_values(["arch", "devices"])
+    b = read_table(tmp_path / "slow.parquet").sort_values(["arch", "devices"])
+    assert b["feasible"].all()
+    # a slower inter-node level can only make every candidate slower
+    assert (b["time_per_batch_s"].to_numpy() >= a["time_per_batch_s"].to_numpy() * (1 - 1e-12)).all()
+    assert (b["time_per_batch_s"].to_numpy() > a["time_per_batch_s"].to_numpy()).any()
+    # one device per node: t = 2 no longer fits in a node, only t = 1 is placed, and the expert
+    # placement (tp 2) is reported infeasible with the reason
+    cfg = _with_place(tmp_path, "one.yaml", network={"devices_per_node": 1,
+                                                     "intra_node": _level(44.8e9, 1e-6),
+                                                     "inter_node": _level(1e9, 5e-6)})
+    assert run_place(tmp_path, args, out="one.parquet", config=cfg) == 0
+    c = read_table(tmp_path / "one.parquet")
+    assert c["feasible"].all() and (c["tp"] == 1).all()
+    big = c[c["devices"] == 64]
+    assert (~c["expert_feasible"]).all() and big["expert_reason"].str.contains("devices per node").all()
+
+
+def test_a_presets_network_is_used_for_its_architecture(inputs):
+    tmp_path, args = inputs
+    space = space_frame()
+    space.loc[space["arch"] == "fast", "preset"] = "a100-80gb"
+    write_table(space, tmp_path / "space.parquet", "space")
+    assert run_place(tmp_path, args) == 0
+    df = read_table(tmp_path / "place.parquet").set_index(["arch", "devices"])
+    assert df.loc[("fast", 64), "network"] == "preset:a100-80gb"
+    assert df.loc[("slow", 64), "network"] == "flat"
+    cfg = _with_place(tmp_path, "nopreset.yaml", preset_networks=False)
+    assert run_place(tmp_path, args, out="flat.parquet", config=cfg) == 0
+    flat = read_table(tmp_path / "flat.parquet").set_index(["arch", "devices"])
+    assert (flat["network"] == "flat").all()
+    # the slow architecture never sees the preset's network
+    assert flat.loc[("slow", 64), "time_per_batch_s"] == df.loc[("slow", 64), "time_per_batch_s"]
+
+
+def test_invalid_network_config_is_an_error(inputs, capsys):
+    tmp_path, args = inputs
+    cfg = _with_place(tmp_path, "bad.yaml", network={"devices_per_node": 8,
+                                                     "intra_node": _level(3e11, 2e-6)})
+    assert run_place(tmp_path, args, out="bad.parquet", config=cfg) == 2
+    assert "inter_node" in capsys.readouterr().err

@@ -92,7 +92,9 @@ def _run_tables(args) -> int:
         optimizer=pc.get("optimizer", "adam"), bytes_per_element=int(pc.get("bytes_per_element", 2)),
         dp_must_divide_batch=bool(pc.get("dp_must_divide_batch", False)),
         dp_must_divide_devices=bool(pc.get("dp_must_divide_devices", False)),
-        expert=expert)
+        expert=expert, network=pc.get("network"),
+        preset_networks=bool(pc.get("preset_networks", True)),
+        scatter_gather=bool(pc.get("scatter_gather", True)))
     devices_list = args.devices or list(pc.get("devices", [1024]))
     if any(d < 1 for d in devices_list):
         raise PhazeError(f"cluster sizes must be >= 1, got {devices_list}")

@@ -6,7 +6,10 @@ row per layer of the whole model, per-device quantities for that t) with each la
 backward latency = its signature's schedule (``makespan_s``, or ``lower_bound_s`` for a throughput
 upper bound). Our rules (see README, section place):
 * link transfers cost ``link_latency_s + bytes / link_bandwidth_Bps`` (config ``costmodel``; an
-  architecture's preset may override them);
+  architecture's preset may override them) — unless a two-level network is configured (the
+  preset's ``network:`` section, else config ``place.network``): then pipeline transfers and the
+  data-parallel all-reduce are costed on the level they cross in Megatron's rank layout
+  (phaze.place.network), and every stage holds t devices;
 * parameter state per parameter: sgd 4 B, adam 16 B, i.e. ``state / bytes_per_element`` times
   ``param_bytes``;
 * the data-parallel all-reduce is a ring over the largest stage's per-device gradients
@@ -25,6 +28,7 @@ import pandas as pd
 from phaze.errors import PhazeError
 from phaze.place.dp import AllReduce, Placement, data_parallel_degrees, evaluate, solve
 from phaze.place.graph import LayerGraph, StageRule, chain_graph
+from phaze.place.network import PlaceNetwork
 
 STATE_BYTES_PER_PARAM = {"sgd": 4.0, "adam": 16.0}
 GIB = 2**30
@@ -42,6 +46,9 @@ class PlaceSettings:
     dp_must_divide_batch: bool
     dp_must_divide_devices: bool
     expert: dict | None            # {"pp", "dp", "tp"} or None
+    network: dict | None = None    # config place.network (two levels) or None = flat link
+    preset_networks: bool = True   # a preset's own network: section wins for its architecture
+    scatter_gather: bool = True    # Megatron's scatter/gather for inter-node stage transfers
 
     @property
     def microbatches(self) -> int:
@@ -171,6 +178,21 @@ def link_parameters(costmodel: dict, preset_name: str | None) -> tuple[float, fl
     return bw, lat
 
 
+def network_for(settings: PlaceSettings, preset_name: str | None) -> tuple[PlaceNetwork | None, str]:
+    """The network an architecture is placed on and its label for the output: the preset's
+    ``network:`` section, else ``place.network``, else None (the flat costmodel link)."""
+    if preset_name and settings.preset_networks:
+        from phaze.arch.presets import load_preset
+        net = load_preset(preset_name).get("network")
+        if net is not None:
+            return (PlaceNetwork.from_dict(net, f"preset {preset_name} network",
+                                           settings.scatter_gather), f"preset:{preset_name}")
+    if settings.network is not None:
+        return (PlaceNetwork.from_dict(settings.network, "config place.network",
+                                       settings.scatter_gather), "config")
+    return None, "flat"
+
+
 def place_architectures(settings: PlaceSettings, layers_by_t: dict[int, pd.DataFrame],
                         schedules_by_t: dict[int, pd.DataFrame], space: pd.DataFrame,
                         costmodel: dict, devices_list: list[int],
@@ -195,22 +217,29 @@ def place_architectures(settings: PlaceSettings, layers_by_t: dict[int, pd.DataF
     for _, arch_row in space.sort_values("arch").iterrows():
         arch = arch_row["arch"]
         preset = arch_row.get("preset") if "preset" in arch_row.index else None
-        bw, lat = link_parameters(costmodel, preset if isinstance(preset, str) and preset else None)
+        preset = preset if isinstance(preset, str) and preset else None
+        bw, lat = link_parameters(costmodel, preset)
+        net, net_label = network_for(settings, preset)
         graphs = {t: layer_graph(layers_by_t[t], lookups[t], arch, f"t={t}") for t in layers_by_t}
+        unplaceable = {t: net.width_reason(t) for t in graphs if net and net.width_reason(t)}
         peak = float(arch_row["peak_flops"])
         for devices in devices_list:
             rule = StageRule(bandwidth=bw, latency=lat, param_state_factor=settings.param_state_factor,
                              recompute=settings.recompute, memory_capacity=float(settings.hbm_bytes),
                              max_positions=int(devices))
-            ar = AllReduce(mode="max", bandwidth=bw, latency=lat)
+            ar = AllReduce(mode="max", bandwidth=bw, latency=lat, network=net)
             d_values = data_parallel_degrees(devices, M, settings.dp_must_divide_batch,
                                              settings.dp_must_divide_devices)
             best = solve(graphs, rule, devices, M, d_values, ar)
+            reason = ""
+            if best is None:
+                reason = f"no placement fits in {settings.hbm_bytes / GIB:g} GiB per device on {devices} devices"
+                if unplaceable:
+                    reason += "; " + "; ".join(unplaceable.values())
             row = {"arch": arch, "model": settings.model, "devices": int(devices),
                    "hbm_bytes": int(settings.hbm_bytes), "microbatch": settings.microbatch,
                    "recompute": settings.recompute, "feasible": best is not None,
-                   "reason": "" if best is not None else
-                   f"no placement fits in {settings.hbm_bytes / GIB:g} GiB per device on {devices} devices"}
+                   "reason": reason, "network": net_label}
             row.update(_result_columns("", best, names[best.t] if best else [], settings,
                                        devices, peak, flops_seq))
             ep, reason = evaluate_expert(settings, layers_by_t, graphs, rule, ar, devices, M)
