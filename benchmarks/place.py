@@ -6,7 +6,8 @@ recompute on (phaze.place.examples.gpt3_like_instance). Prints, separately:
 * the whole `python -m phaze place --instance FILE` process (interpreter start-up, imports,
   JSON parse, solve, print), and the start-up alone (`python -m phaze place --help`).
 Also times our mode's objective (largest-stage all-reduce, adam, link latency) on the same chain
-for t in {1, 2, 4, 8}.
+for t in {1, 2, 4, 8}, on the flat link and on a two-level network (the a100-80gb preset's DGX A100
+network: 8 devices per node; phaze.place.network).
 
     .venv/bin/python benchmarks/place.py [--repeat 5]
 """
@@ -24,7 +25,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from phaze.place import AllReduce, StageRule, data_parallel_degrees, solve  # noqa: E402
+from phaze.arch.presets import load_preset  # noqa: E402
 from phaze.place.examples import gpt3_like_instance  # noqa: E402
+from phaze.place.network import PlaceNetwork  # noqa: E402
 from phaze.place.upstream import instance_graphs, solve_instance  # noqa: E402
 
 
@@ -77,6 +80,18 @@ def main() -> int:
             s, p = best_of(lambda: solve(graphs, rule, 1024, 4096, d_values, ar), args.repeat)
             print(f"our mode, t in 1,2,4,8, adam, {hbm_gib} GiB, recompute {'on' if recompute else 'off'}: "
                   f"{s:.3f} s -> t={p.t} d={p.d} pp={p.pp} {p.time_per_batch:.4f} s/batch")
+    net = PlaceNetwork.from_dict(load_preset("a100-80gb")["network"], "a100-80gb network")
+    for recompute in (False, True):
+        for hbm_gib in (32, 80):
+            rule = StageRule(bandwidth=44.8e9, latency=1e-6, param_state_factor=8.0,
+                             recompute=recompute, memory_capacity=hbm_gib * 2**30,
+                             max_positions=1024)
+            ar = AllReduce(mode="max", bandwidth=44.8e9, latency=1e-6, network=net)
+            d_values = data_parallel_degrees(1024, 4096, False, False)
+            s, p = best_of(lambda: solve(graphs, rule, 1024, 4096, d_values, ar), args.repeat)
+            print(f"our mode on the a100-80gb two-level network, t in 1,2,4,8, adam, {hbm_gib} GiB, "
+                  f"recompute {'on' if recompute else 'off'}: {s:.3f} s -> t={p.t} d={p.d} pp={p.pp} "
+                  f"{p.time_per_batch:.4f} s/batch")
     return 0
 
 

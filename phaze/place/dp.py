@@ -465,19 +465,36 @@ def position_loads(table: StageTable, net: PlaceNetwork, t: int, classes: np.nda
 
 
 def _regimes(net: PlaceNetwork | None, t: int, d_values: np.ndarray, bound_s: int):
-    """(d values, boundary classes or None = the flat table) groups that share one DP."""
+    """(d values, boundary classes or None = the flat table) groups that share one DP. On a
+    hierarchical network the d with t·d ≥ devices_per_node come first (one DP for all of them;
+    on large clusters the optimum is usually there and prunes the rest), then each smaller d."""
     if net is None:
         return [(d_values, None)]
     out = []
-    small = d_values[t * d_values < net.devices_per_node]
-    for d in small:
-        out.append((np.array([d]), net.boundary_classes(t, int(d), bound_s)))
     large = d_values[t * d_values >= net.devices_per_node]
     if len(large):
         cls = np.full(bound_s + 1, 1, dtype=np.int64)  # INTER everywhere
         cls[0] = cls[bound_s] = 0
         out.append((large, cls))
+    for d in d_values[t * d_values < net.devices_per_node]:
+        out.append((np.array([d]), net.boundary_classes(t, int(d), bound_s)))
     return out
+
+
+def _regime_lower_bound(g: LayerGraph, ds: np.ndarray, t: int, devices: int, microbatches: int,
+                        bound_s: int) -> float:
+    """No placement with d in ds beats this: with S stages the largest load is at least the
+    average, Σ(fw + bw)/S (transfers, recomputation and the all-reduce only add), so time ≥
+    Σ(fw + bw) · (⌈M/d⌉ + S − 1)/S, smallest at the most stages that fit (t devices each)."""
+    work = float(g.fw.sum() + g.bw.sum())
+    best = INF
+    for d in ds:
+        s_max = min(bound_s, (devices // int(d)) // t)
+        if s_max < 1:
+            continue
+        mp = -(-microbatches // int(d))
+        best = min(best, work * (mp + s_max - 1) / s_max)
+    return best
 
 
 def solve_width(g: LayerGraph, rule: StageRule, t: int, devices: int, microbatches: int,
@@ -513,6 +530,9 @@ def solve_width(g: LayerGraph, rule: StageRule, t: int, devices: int, microbatch
     params_floor = min_max_stage_params(table, bound_s)
     best, best_time = None, INF
     for ds, classes in _regimes(net, t, np.asarray(d_values), bound_s):
+        if classes is not None and _regime_lower_bound(g, ds, t, devices, microbatches,
+                                                       bound_s) >= best_time:
+            continue
         pos = (None if classes is None else
                position_loads(table, net, t, classes, bound_s, rule.recompute))
         cap_index = len(caps) - 1
