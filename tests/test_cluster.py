@@ -262,16 +262,20 @@ def _read_comparison(path: Path):
     return pd.read_parquet(path)
 
 
-def _assert_deterministic_schedules(results: Path) -> None:
-    """Equal results need solves that ended on their own, not on a clock."""
+def _clock_stopped_solves(results: Path) -> list[str]:
+    """Schedule tables with solves that stopped on a clock (time limit, watchdog): those depend on
+    machine speed and load, so two runs need not agree."""
     import pandas as pd
 
     tables = sorted((results / "schedule").rglob("*.parquet"))
     assert tables, f"no schedule tables under {results / 'schedule'}"
+    found = []
     for t in tables:
         status = pd.read_parquet(t, columns=["status"])["status"]
-        timed = status[status.isin(["time_limit", "watchdog"])]
-        assert timed.empty, f"{t}: {len(timed)} solves stopped on a time limit ({set(timed)})"
+        n = int(status.isin(["time_limit", "watchdog"]).sum())
+        if n:
+            found.append(f"{t.relative_to(results.parent)}: {n} of {len(status)}")
+    return found
 
 
 def _peak_rss_mb(cluster: Cluster, job_ids: list[str]) -> dict[str, float]:
@@ -288,8 +292,9 @@ def _peak_rss_mb(cluster: Cluster, job_ids: list[str]) -> dict[str, float]:
     return peak
 
 
-def _compare_summaries(on_slurm, local) -> list[str]:
-    """Assert both comparison tables have the same rows and throughputs within 1e-6 relative."""
+def _summary_mismatches(on_slurm, local) -> tuple[list[str], list[str]]:
+    """(columns compared, differences) between the two comparison tables: same (model, strategy)
+    rows, every throughput/speedup column equal within 1e-6 relative (NaN equals NaN)."""
     import numpy as np
 
     key = ["model", "strategy"]
@@ -301,15 +306,14 @@ def _compare_summaries(on_slurm, local) -> list[str]:
     assert on_slurm[key].equals(local[key]), "different (model, strategy) rows"
     compared = [c for c in local.columns if "throughput" in c or "speedup" in c]
     assert "throughput_seq_s" in compared
+    diffs = []
     for c in compared:
         a = on_slurm[c].to_numpy(dtype=float)
         b = local[c].to_numpy(dtype=float)
         same = np.isclose(a, b, rtol=1e-6, atol=0.0) | (np.isnan(a) & np.isnan(b))
-        assert same.all(), (
-            f"{c} differs between SLURM and local runs:\n"
-            f"{on_slurm.loc[~same, key + [c]]}\nvs\n{local.loc[~same, key + [c]]}"
-        )
-    return compared
+        for row in np.flatnonzero(~same):
+            diffs.append(f"{c} {tuple(local.loc[row, key])}: SLURM {float(a[row])!r} vs local {float(b[row])!r}")
+    return compared, diffs
 
 
 @pytest.mark.timeout(600)
@@ -345,8 +349,16 @@ def test_workflow_on_slurm_matches_local_run(slurm_cluster, tmp_path):
         rss = max(peak.get(j.job_id, 0.0) for j in js)
         print(f"  {rule:16s} {len(js):3d}  {rss:7.0f} / {wanted[rule]['mem_mb']}")
 
-    for d in (slurm_dir, local_dir):
-        _assert_deterministic_schedules(d / "results")
-    compared = _compare_summaries(_read_comparison(slurm_dir / COMPARISON),
-                                  _read_comparison(local_dir / COMPARISON))
+    compared, diffs = _summary_mismatches(_read_comparison(slurm_dir / COMPARISON),
+                                          _read_comparison(local_dir / COMPARISON))
+    clocked = _clock_stopped_solves(slurm_dir / "results") + _clock_stopped_solves(
+        local_dir / "results")
+    # Both conditions are the issue's contract: equal summaries, from solves that are
+    # deterministic (gap reached or proven, never cut by a clock).
+    assert not diffs and not clocked, (
+        "summary throughputs differ between the SLURM and local runs:\n  "
+        + ("\n  ".join(diffs) or "(none)")
+        + "\nsolves stopped on a clock (config/test.yaml `schedule:` must let every solve finish):"
+        + "\n  " + ("\n  ".join(clocked) or "(none)")
+    )
     print(f"summary columns equal within 1e-6: {compared}")
