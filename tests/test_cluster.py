@@ -312,7 +312,8 @@ def _summary_mismatches(on_slurm, local) -> tuple[list[str], list[str]]:
         b = local[c].to_numpy(dtype=float)
         same = np.isclose(a, b, rtol=1e-6, atol=0.0) | (np.isnan(a) & np.isnan(b))
         for row in np.flatnonzero(~same):
-            diffs.append(f"{c} {tuple(local.loc[row, key])}: SLURM {float(a[row])!r} vs local {float(b[row])!r}")
+            diffs.append(f"{c} {tuple(local.loc[row, key])}: "
+                         f"SLURM {float(a[row])!r} vs local {float(b[row])!r}")
     return compared, diffs
 
 
