@@ -86,6 +86,10 @@ def test_rows_per_arch_and_cluster_size(inputs):
     assert df["feasible"].all()
     for _, r in df.iterrows():
         assert r["throughput_seq_s"] == pytest.approx(256 / r["time_per_batch_s"])
+        # time = largest load x (microbatches per pipeline + stages - 1) + all-reduce
+        steps = -(-128 // r["dp"]) + r["pp"] - 1
+        assert r["time_per_batch_s"] == pytest.approx(r["max_stage_load_s"] * steps + r["allreduce_s"])
+        assert (r["allreduce_s"] == 0) == (r["dp"] == 1)
         assert r["pp"] * r["dp"] <= r["devices"] and r["devices_used"] <= r["devices"]
         stages = json.loads(r["stages"])
         assert stages[0]["first"] == "embedding" and stages[-1]["last"] == "head"

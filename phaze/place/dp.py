@@ -438,10 +438,12 @@ def evaluate(g: LayerGraph, rule: StageRule, t: int, stages: list, d: int, devic
     mp = -(-microbatches // d)
     p_sync = params[0] if allreduce.mode == "first" else max(params)
     max_load = max(loads)
-    time = max_load * (mp + pp - 1) + float(allreduce(np.array([d]), np.array([p_sync]), [pp])[0, 0])
+    sync_s = float(allreduce(np.array([d]), np.array([p_sync]), [pp])[0, 0])
+    time = max_load * (mp + pp - 1) + sync_s
     return Placement(t=t, d=d, stages=[s.tolist() for s in stages], devices_per_stage=a,
                      time_per_batch=time, max_load=max_load, stage_loads=loads, stage_mem=mems,
-                     stage_params=params, microbatches_per_pipeline=mp), ""
+                     stage_params=params, microbatches_per_pipeline=mp,
+                     extra={"allreduce_s": sync_s}), ""
 
 
 def position_loads(table: StageTable, net: PlaceNetwork, t: int, classes: np.ndarray,
@@ -566,11 +568,13 @@ def _placement_from_pairs(g, rule, t, table, pairs, d, devices, microbatches, al
     mp = -(-microbatches // d)
     p_sync = params[0] if allreduce.mode == "first" else max(params)
     max_load = max(loads)
-    time = max_load * (mp + pp - 1) + float(allreduce(np.array([d]), np.array([p_sync]), [pp])[0, 0])
+    sync_s = float(allreduce(np.array([d]), np.array([p_sync]), [pp])[0, 0])
+    time = max_load * (mp + pp - 1) + sync_s
     return Placement(
         t=t, d=d, stages=[table.members(k).tolist() for k in pairs],
         devices_per_stage=[int(w.a[k]) for k in pairs], time_per_batch=time, max_load=max_load,
-        stage_loads=loads, stage_mem=mems, stage_params=params, microbatches_per_pipeline=mp)
+        stage_loads=loads, stage_mem=mems, stage_params=params, microbatches_per_pipeline=mp,
+        extra={"allreduce_s": sync_s})
 
 
 def solve(graphs: dict[int, LayerGraph], rule: StageRule, devices: int, microbatches: int,

@@ -150,7 +150,8 @@ def _result_columns(prefix: str, p: Placement | None, names, settings, devices, 
         return {f"{prefix}throughput_seq_s": math.nan, f"{prefix}time_per_batch_s": math.nan,
                 f"{prefix}mfu": math.nan, f"{prefix}pp": 0, f"{prefix}tp": 0, f"{prefix}dp": 0,
                 f"{prefix}stages": "[]", f"{prefix}stage_mem_bytes": "[]",
-                f"{prefix}devices_used": 0, f"{prefix}max_stage_load_s": math.nan}
+                f"{prefix}devices_used": 0, f"{prefix}max_stage_load_s": math.nan,
+                f"{prefix}allreduce_s": math.nan}
     t = p.time_per_batch
     return {
         f"{prefix}throughput_seq_s": settings.global_batch / t,
@@ -161,6 +162,8 @@ def _result_columns(prefix: str, p: Placement | None, names, settings, devices, 
         f"{prefix}stage_mem_bytes": json.dumps([int(round(m)) for m in p.stage_mem]),
         f"{prefix}devices_used": p.devices_used,
         f"{prefix}max_stage_load_s": p.max_load,
+        # the data-parallel gradient all-reduce's share of the time per batch
+        f"{prefix}allreduce_s": p.extra.get("allreduce_s", math.nan),
     }
 
 
