@@ -8,9 +8,13 @@ Public API:
 * ``evaluate(...)`` — time and memory of a given placement (used for expert placements).
 * ``phaze.place.upstream`` — upstream's JSON instances (``solve_instance``, ``load_instance``).
 * ``phaze.place.tables`` — our mode: layer/schedule/space tables to placement rows.
+* ``PlaceNetwork`` (phaze.place.network) — a two-level network for the placement; pass it as
+  ``AllReduce(mode="max", ..., network=...)`` and the same ``solve``/``evaluate`` cost pipeline
+  transfers and all-reduces on the level they cross (Megatron's rank layout).
 """
 from phaze.place.dp import AllReduce, Placement, data_parallel_degrees, evaluate, solve, solve_width
 from phaze.place.graph import LayerGraph, StageRule, chain_graph
+from phaze.place.network import PlaceNetwork
 
-__all__ = ["AllReduce", "LayerGraph", "Placement", "StageRule", "chain_graph",
+__all__ = ["AllReduce", "LayerGraph", "Placement", "PlaceNetwork", "StageRule", "chain_graph",
            "data_parallel_degrees", "evaluate", "solve", "solve_width"]

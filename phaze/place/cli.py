@@ -7,6 +7,10 @@ Two modes:
   architecture (``--archs ID``).
 * ``--instance FILE.json`` — solve an instance in upstream's format with upstream's semantics and
   print the result JSON (exit 0 also when nothing fits: the time is null and a reason is given).
+
+The network: one flat link (config ``costmodel``) unless the architecture's preset has a
+``network:`` section or config ``place.network`` is set (phaze/place/network.py); ``--instance``
+is always flat, as upstream.
 """
 from __future__ import annotations
 
