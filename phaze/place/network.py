@@ -2,7 +2,8 @@
 data-parallel all-reduce crosses, in the rank layout the placement implies.
 
 Rank layout (Megatron's order: tensor-parallel innermost, then data-parallel, then pipeline;
-Megatron-LM ``parallel_state.initialize_model_parallel`` builds its groups from
+Megatron-LM ``megatron/core/parallel_state.py: initialize_model_parallel(order="tp-cp-ep-dp-pp")``
+(the default, innermost first) gives, with no context or expert parallelism,
 ``rank = tp_rank + t · (dp_rank + d · pp_rank)``). The DP below counts pipeline positions from
 the END (position s = 1 is the last stage; 1F1B memory depends on it), so the layout numbers
 the stages from the last one:
