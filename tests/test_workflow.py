@@ -127,6 +127,9 @@ def test_summary_tables_and_plots_are_nontrivial(run_dir):
         thr = grp.pivot_table(index="model", columns="strategy", values="throughput_seq_s")
         assert thr["phaze-common"].mean() >= thr["tpuv4-phaze"].mean() * (1 - 1e-12)
     assert (best["throughput_seq_s"] > 0).all() and len(best) >= 2
+    # merged architecture columns appear once, not as pandas' _x/_y duplicates
+    assert not [c for c in best.columns if c.endswith(("_x", "_y"))], list(best.columns)
+    assert {"n_tc", "n_vc", "area_mm2", "peak_flops"} <= set(best.columns)
     # the search visited buckets in order; every arch of the space was computed at least by bounds
     assert explored["bucket"].min() == 0 and explored["has_ilp"].any()
     for name in ("speedup", "convergence", "area_throughput", "arch_table", "pipeline"):

@@ -148,6 +148,8 @@ def _with_speedups_from(best: pd.DataFrame, comparison: pd.DataFrame) -> pd.Data
     if best.empty:
         return comparison.iloc[0:0]
     base = comparison[comparison["strategy"].isin(["tpuv4-expert", "tpuv4-phaze", "placement-blind"])]
+    # the caller merges the architecture columns afterwards: drop the copies the baselines carry
+    base = base.drop(columns=[c for c in ARCH_COLS if c in base.columns])
     return _with_speedups(pd.concat([best, base], ignore_index=True)).query(
         "strategy in ['phaze-per-model', 'phaze-common']").reset_index(drop=True)
 
