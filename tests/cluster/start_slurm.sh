@@ -7,8 +7,8 @@
 #   sudo bash tests/cluster/stop_slurm.sh [STATE_DIR]
 #
 # Everything the cluster needs lives under STATE_DIR: configs (STATE_DIR/etc/slurm.conf, selected
-# through SLURM_CONF, so a real /etc/slurm is never read or written), its own munge key and socket,
-# its own MariaDB data directory on 127.0.0.1, logs, state and one pid file per daemon. Ports are
+# through SLURM_CONF; a real /etc/slurm/slurm.conf is never read or replaced), its own munge key
+# and socket, its own MariaDB data directory on 127.0.0.1, logs, state and one pid file per daemon. Ports are
 # not SLURM's defaults so a real cluster on the same host is not disturbed; override with
 # PHAZE_SLURM_{CTLD,SLURMD,DBD,MYSQL}_PORT. The only system-wide effect is `apt-get install` of the
 # packages when they are missing (service starts are suppressed during the install with a temporary
@@ -19,6 +19,9 @@
 # Idempotent: daemons already running from STATE_DIR (pid file alive and naming that daemon) are
 # kept; with everything up this takes about a second. Needs root on Debian (or a derivative).
 set -euo pipefail
+# The whole script is one { } block: bash parses it completely before running, so editing the
+# file while it runs (e.g. a checkout update) cannot change what a running copy executes.
+{
 
 DIR=${1:-${PHAZE_SLURM_DIR:-/tmp/phaze-slurm}}
 CLUSTER=${PHAZE_SLURM_CLUSTER:-phaze}
@@ -70,7 +73,7 @@ fi
 # ---------------------------------------------------------------- layout
 mkdir -p "$DIR"/{etc,run,log,munge,state,spool}
 chmod 755 "$DIR"
-chmod 700 "$DIR/munge"   # munged refuses a socket/key directory others can write to
+chmod 755 "$DIR/munge"   # munged refuses a socket/key directory others can write to
 export SLURM_CONF="$DIR/etc/slurm.conf"
 MUNGE_SOCKET="$DIR/munge/munge.socket"
 MYSQL_SOCKET="$DIR/run/mysqld.sock"
@@ -295,3 +298,5 @@ if ! wait_for "$WAIT_S" node-idle node_idle; then
   die "node $HOST is not idle after ${WAIT_S}s; see $DIR/log/slurmctld.log and slurmd.log"
 fi
 log "cluster '$CLUSTER' up in $(elapsed) s: partition $PARTITION, account $ACCOUNT, node $HOST ($node_cpus CPUs, $node_mem MB); export SLURM_CONF=$SLURM_CONF"
+exit 0
+}

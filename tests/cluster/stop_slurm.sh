@@ -7,6 +7,9 @@
 #
 #   bash tests/cluster/stop_slurm.sh [--purge] [STATE_DIR]     # default /tmp/phaze-slurm
 set -euo pipefail
+# The whole script is one { } block: bash parses it completely before running, so editing the
+# file while it runs (e.g. a checkout update) cannot change what a running copy executes.
+{
 
 purge=0
 if [ "${1:-}" = "--purge" ]; then purge=1; shift; fi
@@ -64,3 +67,4 @@ if [ "$purge" = 1 ]; then
   log "removed $DIR"
 fi
 exit "$status"
+}
