@@ -111,7 +111,6 @@ class Snakemake:
         self.workdir = workdir
         self.cmd = [sys.executable, "-m", "snakemake", *args]
         self.out_path = workdir / "snakemake.out"
-        self.t0 = time.monotonic()
         with open(self.out_path, "w") as out:
             self.proc = subprocess.Popen(self.cmd, env=cluster.env, cwd=workdir, stdout=out,
                                          stderr=subprocess.STDOUT, text=True)
@@ -124,10 +123,11 @@ class Snakemake:
             self.proc.terminate()  # snakemake cancels its SLURM jobs on SIGTERM
             self.proc.wait(timeout=60)
             code = None
-        self.elapsed_s = time.monotonic() - self.t0
         text = self.out_path.read_text(errors="replace")
-        print(f"{' '.join(self.cmd[2:])} in {self.workdir.name}/: exit {code} after "
-              f"{self.elapsed_s:.1f} s")
+        # Snakemake's own figure: this process may have ended well before wait() was called.
+        elapsed = re.findall(r"^Elapsed time: (\S+)", text, flags=re.M)
+        print(f"{' '.join(self.cmd[2:])} in {self.workdir.name}/: exit {code}, "
+              f"elapsed {elapsed[-1] if elapsed else '?'}")
         if code != 0:
             failed_logs = sorted(set(re.findall(r"(\S+/\.snakemake/slurm_logs/\S+\.log)", text)))
             logs = "\n".join(f"--- {f}\n{Path(f).read_text(errors='replace')[-1500:]}"
