@@ -8,8 +8,10 @@
 * ``assign_cores`` — concrete core ids per op (greedy in start order; optimal for intervals).
 * ``verify`` — independent check of a finished schedule: precedence, one op per core at a time,
   intra-op ops alone on the chip. The ILP path raises if its replayed schedule fails this.
+* ``adaptive_sgs`` — the serial SGS choosing each op's mode while placing it (earliest finish).
 * ``best_list_schedule`` — several mode choices × priority rules, then a local search flipping
-  each op's intra-op flag: the upper bound, the warm start, and the cheap tier's answer.
+  each op's intra-op flag, then adaptive-mode runs (forward and on the reversed graph): the upper
+  bound, the warm start, and the cheap tier's answer.
 """
 from __future__ import annotations
 
@@ -57,16 +59,48 @@ def serial_sgs(inst: Instance, order: list[int], y: list[int]) -> Schedule:
             start[i] = est
             end[i] = est
             continue
-        cands = sorted({est} | {e for (_, e, _, _, _) in placed if e > est})
-        for s in cands:
-            f = s + p
-            over = [iv for iv in placed if iv[0] < f and iv[1] > s]
-            if _fits(over, s, tc, vc, excl, inst.n_tc, inst.n_vc):
-                break
+        s = _earliest_fit(inst, placed, est, p, tc, vc, excl)
+        f = s + p
         start[i] = s
         end[i] = f
         placed.append((s, f, tc, vc, excl))
     return Schedule(start, list(y))
+
+
+def _earliest_fit(inst: Instance, placed, est: float, p: float, tc: int, vc: int, excl: bool) -> float:
+    """Earliest start >= est at which an op holding (tc, vc, excl) for p fits beside ``placed``
+    (candidate starts: est and every placed end after it; the last one always fits)."""
+    for s in sorted({est} | {e for (_, e, _, _, _) in placed if e > est}):
+        f = s + p
+        over = [iv for iv in placed if iv[0] < f and iv[1] > s]
+        if _fits(over, s, tc, vc, excl, inst.n_tc, inst.n_vc):
+            return s
+    raise AssertionError("unreachable: after every placed op ends, any op fits")
+
+
+def adaptive_sgs(inst: Instance, order: list[int], bias: float = 0.0) -> Schedule:
+    """Serial SGS that picks each op's mode as it places it (the multi-mode RCPSP rule): the
+    mode that finishes earlier, intra-op only if it ends more than a fraction ``bias`` earlier
+    (bias < 0 favours intra-op). Unlike a fixed mode vector, an op on the critical chain can
+    stay on one core when others are free to run beside it, and go intra-op where nothing can."""
+    n = inst.n
+    start, end, y = [0.0] * n, [0.0] * n, [0] * n
+    placed: list[tuple[float, float, int, int, bool]] = []
+    for i in order:
+        est = max((end[k] for k in inst.preds[i]), default=0.0)
+        best = None
+        for yi in ((0, 1) if inst.la[i] != inst.l1[i] else (0,)):
+            p = inst.la[i] if yi else inst.l1[i]
+            tc, vc, excl = _usage(inst, i, yi)
+            s = est if p <= 0.0 else _earliest_fit(inst, placed, est, p, tc, vc, excl)
+            score = (s + p) * (1 + bias) if yi else s + p
+            if best is None or score < best[0]:
+                best = (score, yi, s, s + p, tc, vc, excl)
+        _, yi, s, f, tc, vc, excl = best
+        start[i], end[i], y[i] = s, f, yi
+        if f > s:
+            placed.append((s, f, tc, vc, excl))
+    return Schedule(start, y)
 
 
 def _fits(over, s, tc, vc, excl, n_tc, n_vc) -> bool:
@@ -293,6 +327,8 @@ def best_list_schedule(inst: Instance, local_search: bool = True,
     for o, y in cands:
         consider(serial_sgs(inst, o, y))
     if not local_search:
+        for s in _adaptive_candidates(inst, rev):
+            consider(s)
         return best
     flippable = [i for i in range(inst.n) if inst.la[i] != inst.l1[i]]
 
@@ -310,6 +346,10 @@ def best_list_schedule(inst: Instance, local_search: bool = True,
                 return
 
     flip_pass()
+    # adaptive-mode candidates after the flips, so the flip search's path (and result) from the
+    # fixed-mode starts is unchanged and the answer is never worse than without them
+    if any([consider(s) for s in _adaptive_candidates(inst, rev)]):
+        flip_pass()
     rng = random.Random(seed)
     for _ in range(restarts):
         y = list(best.y)
@@ -322,6 +362,26 @@ def best_list_schedule(inst: Instance, local_search: bool = True,
         if consider(serial_sgs(inst, priority_order(inst, prio), y)):
             flip_pass()
     return best
+
+
+def _adaptive_candidates(inst: Instance, rev: Instance):
+    """Adaptive-mode SGS runs (modes chosen while placing), forward and on the reversed graph
+    (converted back by a serial SGS in order of reversed end times): priorities = remaining path
+    with single-core / fastest durations, op length, successor count; mode bias 0, ±2 %."""
+    n = inst.n
+    for g, backward in ((inst, False), (rev, True)):
+        ndesc = [float(bin(d).count("1")) for d in g.descendants]
+        for y0 in ([0] * n, [1 if g.la[i] < g.l1[i] else 0 for i in range(n)]):
+            dur = [g.la[i] if y0[i] else g.l1[i] for i in range(n)]
+            for prio in (_tails(g, dur), dur, ndesc):
+                order = priority_order(g, prio)
+                for bias in (0.0, 0.02, -0.02):
+                    s = adaptive_sgs(g, order, bias)
+                    if backward:
+                        ends = [s.end(g, k) for k in range(n)]
+                        s = serial_sgs(inst, priority_order(inst, [ends[n - 1 - i] for i in range(n)]),
+                                       list(reversed(s.y)))
+                    yield s
 
 
 def replay(inst: Instance, start: list[float], y: list[int]) -> Schedule:
