@@ -173,7 +173,7 @@ EDITS = {
     "cost-model code": (
         lambda w: _append_comment(w / "phaze/estimate/model.py"), {"estimate"}, {"trace", "arch"}),
     "schedule config": (
-        lambda w: _edit(w / "config/test.yaml", "time_limit_s: 1\n", "time_limit_s: 1.5\n"),
+        lambda w: _edit(w / "config/test.yaml", "node_limit: 200\n", "node_limit: 300\n"),
         {"schedule_bounds"}, {"trace", "arch", "estimate"}),
     "placement config": (
         lambda w: _edit(w / "config/test.yaml", "optimizer: adam", "optimizer: sgd"),

@@ -35,7 +35,8 @@ def _options(args, overrides: dict | None = None):
     cfg.update(overrides or {})
     return Options(tier=args.tier, time_limit_s=float(cfg["time_limit_s"]), gap=float(cfg["gap"]),
                    threads=int(cfg["threads"]), cache=bool(cfg["cache"]),
-                   watchdog_s=float(cfg["watchdog_s"]), decompose=bool(cfg["decompose"]))
+                   watchdog_s=float(cfg["watchdog_s"]), decompose=bool(cfg["decompose"]),
+                   node_limit=int(cfg["node_limit"]))
 
 
 def run(args: argparse.Namespace) -> int:

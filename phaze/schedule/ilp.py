@@ -196,7 +196,7 @@ def _oversubscribed(inst: Instance, start, y, tol) -> list[str]:
 
 
 def solve_once(inst: Instance, warm: Schedule, lb: float, time_limit_s: float, gap: float,
-               threads: int, seed: int = 0) -> IlpOutcome:
+               threads: int, node_limit: int = 0, seed: int = 0) -> IlpOutcome:
     from pyomo.contrib.solver.solvers.scip.scip_direct import ScipDirect
     import pyomo.environ as pyo
 
@@ -214,7 +214,10 @@ def solve_once(inst: Instance, warm: Schedule, lb: float, time_limit_s: float, g
         res = opt.solve(
             m, time_limit=remaining, rel_gap=gap, threads=threads, warmstart_discrete_vars=True,
             load_solutions=False, raise_exception_on_nonoptimal_result=False,
-            solver_options={"randomization/randomseedshift": seed, "display/verblevel": 0},
+            solver_options={"randomization/randomseedshift": seed, "display/verblevel": 0,
+                            # a node limit (0 = none) stops SCIP at the same point on every
+                            # machine; a wall-clock limit does not (reproducible artifacts)
+                            **({"limits/totalnodes": int(node_limit)} if node_limit else {})},
         )
         scip_status = opt._solver_model.getStatus()
         if res.objective_bound is not None and res.objective_bound > -1e300:
@@ -230,7 +233,8 @@ def solve_once(inst: Instance, warm: Schedule, lb: float, time_limit_s: float, g
             z_types = tuple(sorted(set(z_types) | set(over)))
             status = "time_limit"  # if the loop runs out of time before a valid answer
             continue
-        status = {"optimal": "optimal", "gaplimit": "gap_limit", "timelimit": "time_limit"}.get(
+        status = {"optimal": "optimal", "gaplimit": "gap_limit", "timelimit": "time_limit",
+                  "totalnodelimit": "node_limit", "nodelimit": "node_limit"}.get(
             scip_status, scip_status)
         return IlpOutcome(status, start, y, res.incumbent_objective * ub, bound, z_types,
                           time.perf_counter() - t0)
@@ -289,11 +293,11 @@ class SolverWorker:
         self._rx = Connection(p_read, writable=False)
 
     def solve(self, inst: Instance, warm: Schedule, lb: float, time_limit_s: float, gap: float,
-              threads: int, watchdog_s: float) -> IlpOutcome:
+              threads: int, watchdog_s: float, node_limit: int = 0) -> IlpOutcome:
         self._ensure()
         t0 = time.perf_counter()
         try:
-            self._tx.send((inst, warm, lb, time_limit_s, gap, threads))
+            self._tx.send((inst, warm, lb, time_limit_s, gap, threads, node_limit))
             # SCIP stops itself at time_limit_s; the watchdog allows watchdog_s more (model
             # building, the worker's first imports) before it declares the solve hung
             if self._rx.poll(time_limit_s + watchdog_s):

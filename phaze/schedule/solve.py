@@ -31,8 +31,8 @@ from phaze.schedule.listsched import (Schedule, assign_cores, best_list_schedule
                                       priority_order, replay, verify)
 
 # Severity order used when segments with different statuses are combined.
-_SEVERITY = {"chain": 0, "optimal": 1, "gap_limit": 2, "bounds": 3, "time_limit": 4,
-             "no_solution": 5, "watchdog": 6, "solver_died": 7}
+_SEVERITY = {"chain": 0, "optimal": 1, "gap_limit": 2, "bounds": 3, "node_limit": 4,
+             "time_limit": 4, "no_solution": 5, "watchdog": 6, "solver_died": 7}
 
 
 @dataclass
@@ -45,6 +45,7 @@ class Options:
     watchdog_s: float = 30.0
     decompose: bool = True
     local_search: bool = True
+    node_limit: int = 0          # SCIP branch-and-bound nodes per solve; 0 = no limit
 
 
 @dataclass
@@ -222,7 +223,7 @@ class Scheduler:
             self._worker = SolverWorker()
         self.ilp_solves += 1
         out = self._worker.solve(inst, best, lb, self.opts.time_limit_s, self.opts.gap,
-                                 self.opts.threads, self.opts.watchdog_s)
+                                 self.opts.threads, self.opts.watchdog_s, self.opts.node_limit)
         lb = max(lb, out.bound_s)
         final, method = best, "list"
         if out.start is not None:
