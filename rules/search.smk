@@ -26,8 +26,14 @@ TAG = "b{mbs}_s{seq}_t{tmp}"
 TRACE_DIR = f"{RESULTS}/trace/{{model}}/{TAG}"
 
 
+def _trace_dir_of(wc):
+    # from wildcards, not from `input`: params are re-evaluated inside remote (cluster) jobs,
+    # where named inputs of unpack()ed functions are not available
+    return f"{RESULTS}/trace/{wc.model}/b{wc.mbs}_s{wc.seq}_t{wc.tmp}"
+
+
 def _trace_inputs(wc):
-    d = f"{RESULTS}/trace/{wc.model}/b{wc.mbs}_s{wc.seq}_t{wc.tmp}"
+    d = _trace_dir_of(wc)
     return {"ops": f"{d}/ops.parquet", "edges": f"{d}/edges.parquet", "layers": f"{d}/layers.parquet"}
 
 
@@ -165,7 +171,7 @@ rule schedule_bounds:
     params:
         code=code_version("schedule"),
         cfg=config_section(config, "schedule"),
-        trace=lambda wc, input: _os.path.dirname(input.ops),
+        trace=_trace_dir_of,
     log:
         f"{RESULTS}/logs/schedule/{{model}}/{TAG}/bounds/c{{chunk}}.log",
     benchmark:
@@ -269,17 +275,24 @@ checkpoint search_prune:
         )
 
 
+def _ilp_selection_file(wc):
+    return f"{checkpoints.search_prune.get(round=int(wc.round)).output[0]}/{wc.model}_b{wc.mbs}.parquet"
+
+
 rule schedule_ilp:
     input:
         unpack(_trace_inputs),
         latency=f"{RESULTS}/estimate/{{model}}/{TAG}/{{chunk}}.parquet",
         space=SPACE,
+        # declared so that a remote job may evaluate the `archs` param (it reads the checkpoint);
+        # ancient(): its mtime alone never re-runs an ILP, the `archs` param's content does
+        selection=lambda wc: ancient(_ilp_selection_file(wc)),
     output:
         f"{RESULTS}/schedule/{{model}}/{TAG}/ilp/r{{round}}_c{{chunk}}.parquet",
     params:
         code=code_version("schedule"),
         cfg=config_section(config, "schedule"),
-        trace=lambda wc, input: _os.path.dirname(input.ops),
+        trace=_trace_dir_of,
         # The archs pruning selected, as a param: this job exists only once search_prune is done
         # (place_ilp asks the checkpoint), and a re-run prune that selects the same archs (say,
         # after a placement edit) does not re-run the ILPs.
@@ -357,7 +370,7 @@ rule estimate_space:
     params:
         code=code_version("estimate"),
         cfg=config_section(config, "costmodel"),
-        trace=lambda wc, input: _os.path.dirname(input.ops),
+        trace=_trace_dir_of,
     log:
         f"{RESULTS}/logs/estimate/{{model}}/{TAG}/space.log",
     benchmark:
@@ -374,7 +387,7 @@ rule search_blind:
         f"{RESULTS}/baselines/blind/{{model}}/choice.parquet",
     params:
         code=code_version("search/baselines.py", "search/commands.py"),
-        trace=lambda wc, input: _os.path.dirname(input.layers),
+        trace=lambda wc: trace_dir(wc.model, BLIND_MBS, 1),
     log:
         f"{RESULTS}/logs/search/blind_{{model}}.log",
     benchmark:
@@ -394,7 +407,7 @@ rule estimate_blind:
     params:
         code=code_version("estimate"),
         cfg=config_section(config, "costmodel"),
-        trace=lambda wc, input: _os.path.dirname(input.ops),
+        trace=_trace_dir_of,
     log:
         f"{RESULTS}/logs/estimate/{{model}}/{TAG}/blind.log",
     benchmark:
@@ -415,7 +428,7 @@ rule schedule_blind:
     params:
         code=code_version("schedule"),
         cfg=config_section(config, "schedule"),
-        trace=lambda wc, input: _os.path.dirname(input.ops),
+        trace=_trace_dir_of,
     log:
         f"{RESULTS}/logs/schedule/{{model}}/{TAG}/blind.log",
     benchmark:
