@@ -9,11 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phaze.schedule.bounds import lower_bound
+from phaze.schedule.bounds import critical_path, lower_bound
 from phaze.schedule.ilp import solve_once
 from phaze.schedule.instance import Instance, make_instance
-from phaze.schedule.listsched import (Schedule, assign_cores, best_list_schedule, replay,
-                                      serial_sgs, verify)
+from phaze.schedule.listsched import (Schedule, assign_cores, best_list_schedule, priority_order,
+                                      replay, serial_sgs, verify)
 from phaze.schedule.solve import Options, Scheduler, articulation_ops
 
 
@@ -149,7 +149,59 @@ def test_cheap_bounds_never_exceed_the_optimum():
     # list: 0 intra-op (2) then 1 (3) = 5; or 0 single-core beside 1 = 10
     assert _bf(inst) == 5.0
     assert forced_energy(inst, 5.0) == 5.0           # op 0 forced intra-op -> 2 + 3
-    assert lower_bound(inst)[0] == 3.0               # without it: critical path / energy only
+    assert critical_path(inst) == 3.0                # critical path / energy alone miss it
+    assert lower_bound(inst) == (5.0, "exclusion")   # op 0: single 10, intra-op alone 2 + 3
+
+
+def test_strong_bounds_never_exceed_the_optimum():
+    from phaze.schedule.bounds import (core_limits, energy, energy_heads_tails, exclusion_bound,
+                                       forced_energy, windowed_energy)
+    rng = random.Random(7)
+    for _ in range(60):
+        inst = random_instance(rng, n_max=6)
+        opt = _bf(inst)
+        k = core_limits(inst)
+        r, d = energy_heads_tails(inst, k)
+        ub = best_list_schedule(inst).makespan(inst)
+        for v in (energy(inst, "tc", k), energy(inst, "vc", k), exclusion_bound(inst, r, d, k),
+                  windowed_energy(inst, "tc", r, d, k), windowed_energy(inst, "vc", r, d, k),
+                  forced_energy(inst, ub, r, d, k), max(r[i] + inst.q[i] + d[i] for i in range(inst.n))):
+            assert v <= opt * (1 + 1e-9)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10**9))
+def test_energy_heads_and_tails_hold_in_every_schedule(seed):
+    # r_i <= start and d_i <= makespan - end in ANY valid schedule (random orders and modes)
+    from phaze.schedule.bounds import energy_heads_tails
+    rng = random.Random(seed)
+    inst = random_instance(rng, n_max=10)
+    r, d = energy_heads_tails(inst)
+    for _ in range(5):
+        y = [rng.randint(0, 1) for _ in range(inst.n)]
+        s = serial_sgs(inst, priority_order(inst, [rng.random() for _ in range(inst.n)]), y)
+        ms = s.makespan(inst)
+        for i in range(inst.n):
+            assert r[i] <= s.start[i] + 1e-12
+            assert d[i] <= ms - s.end(inst, i) + 1e-12
+
+
+def test_width_and_exclusion_bounds_at_work():
+    from phaze.schedule.bounds import exclusion_bound
+    # two independent ops on 4 tensor cores: at most 2 run at once, so the energy is
+    # 2 * min(3, 4/2) = 4 = the optimum (both single-core side by side); with n_c = 4 it was 2
+    ops = [{"id": i, "core": "tc", "latency_1core_s": 4.0, "latency_allcores_s": 3.0} for i in range(2)]
+    inst = make_instance(4, 1, ops, [])
+    assert _bf(inst) == 4.0
+    assert lower_bound(inst)[0] == 4.0
+    # one op that scales poorly beside a long vector op: single-core, nothing comparable overlaps
+    # it (4 + 0); intra-op it runs alone (3 + the vc op's 5): exclusion gives min(4, 8) = 4 > CP 3
+    ops = [{"id": 0, "core": "tc", "latency_1core_s": 4.0, "latency_allcores_s": 3.0},
+           {"id": 1, "core": "vc", "latency_1core_s": 5.0, "latency_allcores_s": 5.0},
+           {"id": 2, "core": "tc", "latency_1core_s": 1.0, "latency_allcores_s": 1.0}]
+    inst = make_instance(2, 1, ops, [(0, 2)])
+    assert exclusion_bound(inst) == pytest.approx(5.0)   # single: r 0 + 4 + d 1; intra: 3 + 5
+    assert exclusion_bound(inst) <= _bf(inst)
 
 
 def test_lazy_core_assignment_is_needed_and_exact():
