@@ -7,6 +7,7 @@ unique core configurations) × every operator of one model's trace (its unique l
 forward and backward), on one core. Without --trace, the model is traced first into a temporary
 directory (`python -m phaze trace`). Then prints the tpuv4 table used in the README.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,18 +19,30 @@ import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core, as the figure promises
 
-import pandas as pd  # noqa: E402
+import pandas as pd
 
-from phaze.arch.presets import load_preset  # noqa: E402
-from phaze.arch.space import build_space  # noqa: E402
-from phaze.config import load_config, validate_config  # noqa: E402
-from phaze.estimate import matmul_cost  # noqa: E402
-from phaze.estimate.stage import estimate  # noqa: E402
+from phaze.arch.presets import load_preset
+from phaze.arch.space import build_space
+from phaze.config import load_config, validate_config
+from phaze.estimate import matmul_cost
+from phaze.estimate.stage import estimate
 
 
 def trace(model: str, microbatch: int, tmp: int, out: str) -> None:
-    cmd = [sys.executable, "-m", "phaze", "trace", "--model", model, "--microbatch", str(microbatch),
-           "--tmp", str(tmp), "--out", out]
+    cmd = [
+        sys.executable,
+        "-m",
+        "phaze",
+        "trace",
+        "--model",
+        model,
+        "--microbatch",
+        str(microbatch),
+        "--tmp",
+        str(tmp),
+        "--out",
+        out,
+    ]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
 
 
@@ -37,15 +50,20 @@ def tpuv4_table(costmodel: dict, area_mm2: float) -> str:
     a = load_preset("tpuv4")["arch"]
     cm = {**costmodel, **load_preset("tpuv4")["costmodel"]}
     peak = 2.0 * a["n_tc"] * a["tc_width"] * a["tc_depth"] * a["freq_hz"]
-    lines = ["| quantity | tpuv4 preset (modelled) |", "|---|---|",
-             f"| peak tensor FLOP/s (bf16) | {peak / 1e12:.1f} T |",
-             f"| area (22 nm model) | {area_mm2:.1f} mm² |",
-             f"| HBM bandwidth | {cm['hbm_bandwidth_Bps'] / 1e12:.2f} TB/s |"]
+    lines = [
+        "| quantity | tpuv4 preset (modelled) |",
+        "|---|---|",
+        f"| peak tensor FLOP/s (bf16) | {peak / 1e12:.1f} T |",
+        f"| area (22 nm model) | {area_mm2:.1f} mm² |",
+        f"| HBM bandwidth | {cm['hbm_bandwidth_Bps'] / 1e12:.2f} TB/s |",
+    ]
     for m, n, k in ((8192, 8192, 8192), (2048, 4096, 1024), (1, 8192, 8192), (16, 8192, 8192)):
         c = matmul_cost(m, n, k, 1, a, cm, a["n_tc"])
         util = 2.0 * m * n * k / float(c["latency_s"]) / peak
-        lines.append(f"| GEMM {m}×{k}·{k}×{n} on 8 cores | {float(c['latency_s']) * 1e6:.1f} µs, "
-                     f"{util:.1%} of peak, {c['bound']}-bound |")
+        lines.append(
+            f"| GEMM {m}×{k}·{k}×{n} on 8 cores | {float(c['latency_s']) * 1e6:.1f} µs, "
+            f"{util:.1%} of peak, {c['bound']}-bound |"
+        )
     return "\n".join(lines)
 
 
@@ -68,23 +86,34 @@ def main() -> int:
             trace_dir = os.path.join(tmpdir, "trace")
             t0 = time.perf_counter()
             trace(args.model, args.microbatch, args.tmp, trace_dir)
-            print(f"traced {args.model} b{args.microbatch} t{args.tmp} in {time.perf_counter() - t0:.1f} s")
+            print(
+                f"traced {args.model} b{args.microbatch} t{args.tmp} in {time.perf_counter() - t0:.1f} s"
+            )
         ops = pd.read_parquet(os.path.join(trace_dir, "ops.parquet"))
 
-    n_tc_cfg = len(space[["tc_width", "tc_depth", "n_tc", "freq_hz", "glb_bytes"]].drop_duplicates())
+    n_tc_cfg = len(
+        space[["tc_width", "tc_depth", "n_tc", "freq_hz", "glb_bytes"]].drop_duplicates()
+    )
     n_vc_cfg = len(space[["vc_width", "n_vc", "freq_hz"]].drop_duplicates())
     mm = ops[ops.kind == "matmul"]
-    print(f"space: {summary['kept']} of {summary['grid_points']} grid points in {t_space:.2f} s; "
-          f"{n_tc_cfg} tensor-core configs (width, depth, count, clock, GLB), {n_vc_cfg} vector-core configs")
-    print(f"ops: {len(ops)} operators of {ops.signature.nunique()} unique layer signatures "
-          f"(fwd+bwd), {len(mm)} GEMMs with {len(mm[['m', 'n', 'k', 'batch']].drop_duplicates())} unique shapes")
+    print(
+        f"space: {summary['kept']} of {summary['grid_points']} grid points in {t_space:.2f} s; "
+        f"{n_tc_cfg} tensor-core configs (width, depth, count, clock, GLB), {n_vc_cfg} vector-core configs"
+    )
+    print(
+        f"ops: {len(ops)} operators of {ops.signature.nunique()} unique layer signatures "
+        f"(fwd+bwd), {len(mm)} GEMMs with {len(mm[['m', 'n', 'k', 'batch']].drop_duplicates())} unique shapes"
+    )
     t0 = time.perf_counter()
     cpu0 = time.process_time()
     out = estimate(ops, space, config["costmodel"])
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     print(f"estimate: {len(out):,} rows (archs x ops) in {wall:.1f} s wall, {cpu:.1f} s CPU")
-    tpu_area = float(space.loc[space.preset == "tpuv4", "area_mm2"].iloc[0]) \
-        if (space.preset == "tpuv4").any() else float("nan")
+    tpu_area = (
+        float(space.loc[space.preset == "tpuv4", "area_mm2"].iloc[0])
+        if (space.preset == "tpuv4").any()
+        else float("nan")
+    )
     print()
     print(tpuv4_table(config["costmodel"], tpu_area))
     return 0

@@ -11,6 +11,7 @@ network: 8 devices per node; phaze.place.network).
 
     .venv/bin/python benchmarks/place.py [--repeat 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,11 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from phaze.place import AllReduce, StageRule, data_parallel_degrees, solve  # noqa: E402
-from phaze.arch.presets import load_preset  # noqa: E402
-from phaze.place.examples import gpt3_like_instance  # noqa: E402
-from phaze.place.network import PlaceNetwork  # noqa: E402
-from phaze.place.upstream import instance_graphs, solve_instance  # noqa: E402
+from phaze.arch.presets import load_preset
+from phaze.place import AllReduce, StageRule, data_parallel_degrees, solve
+from phaze.place.examples import gpt3_like_instance
+from phaze.place.network import PlaceNetwork
+from phaze.place.upstream import instance_graphs, solve_instance
 
 
 def best_of(fn, repeat):
@@ -47,11 +48,15 @@ def main() -> int:
 
     ins = gpt3_like_instance()
     solve_s, out = best_of(lambda: solve_instance(ins), args.repeat)
-    print(f"instance: GPT-3-like, {len(ins['nodes']['4'])} nodes, t in {sorted(map(int, ins['nodes']))}, "
-          f"{ins['maxDevices']} devices, {ins['mbsInBatch']} microbatches, recompute on")
-    print(f"result: time/batch {out['finalTimePerBatch']:.4f} s, d={out['dataParallelDegree']}, "
-          f"t={out['tensorParallelDegree']}, stages={len(out['stages'])}; "
-          f"fixed (32, 8, 4): {out['fixedStrategyTimePerBatch']:.4f} s")
+    print(
+        f"instance: GPT-3-like, {len(ins['nodes']['4'])} nodes, t in {sorted(map(int, ins['nodes']))}, "
+        f"{ins['maxDevices']} devices, {ins['mbsInBatch']} microbatches, recompute on"
+    )
+    print(
+        f"result: time/batch {out['finalTimePerBatch']:.4f} s, d={out['dataParallelDegree']}, "
+        f"t={out['tensorParallelDegree']}, stages={len(out['stages'])}; "
+        f"fixed (32, 8, 4): {out['fixedStrategyTimePerBatch']:.4f} s"
+    )
     print(f"solve (in-process, best of {args.repeat}): {solve_s:.3f} s")
 
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
@@ -59,39 +64,73 @@ def main() -> int:
         path = Path(tmp) / "gpt3.json"
         path.write_text(json.dumps(ins))
         cmd = [sys.executable, "-m", "phaze", "place", "--instance", str(path)]
-        proc_s, _ = best_of(lambda: subprocess.run(cmd, check=True, capture_output=True, env=env),
-                            max(1, args.repeat // 2))
-        start_s, _ = best_of(lambda: subprocess.run(
-            [sys.executable, "-m", "phaze", "place", "--help"], check=True, capture_output=True,
-            env=env), max(1, args.repeat // 2))
+        proc_s, _ = best_of(
+            lambda: subprocess.run(cmd, check=True, capture_output=True, env=env),
+            max(1, args.repeat // 2),
+        )
+        start_s, _ = best_of(
+            lambda: subprocess.run(
+                [sys.executable, "-m", "phaze", "place", "--help"],
+                check=True,
+                capture_output=True,
+                env=env,
+            ),
+            max(1, args.repeat // 2),
+        )
     print(f"process `python -m phaze place --instance` (total): {proc_s:.3f} s")
-    print(f"process start-up alone (`python -m phaze place --help`: interpreter, CLI parser "
-          f"of every stage): {start_s:.3f} s")
+    print(
+        f"process start-up alone (`python -m phaze place --help`: interpreter, CLI parser "
+        f"of every stage): {start_s:.3f} s"
+    )
 
     ins4 = gpt3_like_instance(widths=(1, 2, 4, 8))
     graphs, _ = instance_graphs(ins4)
     for recompute in (False, True):
         for hbm_gib in (32, 80):
-            rule = StageRule(bandwidth=44.8e9, latency=1e-6, param_state_factor=8.0,
-                             recompute=recompute, memory_capacity=hbm_gib * 2**30,
-                             max_positions=1024)
+            rule = StageRule(
+                bandwidth=44.8e9,
+                latency=1e-6,
+                param_state_factor=8.0,
+                recompute=recompute,
+                memory_capacity=hbm_gib * 2**30,
+                max_positions=1024,
+            )
             ar = AllReduce(mode="max", bandwidth=44.8e9, latency=1e-6)
             d_values = data_parallel_degrees(1024, 4096, False, False)
-            s, p = best_of(lambda: solve(graphs, rule, 1024, 4096, d_values, ar), args.repeat)
-            print(f"our mode, t in 1,2,4,8, adam, {hbm_gib} GiB, recompute {'on' if recompute else 'off'}: "
-                  f"{s:.3f} s -> t={p.t} d={p.d} pp={p.pp} {p.time_per_batch:.4f} s/batch")
+            s, p = best_of(
+                lambda rule=rule, d_values=d_values, ar=ar: solve(
+                    graphs, rule, 1024, 4096, d_values, ar
+                ),
+                args.repeat,
+            )
+            print(
+                f"our mode, t in 1,2,4,8, adam, {hbm_gib} GiB, recompute {'on' if recompute else 'off'}: "
+                f"{s:.3f} s -> t={p.t} d={p.d} pp={p.pp} {p.time_per_batch:.4f} s/batch"
+            )
     net = PlaceNetwork.from_dict(load_preset("a100-80gb")["network"], "a100-80gb network")
     for recompute in (False, True):
         for hbm_gib in (32, 80):
-            rule = StageRule(bandwidth=44.8e9, latency=1e-6, param_state_factor=8.0,
-                             recompute=recompute, memory_capacity=hbm_gib * 2**30,
-                             max_positions=1024)
+            rule = StageRule(
+                bandwidth=44.8e9,
+                latency=1e-6,
+                param_state_factor=8.0,
+                recompute=recompute,
+                memory_capacity=hbm_gib * 2**30,
+                max_positions=1024,
+            )
             ar = AllReduce(mode="max", bandwidth=44.8e9, latency=1e-6, network=net)
             d_values = data_parallel_degrees(1024, 4096, False, False)
-            s, p = best_of(lambda: solve(graphs, rule, 1024, 4096, d_values, ar), args.repeat)
-            print(f"our mode on the a100-80gb two-level network, t in 1,2,4,8, adam, {hbm_gib} GiB, "
-                  f"recompute {'on' if recompute else 'off'}: {s:.3f} s -> t={p.t} d={p.d} pp={p.pp} "
-                  f"{p.time_per_batch:.4f} s/batch")
+            s, p = best_of(
+                lambda rule=rule, d_values=d_values, ar=ar: solve(
+                    graphs, rule, 1024, 4096, d_values, ar
+                ),
+                args.repeat,
+            )
+            print(
+                f"our mode on the a100-80gb two-level network, t in 1,2,4,8, adam, {hbm_gib} GiB, "
+                f"recompute {'on' if recompute else 'off'}: {s:.3f} s -> t={p.t} d={p.d} pp={p.pp} "
+                f"{p.time_per_batch:.4f} s/batch"
+            )
     return 0
 
 

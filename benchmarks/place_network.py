@@ -12,6 +12,7 @@ p / t / d, and the solve time (DP over t in 1, 2, 4, 8; traces excluded).
 
     .venv/bin/python benchmarks/place_network.py [--microbatch 1] [--devices 1024] [--hbm-gib 80]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,15 +22,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pandas as pd  # noqa: E402
+import pandas as pd
 
-from phaze.arch.presets import load_preset  # noqa: E402
-from phaze.config import load_config  # noqa: E402
-from phaze.fidelity.evaluate import build_workload, trace_for  # noqa: E402
-from phaze.fidelity.network import HierarchicalNetwork  # noqa: E402
-from phaze.fidelity.strategy import Strategy  # noqa: E402
-from phaze.place.tables import PlaceSettings, place_architectures  # noqa: E402
-from phaze.trace.models import get_model_spec  # noqa: E402
+from phaze.arch.presets import load_preset
+from phaze.config import load_config
+from phaze.fidelity.evaluate import build_workload, trace_for
+from phaze.fidelity.network import HierarchicalNetwork
+from phaze.fidelity.strategy import Strategy
+from phaze.place.tables import PlaceSettings, place_architectures
+from phaze.trace.models import get_model_spec
 
 PRESET = "a100-80gb"
 ARCH = "a100"
@@ -37,8 +38,11 @@ ARCH = "a100"
 
 def collective_s(net: HierarchicalNetwork, collectives, t: int) -> float:
     ranks = list(range(t))  # one tensor-parallel group, inside a node
-    fn = {"all_reduce": net.all_reduce, "reduce_scatter": net.reduce_scatter,
-          "all_gather": net.all_gather}
+    fn = {
+        "all_reduce": net.all_reduce,
+        "reduce_scatter": net.reduce_scatter,
+        "all_gather": net.all_gather,
+    }
     return sum(fn[kind](size, ranks) for kind, size in collectives) if t > 1 else 0.0
 
 
@@ -49,18 +53,36 @@ def tables_for(model: str, widths, microbatch: int, devices: int):
     net = HierarchicalNetwork.from_preset(preset["network"])
     layers_by_t, sched_by_t = {}, {}
     for t in widths:
-        strategy = Strategy(devices=devices, tp=t, pp=1, microbatch=microbatch,
-                            global_batch=devices // t * microbatch)
+        strategy = Strategy(
+            devices=devices,
+            tp=t,
+            pp=1,
+            microbatch=microbatch,
+            global_batch=devices // t * microbatch,
+        )
         work = build_workload(spec, strategy, spec.seq, preset, cfg["costmodel"], cfg["fidelity"])
         layers = trace_for(spec, microbatch, t, spec.seq).layers.copy()
         rows = []
-        for name, w in (("embedding", work.embedding), ("block.0", work.block), ("head", work.head)):
+        for name, w in (
+            ("embedding", work.embedding),
+            ("block.0", work.block),
+            ("head", work.head),
+        ):
             sig = layers.loc[layers["layer"] == name, "signature"].iloc[0]
-            for pass_, comp, coll in (("fwd", w.fwd_s, w.fwd_collectives),
-                                      ("bwd", w.bwd_s, w.bwd_collectives)):
+            for pass_, comp, coll in (
+                ("fwd", w.fwd_s, w.fwd_collectives),
+                ("bwd", w.bwd_s, w.bwd_collectives),
+            ):
                 lat = comp + collective_s(net, coll, t)
-                rows.append({"arch": ARCH, "signature": sig, "pass": pass_, "makespan_s": lat,
-                             "lower_bound_s": lat})
+                rows.append(
+                    {
+                        "arch": ARCH,
+                        "signature": sig,
+                        "pass": pass_,
+                        "makespan_s": lat,
+                        "lower_bound_s": lat,
+                    }
+                )
         layers_by_t[t] = layers
         sched_by_t[t] = pd.DataFrame(rows)
     arch = preset["arch"]
@@ -79,32 +101,52 @@ def main() -> int:
     args = ap.parse_args()
     widths = get_model_spec(args.model).valid_tmp
     t0 = time.perf_counter()
-    layers_by_t, sched_by_t, space, cfg = tables_for(args.model, widths, args.microbatch, args.devices)
-    print(f"{args.model} on {args.devices} x {PRESET}, {args.hbm_gib:g} GiB, microbatch "
-          f"{args.microbatch}, global batch {args.global_batch}, adam, t in {list(widths)} "
-          f"(traces and layer latencies: {time.perf_counter() - t0:.1f} s)")
+    layers_by_t, sched_by_t, space, cfg = tables_for(
+        args.model, widths, args.microbatch, args.devices
+    )
+    print(
+        f"{args.model} on {args.devices} x {PRESET}, {args.hbm_gib:g} GiB, microbatch "
+        f"{args.microbatch}, global batch {args.global_batch}, adam, t in {list(widths)} "
+        f"(traces and layer latencies: {time.perf_counter() - t0:.1f} s)"
+    )
     expert = cfg["place"]["expert"].get(args.model)
     for recompute in (False, True):
         for preset_networks in (False, True):
             settings = PlaceSettings(
-                model=args.model, hbm_bytes=int(args.hbm_gib * 2**30), microbatch=args.microbatch,
-                recompute=recompute, global_batch=args.global_batch, optimizer="adam",
-                bytes_per_element=2, dp_must_divide_batch=False, dp_must_divide_devices=False,
-                expert=expert, preset_networks=preset_networks)
+                model=args.model,
+                hbm_bytes=int(args.hbm_gib * 2**30),
+                microbatch=args.microbatch,
+                recompute=recompute,
+                global_batch=args.global_batch,
+                optimizer="adam",
+                bytes_per_element=2,
+                dp_must_divide_batch=False,
+                dp_must_divide_devices=False,
+                expert=expert,
+                preset_networks=preset_networks,
+            )
             t1 = time.perf_counter()
-            row = place_architectures(settings, layers_by_t, sched_by_t, space, cfg["costmodel"],
-                                      [args.devices]).iloc[0]
+            row = place_architectures(
+                settings, layers_by_t, sched_by_t, space, cfg["costmodel"], [args.devices]
+            ).iloc[0]
             solve_s = time.perf_counter() - t1
             label = "two-level (DGX A100)" if preset_networks else "flat 300 GB/s link  "
             if not row["feasible"]:
-                print(f"recompute {'on ' if recompute else 'off'} {label}: infeasible: {row['reason']}")
+                print(
+                    f"recompute {'on ' if recompute else 'off'} {label}: infeasible: {row['reason']}"
+                )
                 continue
-            exp = (f"expert (p, d, t) = ({row['expert_pp']}, {row['expert_dp']}, {row['expert_tp']}): "
-                   f"{row['expert_time_per_batch_s']:.2f} s" if row["expert_feasible"]
-                   else f"expert: {row['expert_reason']}")
-            print(f"recompute {'on ' if recompute else 'off'} {label}: {row['time_per_batch_s']:.2f} s/batch, "
-                  f"{row['throughput_seq_s']:.1f} seq/s, MFU {row['mfu']:.3f}, p={row['pp']} "
-                  f"t={row['tp']} d={row['dp']} ({row['devices_used']} GPUs); {exp}; solve {solve_s:.2f} s")
+            exp = (
+                f"expert (p, d, t) = ({row['expert_pp']}, {row['expert_dp']}, {row['expert_tp']}): "
+                f"{row['expert_time_per_batch_s']:.2f} s"
+                if row["expert_feasible"]
+                else f"expert: {row['expert_reason']}"
+            )
+            print(
+                f"recompute {'on ' if recompute else 'off'} {label}: {row['time_per_batch_s']:.2f} s/batch, "
+                f"{row['throughput_seq_s']:.1f} seq/s, MFU {row['mfu']:.3f}, p={row['pp']} "
+                f"t={row['tp']} d={row['dp']} ({row['devices_used']} GPUs); {exp}; solve {solve_s:.2f} s"
+            )
     return 0
 
 

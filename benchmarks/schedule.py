@@ -9,6 +9,7 @@ over the default config's architectures (instance keys only, no solving).
 
     .venv/bin/python benchmarks/schedule.py [--time-limit-s 10] [--models ...] [--work DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,15 +24,23 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from phaze.arch.presets import load_preset  # noqa: E402
-from phaze.config import load_config  # noqa: E402
-from phaze.estimate.stage import estimate  # noqa: E402
-from phaze.schedule.solve import Options, Scheduler  # noqa: E402
-from phaze.schedule.tables import build_instance, latency_lookup, load_graphs  # noqa: E402
-from phaze.trace.models import get_model_spec  # noqa: E402
+from phaze.arch.presets import load_preset
+from phaze.config import load_config
+from phaze.estimate.stage import estimate
+from phaze.schedule.solve import Options, Scheduler
+from phaze.schedule.tables import build_instance, latency_lookup, load_graphs
+from phaze.trace.models import get_model_spec
 
-PAPER_MODELS = ["bert-large", "gpt2-xl", "opt-350m", "llama2-7b", "megatron-bert",
-                "megatron-gpt-2.5b", "megatron-gpt-8.3b", "gpt3-175b"]
+PAPER_MODELS = [
+    "bert-large",
+    "gpt2-xl",
+    "opt-350m",
+    "llama2-7b",
+    "megatron-bert",
+    "megatron-gpt-2.5b",
+    "megatron-gpt-8.3b",
+    "gpt3-175b",
+]
 CORES = [(1, 1), (2, 2), (4, 4), (8, 8), (16, 16), (8, 2)]
 
 
@@ -39,8 +48,24 @@ def trace_dir(work: Path, model: str, t: int, microbatch: int = 1) -> Path:
     spec = get_model_spec(model)
     d = work / "trace" / model / f"b{microbatch}_s{spec.seq}_t{t}"
     if not (d / "ops.parquet").exists():
-        subprocess.run([sys.executable, "-m", "phaze", "trace", "--model", model, "--microbatch",
-                        str(microbatch), "--tmp", str(t), "--out", str(d)], check=True, cwd=ROOT)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "phaze",
+                "trace",
+                "--model",
+                model,
+                "--microbatch",
+                str(microbatch),
+                "--tmp",
+                str(t),
+                "--out",
+                str(d),
+            ],
+            check=True,
+            cwd=ROOT,
+        )
     return d
 
 
@@ -63,8 +88,13 @@ def block_signatures(d: Path) -> set[str]:
 
 def run_instances(args) -> pd.DataFrame:
     space, cm = tpuv4_space(CORES)
-    opts = Options(time_limit_s=args.time_limit_s, gap=args.gap, threads=1, cache=not args.no_cache,
-                   decompose=not args.no_decompose)
+    opts = Options(
+        time_limit_s=args.time_limit_s,
+        gap=args.gap,
+        threads=1,
+        cache=not args.no_cache,
+        decompose=not args.no_decompose,
+    )
     rows = []
     with Scheduler(opts) as sch:
         for model in args.models:
@@ -77,23 +107,44 @@ def run_instances(args) -> pd.DataFrame:
                     if g.signature not in blocks:
                         continue
                     for a in space.itertuples(index=False):
-                        inst = build_instance(g, lat[(a.arch, g.signature, g.pass_)], a.n_tc, a.n_vc, "")
+                        inst = build_instance(
+                            g, lat[(a.arch, g.signature, g.pass_)], a.n_tc, a.n_vc, ""
+                        )
                         t0 = time.perf_counter()
                         r = sch.solve(inst)
                         wall = time.perf_counter() - t0
-                        rows.append(dict(model=model, t=t, pass_=g.pass_, n_tc=a.n_tc, n_vc=a.n_vc,
-                                         n_ops=inst.n, pairs=len(inst.incomparable_pairs),
-                                         makespan_s=r.makespan_s, lower_bound_s=r.lower_bound_s,
-                                         list_s=r.upper_bound_s, gap=r.gap, status=r.status,
-                                         method=r.method, solve_s=wall, cache_hit=r.cache_hit))
+                        rows.append(
+                            {
+                                "model": model,
+                                "t": t,
+                                "pass_": g.pass_,
+                                "n_tc": a.n_tc,
+                                "n_vc": a.n_vc,
+                                "n_ops": inst.n,
+                                "pairs": len(inst.incomparable_pairs),
+                                "makespan_s": r.makespan_s,
+                                "lower_bound_s": r.lower_bound_s,
+                                "list_s": r.upper_bound_s,
+                                "gap": r.gap,
+                                "status": r.status,
+                                "method": r.method,
+                                "solve_s": wall,
+                                "cache_hit": r.cache_hit,
+                            }
+                        )
                         x = rows[-1]
-                        print(f"{model:18s} t={t} {g.pass_} ({a.n_tc:2d},{a.n_vc:2d}) n={inst.n:2d} "
-                              f"makespan {x['makespan_s']*1e6:10.2f} us  lb {x['lower_bound_s']*1e6:10.2f} us  "
-                              f"list {x['list_s']*1e6:10.2f} us  gap {x['gap']*100:6.2f} %  "
-                              f"{x['status']:10s} {x['method']:5s} {wall:6.2f} s"
-                              f"{'  (cache hit)' if r.cache_hit else ''}", flush=True)
-        print(f"ILP solves: {sch.ilp_solves}; cache hits {sch.hits}/{sch.lookups}, "
-              f"segment hits {sch.segment_hits}")
+                        print(
+                            f"{model:18s} t={t} {g.pass_} ({a.n_tc:2d},{a.n_vc:2d}) n={inst.n:2d} "
+                            f"makespan {x['makespan_s'] * 1e6:10.2f} us  lb {x['lower_bound_s'] * 1e6:10.2f} us  "
+                            f"list {x['list_s'] * 1e6:10.2f} us  gap {x['gap'] * 100:6.2f} %  "
+                            f"{x['status']:10s} {x['method']:5s} {wall:6.2f} s"
+                            f"{'  (cache hit)' if r.cache_hit else ''}",
+                            flush=True,
+                        )
+        print(
+            f"ILP solves: {sch.ilp_solves}; cache hits {sch.hits}/{sch.lookups}, "
+            f"segment hits {sch.segment_hits}"
+        )
     return pd.DataFrame(rows)
 
 
@@ -102,10 +153,13 @@ def summarize(df: pd.DataFrame) -> None:
         if sub.empty:
             return
         g, s = sub["gap"].to_numpy() * 100, sub["solve_s"].to_numpy()
-        print(f"{label:10s} n={len(sub):4d}  gap median {np.median(g):6.3f} %  p95 "
-              f"{np.percentile(g, 95):6.3f} %  max {g.max():6.2f} %  | solve median "
-              f"{np.median(s):6.3f} s  p95 {np.percentile(s, 95):6.3f} s  max {s.max():6.2f} s  "
-              f"| list excess mean {((sub['list_s'] / sub['makespan_s'] - 1) * 100).mean():5.2f} %")
+        print(
+            f"{label:10s} n={len(sub):4d}  gap median {np.median(g):6.3f} %  p95 "
+            f"{np.percentile(g, 95):6.3f} %  max {g.max():6.2f} %  | solve median "
+            f"{np.median(s):6.3f} s  p95 {np.percentile(s, 95):6.3f} s  max {s.max():6.2f} s  "
+            f"| list excess mean {((sub['list_s'] / sub['makespan_s'] - 1) * 100).mean():5.2f} %"
+        )
+
     print("\nsummary (gap = (makespan - lower bound) / makespan)")
     stats(df, "all")
     for p in ("fwd", "bwd"):
@@ -122,13 +176,19 @@ def cache_hit_rate(work: Path) -> None:
     space, _ = build_space(cfg)
     cm = cfg["costmodel"]
     micros = list(cfg["trace"]["microbatch"])
-    print(f"\ncache hit rate over the default config's {len(space)} architectures "
-          f"(models {cfg['models']}, microbatch {micros}, t {cfg['trace']['tmp']} where valid; "
-          f"one job = all archs of one trace):")
+    print(
+        f"\ncache hit rate over the default config's {len(space)} architectures "
+        f"(models {cfg['models']}, microbatch {micros}, t {cfg['trace']['tmp']} where valid; "
+        f"one job = all archs of one trace):"
+    )
     tot_inst = tot_hit = 0
     for model in cfg["models"]:
-        for micro, t in [(b, t) for b in micros for t in get_model_spec(model).valid_tmp
-                         if t in cfg["trace"]["tmp"]]:
+        for micro, t in [
+            (b, t)
+            for b in micros
+            for t in get_model_spec(model).valid_tmp
+            if t in cfg["trace"]["tmp"]
+        ]:
             d = trace_dir(work, model, t, micro)
             ops = pd.read_parquet(d / "ops.parquet")
             lat = estimate(ops, space, cm)
@@ -139,7 +199,9 @@ def cache_hit_rate(work: Path) -> None:
                 for g in graphs:
                     if not g.ids:
                         continue
-                    inst = build_instance(g, lookup[(a.arch, g.signature, g.pass_)], a.n_tc, a.n_vc, "")
+                    inst = build_instance(
+                        g, lookup[(a.arch, g.signature, g.pass_)], a.n_tc, a.n_vc, ""
+                    )
                     keys.add(inst.cache_key()[0])
                     n_inst += 1
                     arts = set(articulation_ops(inst))
@@ -149,10 +211,15 @@ def cache_hit_rate(work: Path) -> None:
                             n_seg += 1
             tot_inst += n_inst
             tot_hit += n_inst - len(keys)
-            print(f"  {model} b={micro} t={t}: {n_inst} instances, {len(keys)} distinct -> hit rate "
-                  f"{1 - len(keys) / n_inst:.1%}; segments {n_seg}, distinct {len(seg_keys)} -> "
-                  f"{(1 - len(seg_keys) / n_seg) if n_seg else 0:.1%}", flush=True)
-    print(f"  overall whole-layer hit rate {tot_hit / max(tot_inst, 1):.1%} of {tot_inst} instances")
+            print(
+                f"  {model} b={micro} t={t}: {n_inst} instances, {len(keys)} distinct -> hit rate "
+                f"{1 - len(keys) / n_inst:.1%}; segments {n_seg}, distinct {len(seg_keys)} -> "
+                f"{(1 - len(seg_keys) / n_seg) if n_seg else 0:.1%}",
+                flush=True,
+            )
+    print(
+        f"  overall whole-layer hit rate {tot_hit / max(tot_inst, 1):.1%} of {tot_inst} instances"
+    )
 
 
 def _segments(inst, arts):

@@ -9,6 +9,7 @@ architecture grid — for an exhaustive search and for early stops that visit a 
 
     .venv/bin/python benchmarks/search.py [--results results] [--paper config/paper.yaml]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,11 +33,17 @@ def _cpu(results: Path) -> Counter:
         parts = f.relative_to(results / "benchmarks").parts
         stage, name = parts[0], f.stem
         if stage == "schedule":
-            key = "schedule_" + ("ilp" if "ilp" in parts else "blind" if name == "blind" else "bounds")
+            key = "schedule_" + (
+                "ilp" if "ilp" in parts else "blind" if name == "blind" else "bounds"
+            )
         elif stage == "place":
-            key = "place_" + ("ilp" if name.endswith("_ilp") else "blind" if name.endswith("blind") else "bounds")
+            key = "place_" + (
+                "ilp" if name.endswith("_ilp") else "blind" if name.endswith("blind") else "bounds"
+            )
         elif stage == "estimate":
-            key = "estimate_" + ("space" if name == "space" else "blind" if name == "blind" else "chunks")
+            key = "estimate_" + (
+                "space" if name == "space" else "blind" if name == "blind" else "chunks"
+            )
         else:
             key = stage
         cpu[key] += float(pd.read_csv(f, sep="\t").iloc[-1]["cpu_time"])
@@ -47,7 +54,9 @@ def _units(results: Path) -> Counter:
     u = Counter()
     for f in (results / "schedule").rglob("*.parquet"):
         archs = pd.read_parquet(f, columns=["arch"])["arch"].nunique()
-        tier = "ilp" if f.parent.name == "ilp" else "blind" if f.name == "blind.parquet" else "bounds"
+        tier = (
+            "ilp" if f.parent.name == "ilp" else "blind" if f.name == "blind.parquet" else "bounds"
+        )
         u[f"schedule_{tier}"] += archs
         if tier == "bounds":
             u["estimate_chunks"] += archs  # same arch x trace units
@@ -79,16 +88,32 @@ def _paper_counts(paper: Path) -> dict:
     cfg = load_config(paper)
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "space.parquet"
-        subprocess.run([sys.executable, "-m", "phaze", "arch", "--config", str(paper), "--out", str(out)],
-                       check=True, capture_output=True, cwd=REPO)
+        subprocess.run(
+            [sys.executable, "-m", "phaze", "arch", "--config", str(paper), "--out", str(out)],
+            check=True,
+            capture_output=True,
+            cwd=REPO,
+        )
         archs = len(pd.read_parquet(out, columns=["arch"]))
-    traces = sum(len(cfg["trace"]["microbatch"]) * len([t for t in cfg["trace"]["tmp"]
-                                                        if t in get_model_spec(m).valid_tmp])
-                 for m in cfg["models"])
-    settings = (len(cfg["models"]) * len(cfg["trace"]["microbatch"]) * len(cfg["place"]["hbm_gib"])
-                * len(cfg["place"]["recompute"]) * len(cfg["place"]["devices"]))
-    return {"archs": archs, "traces": traces, "place_settings": settings,
-            "time_limit_s": float(cfg["schedule"]["time_limit_s"]), "models": len(cfg["models"])}
+    traces = sum(
+        len(cfg["trace"]["microbatch"])
+        * len([t for t in cfg["trace"]["tmp"] if t in get_model_spec(m).valid_tmp])
+        for m in cfg["models"]
+    )
+    settings = (
+        len(cfg["models"])
+        * len(cfg["trace"]["microbatch"])
+        * len(cfg["place"]["hbm_gib"])
+        * len(cfg["place"]["recompute"])
+        * len(cfg["place"]["devices"])
+    )
+    return {
+        "archs": archs,
+        "traces": traces,
+        "place_settings": settings,
+        "time_limit_s": float(cfg["schedule"]["time_limit_s"]),
+        "models": len(cfg["models"]),
+    }
 
 
 def main() -> int:
@@ -107,39 +132,56 @@ def main() -> int:
         print(f"  {k:<18}{cpu[k]:>9.1f} s  {per}")
     n_ilp, n_limited, solve = _ilp_time_limited(results)
     print(f"  ILP tier: {n_ilp} instances, {n_limited} hit the time limit, {solve:.1f} s in solves")
-    print(f"  ILP instances solved: {stats['ilp_instances']}, avoided by pruning: "
-          f"{stats['ilp_instances_avoided_by_pruning']}; archs computed {stats['archs_computed']} "
-          f"of {stats['archs_in_space']}, with ILP {stats['archs_with_ilp']}")
+    print(
+        f"  ILP instances solved: {stats['ilp_instances']}, avoided by pruning: "
+        f"{stats['ilp_instances_avoided_by_pruning']}; archs computed {stats['archs_computed']} "
+        f"of {stats['archs_in_space']}, with ILP {stats['archs_with_ilp']}"
+    )
 
     p = _paper_counts(Path(args.paper))
-    arch_trace_cost = sum(cpu[k] for k in ("estimate_chunks", "schedule_bounds")) / max(1, units["schedule_bounds"])
+    arch_trace_cost = sum(cpu[k] for k in ("estimate_chunks", "schedule_bounds")) / max(
+        1, units["schedule_bounds"]
+    )
     ilp_share = units["schedule_ilp"] / max(1, units["schedule_bounds"])
     ilp_unit = cpu["schedule_ilp"] / max(1, units["schedule_ilp"])
     # worst case for the paper's longer limit: every instance that hit the limit runs to it
-    ilp_unit_paper = ilp_unit + (n_limited / max(1, units["schedule_ilp"])) * (p["time_limit_s"] - 2.0)
+    ilp_unit_paper = ilp_unit + (n_limited / max(1, units["schedule_ilp"])) * (
+        p["time_limit_s"] - 2.0
+    )
     # one bound-tier unit = the ub + lo placements of one arch x setting (two files)
     place_bounds_unit = cpu["place_bounds"] / max(1, units["place_bounds"] / 2)
     place_ilp_unit = cpu["place_ilp"] / max(1, units["place_ilp"])
-    per_arch = (p["traces"] * (arch_trace_cost + ilp_share * ilp_unit)
-                + p["place_settings"] * (place_bounds_unit + ilp_share * place_ilp_unit))
+    per_arch = p["traces"] * (arch_trace_cost + ilp_share * ilp_unit) + p["place_settings"] * (
+        place_bounds_unit + ilp_share * place_ilp_unit
+    )
     per_arch_paper_limit = per_arch + p["traces"] * ilp_share * (ilp_unit_paper - ilp_unit)
     fixed = cpu["trace"] / max(1, units["trace"]) * p["traces"]
-    print(f"\npaper sweep ({args.paper}): {p['archs']} archs, {p['traces']} traces, "
-          f"{p['place_settings']} placement settings per arch")
-    print(f"  per visited arch: {per_arch:.1f} CPU-s with the measured ILP cost, "
-          f"{per_arch_paper_limit:.1f} CPU-s if every time-limited ILP runs to {p['time_limit_s']:g} s")
+    print(
+        f"\npaper sweep ({args.paper}): {p['archs']} archs, {p['traces']} traces, "
+        f"{p['place_settings']} placement settings per arch"
+    )
+    print(
+        f"  per visited arch: {per_arch:.1f} CPU-s with the measured ILP cost, "
+        f"{per_arch_paper_limit:.1f} CPU-s if every time-limited ILP runs to {p['time_limit_s']:g} s"
+    )
     print(f"  fixed (traces): {fixed / 3600:.2f} CPU-hours")
     print(f"  {'visited share':>14}{'archs':>8}{'CPU-h':>10}{'CPU-h (60 s ILPs)':>20}")
     for share in (1.0, 0.1, 0.01, 0.001):
         n = max(1, round(share * p["archs"]))
-        print(f"  {share:>14.1%}{n:>8}{(fixed + n * per_arch) / 3600:>10.2f}"
-              f"{(fixed + n * per_arch_paper_limit) / 3600:>20.2f}")
+        print(
+            f"  {share:>14.1%}{n:>8}{(fixed + n * per_arch) / 3600:>10.2f}"
+            f"{(fixed + n * per_arch_paper_limit) / 3600:>20.2f}"
+        )
     budget = 4 * 3600
-    print(f"  archs affordable within 4 CPU-hours: {int((budget - fixed) / per_arch)} "
-          f"({int((budget - fixed) / per_arch_paper_limit)} with 60 s ILPs)")
-    print("  assumptions: the paper's models cost per unit what the default's do (same op graphs per"
-          " block, larger shapes do not change the op count), and the measured share of archs that"
-          " needed the ILP after pruning carries over.")
+    print(
+        f"  archs affordable within 4 CPU-hours: {int((budget - fixed) / per_arch)} "
+        f"({int((budget - fixed) / per_arch_paper_limit)} with 60 s ILPs)"
+    )
+    print(
+        "  assumptions: the paper's models cost per unit what the default's do (same op graphs per"
+        " block, larger shapes do not change the op count), and the measured share of archs that"
+        " needed the ILP after pruning carries over."
+    )
     return 0
 
 

@@ -6,6 +6,7 @@ ru_maxrss. Default: gpt3-175b, microbatch 1, seq 2048, t 8 (targets: <= 30 s, <=
 
     .venv/bin/python benchmarks/trace.py [--model M --microbatch B --seq S --tmp T --repeat N]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,12 +24,25 @@ TARGET_S, TARGET_BYTES = 30.0, 2 * 1024**3
 
 def run_once(args) -> tuple[float, int]:
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "phaze", "trace", "--model", args.model,
-               "--microbatch", str(args.microbatch), "--tmp", str(args.tmp),
-               "--seq", str(args.seq), "--out", out]
+        cmd = [
+            sys.executable,
+            "-m",
+            "phaze",
+            "trace",
+            "--model",
+            args.model,
+            "--microbatch",
+            str(args.microbatch),
+            "--tmp",
+            str(args.tmp),
+            "--seq",
+            str(args.seq),
+            "--out",
+            out,
+        ]
         env = dict(os.environ, PYTHONPATH=str(REPO))
         start = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
         wall = time.perf_counter() - start
         if proc.returncode != 0:
             sys.exit(f"trace failed ({proc.returncode}): {proc.stderr.strip()}")
@@ -50,10 +64,12 @@ def main() -> int:
         wall, peak = run_once(args)
         walls.append(wall)
     best, worst = min(walls), max(walls)
-    print(f"trace {args.model} b{args.microbatch} s{args.seq} t{args.tmp}: wall "
-          f"{best:.2f} s best / {worst:.2f} s worst of {args.repeat} (incl. imports, target "
-          f"<= {TARGET_S:.0f} s); peak RSS {peak / 2**20:.0f} MiB (target <= 2048 MiB); "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"trace {args.model} b{args.microbatch} s{args.seq} t{args.tmp}: wall "
+        f"{best:.2f} s best / {worst:.2f} s worst of {args.repeat} (incl. imports, target "
+        f"<= {TARGET_S:.0f} s); peak RSS {peak / 2**20:.0f} MiB (target <= 2048 MiB); "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
     return 0 if worst <= TARGET_S and peak <= TARGET_BYTES else 1
 
 

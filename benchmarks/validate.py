@@ -13,6 +13,7 @@
    * nominal link bandwidths (efficiency 1.0);
    * every row with DDP after backward.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,21 +31,28 @@ sys.path.insert(0, str(REPO))
 
 def cold_run() -> None:
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "phaze", "validate", "--json"], cwd=REPO,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "phaze", "validate", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         sys.exit(f"phaze validate failed:\n{proc.stderr}")
     report = json.loads(proc.stdout)
     rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(f"python -m phaze validate: {wall:.1f} s wall, peak RSS {rss:.0f} MiB; "
-          f"mean |error| {report['mean_abs_error'] * 100:.1f} %, max {report['max_abs_error'] * 100:.1f} %, "
-          f"Spearman {report['spearman']:.2f}")
+    print(
+        f"python -m phaze validate: {wall:.1f} s wall, peak RSS {rss:.0f} MiB; "
+        f"mean |error| {report['mean_abs_error'] * 100:.1f} %, max {report['max_abs_error'] * 100:.1f} %, "
+        f"Spearman {report['spearman']:.2f}"
+    )
 
 
 def sensitivity() -> None:
-    import phaze.arch.presets as presets
     import phaze.fidelity.validate as validate_mod
+    from phaze.arch import presets
     from phaze.config import validate_config
 
     base_cfg = validate_config({})
@@ -56,6 +64,7 @@ def sensitivity() -> None:
             if preset_edit:
                 preset_edit(p)
             return p
+
         cfg = copy.deepcopy(base_cfg)
         if cfg_edit:
             cfg_edit(cfg)
@@ -71,8 +80,10 @@ def sensitivity() -> None:
         finally:
             presets.load_preset = real_load
         errs = " ".join(f"{row['error'] * 100:+.0f}" for row in r["rows"])
-        print(f"{name:<44} mean {r['mean_abs_error'] * 100:5.1f} %  max {r['max_abs_error'] * 100:5.1f} %  "
-              f"Spearman {r['spearman']:5.2f}   per-row % [{errs}]")
+        print(
+            f"{name:<44} mean {r['mean_abs_error'] * 100:5.1f} %  max {r['max_abs_error'] * 100:5.1f} %  "
+            f"Spearman {r['spearman']:5.2f}   per-row % [{errs}]"
+        )
 
     def l2_port(p):
         p["costmodel"]["glb_bandwidth_Bps"] = 5120 * 1.41e9 / 432
@@ -87,7 +98,10 @@ def sensitivity() -> None:
     variant("as shipped")
     variant("GLB port = L2 share (16.7 GB/s per core)", l2_port)
     variant("local buffer = 64 KiB register file", rf_local_buffer)
-    variant("no element-wise kernel fusion", cfg_edit=lambda c: c["fidelity"].update(fuse_elementwise=False))
+    variant(
+        "no element-wise kernel fusion",
+        cfg_edit=lambda c: c["fidelity"].update(fuse_elementwise=False),
+    )
     variant("nominal link bandwidths", nominal_links)
     variant("DDP after backward on every row", ddp_after=True)
 

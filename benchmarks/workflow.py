@@ -5,6 +5,7 @@ of jobs per rule, and the search's counts (rounds, archs computed, ILP instances
 
     .venv/bin/python benchmarks/workflow.py [--configfile config/config.yaml] [--cores 2] [--keep DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,10 +47,16 @@ def main() -> int:
     for name in COPY:
         src = REPO / name
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, work / name)
-    cmd = [str(Path(sys.executable).parent / "snakemake"), "--cores", str(args.cores),
-           "--rerun-incomplete", "--configfile", args.configfile]
+    cmd = [
+        str(Path(sys.executable).parent / "snakemake"),
+        "--cores",
+        str(args.cores),
+        "--rerun-incomplete",
+        "--configfile",
+        args.configfile,
+    ]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
     (work / "snakemake.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode:
@@ -60,16 +67,33 @@ def main() -> int:
     stats = json.loads((results / "summary" / "search_stats.json").read_text())
     load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
     print(f"config: {args.configfile}, cores: {args.cores}, load average after: {' '.join(load)}")
-    print(f"wall time: {wall:.1f} s for {sum(jobs.values())} jobs; CPU time of all jobs: {total:.1f} s")
+    print(
+        f"wall time: {wall:.1f} s for {sum(jobs.values())} jobs; CPU time of all jobs: {total:.1f} s"
+    )
     print(f"{'rule':<16}{'jobs':>6}{'cpu_s':>10}")
     for rule in sorted(cpu, key=cpu.get, reverse=True):
         print(f"{rule:<16}{jobs[rule]:>6}{cpu[rule]:>10.1f}")
-    keys = ("rounds_computed", "rounds_total", "archs_in_space", "archs_computed", "archs_with_ilp",
-            "ilp_instances", "ilp_instances_avoided_by_pruning", "searches", "searches_stopped_early")
+    keys = (
+        "rounds_computed",
+        "rounds_total",
+        "archs_in_space",
+        "archs_computed",
+        "archs_with_ilp",
+        "ilp_instances",
+        "ilp_instances_avoided_by_pruning",
+        "searches",
+        "searches_stopped_early",
+    )
     for k in keys:
         print(f"{k}: {stats.get(k)}")
-    out = {"wall_s": wall, "cpu_s": total, "jobs": dict(jobs), "cpu_by_rule_s": dict(cpu),
-           "search": stats, "workdir": str(work)}
+    out = {
+        "wall_s": wall,
+        "cpu_s": total,
+        "jobs": dict(jobs),
+        "cpu_by_rule_s": dict(cpu),
+        "search": stats,
+        "workdir": str(work),
+    }
     (REPO / "benchmarks" / "out").mkdir(parents=True, exist_ok=True)
     (REPO / "benchmarks" / "out" / "workflow.json").write_text(json.dumps(out, indent=2))
     return 0

@@ -3,6 +3,7 @@
 Each stage module exposes ``add_arguments(parser)`` and ``run(args) -> int``. Modules are imported
 lazily so that `phaze place` does not pay for importing torch.
 """
+
 from __future__ import annotations
 
 import argparse

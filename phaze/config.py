@@ -4,6 +4,7 @@ The same schema is used by the Snakefile (``snakemake.utils.validate``) and by e
 ``python -m phaze <stage> --config FILE``, so a stage run alone sees exactly the defaults a
 workflow run sees.
 """
+
 from __future__ import annotations
 
 import copy

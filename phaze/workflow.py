@@ -9,6 +9,7 @@
 * ``snapshot_config(config, path)`` writes the validated, merged config once (only if its content
   changed) for stage CLIs to read with ``--config``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,8 +50,9 @@ def yaml_safe_json(obj) -> str:
     Stage CLIs read the snapshot with a YAML loader (JSON is YAML), and YAML 1.1 takes json's
     ``1e-06`` for a string; ``1.0e-06`` is a float to both."""
     text = json.dumps(obj, indent=2, sort_keys=True)
-    return _JSON_TOKEN.sub(lambda m: m.group(0) if m.group(1) is None
-                           else f"{m.group(1)}.0{m.group(2)}", text)
+    return _JSON_TOKEN.sub(
+        lambda m: m.group(0) if m.group(1) is None else f"{m.group(1)}.0{m.group(2)}", text
+    )
 
 
 def snapshot_config(config: dict, path: str | Path) -> str:

@@ -1,11 +1,11 @@
 """Architecture space and area model (issue 3)."""
+
 from __future__ import annotations
 
 import itertools
 import json
 
 import numpy as np
-import pandas as pd
 import pytest
 import yaml
 
@@ -15,7 +15,6 @@ from phaze.arch.presets import load_preset
 from phaze.arch.space import arch_id, build_space
 from phaze.cli import main
 from phaze.config import validate_config
-from phaze.errors import PhazeError
 from phaze.io.tables import read_table
 
 MiB = 2**20
@@ -42,8 +41,13 @@ def test_config_constants_are_the_calibration_result(default_config):
     fitted = calibrate.fit()
     assert fitted["max_relative_error"] < 0.05
     cfg = default_config["arch"]["area"]
-    for key in ("tc_pe_area_mm2", "vc_lane_area_mm2", "sram_macro_area_mm2",
-                "sram_area_coeff_mm2", "sram_area_exponent"):
+    for key in (
+        "tc_pe_area_mm2",
+        "vc_lane_area_mm2",
+        "sram_macro_area_mm2",
+        "sram_area_coeff_mm2",
+        "sram_area_exponent",
+    ):
         assert cfg[key] == pytest.approx(fitted[key], rel=1e-4), key
 
 
@@ -57,10 +61,19 @@ def test_sram_area_per_mib_falls_with_capacity(default_config):
 
 def test_tpuv4_peak_and_area(default_config):
     p = load_preset("tpuv4")["arch"]
-    assert am.peak_flops(p["n_tc"], p["tc_width"], p["tc_depth"], p["freq_hz"]) == pytest.approx(2 * 8 * 128 * 128 * 1.05e9)
+    assert am.peak_flops(p["n_tc"], p["tc_width"], p["tc_depth"], p["freq_hz"]) == pytest.approx(
+        2 * 8 * 128 * 128 * 1.05e9
+    )
     assert am.peak_flops(8, 128, 128, 1.05e9) == pytest.approx(275e12, rel=0.001)
-    a = am.accelerator_area_mm2(p["n_tc"], p["n_vc"], p["tc_width"], p["tc_depth"], p["vc_width"],
-                                p["glb_bytes"], default_config["arch"]["area"])
+    a = am.accelerator_area_mm2(
+        p["n_tc"],
+        p["n_vc"],
+        p["tc_width"],
+        p["tc_depth"],
+        p["vc_width"],
+        p["glb_bytes"],
+        default_config["arch"]["area"],
+    )
     assert a == pytest.approx(278.8, rel=0.05)
 
 
@@ -74,8 +87,11 @@ def test_full_grid_matches_an_independent_filter(default_config, full_space):
     wd = [2**i for i in range(1, 9)]
     glb = [2**i * MiB for i in range(1, 8)]
     for n_tc, n_vc, w, d, g in itertools.product(pw, pw, wd, wd, glb):
-        a = n_tc * am.tensor_core_area_mm2(w, d, cfg) + n_vc * am.vector_core_area_mm2(w, cfg) \
+        a = (
+            n_tc * am.tensor_core_area_mm2(w, d, cfg)
+            + n_vc * am.vector_core_area_mm2(w, cfg)
             + am.glb_area_mm2(g, cfg)
+        )
         low = 0.0 if (n_tc == 1 or n_vc == 1) else 0.3 * a_max
         kept += bool(low * (1 - 1e-9) <= a <= a_max * (1 + 1e-9))
     assert len(space) == kept == summary["kept"]
@@ -90,12 +106,20 @@ def test_space_is_sorted_by_area_ids_unique_and_tpuv4_present(full_space):
     tpu = space[space.preset == "tpuv4"]
     assert len(tpu) == 1
     row = tpu.iloc[0]
-    assert (row.n_tc, row.n_vc, row.tc_width, row.tc_depth, row.vc_width, row.glb_bytes) == \
-        (8, 2, 128, 128, 128, 128 * MiB)
+    assert (row.n_tc, row.n_vc, row.tc_width, row.tc_depth, row.vc_width, row.glb_bytes) == (
+        8,
+        2,
+        128,
+        128,
+        128,
+        128 * MiB,
+    )
     assert row.costmodel_overrides == ""  # tpuv4's own HBM bandwidth equals the default
     # the reference point is the budget: nothing larger is kept
     assert space.area_mm2.max() == pytest.approx(row.area_mm2)
-    assert (space.peak_flops == 2 * space.n_tc * space.tc_width * space.tc_depth * space.freq_hz).all()
+    assert (
+        space.peak_flops == 2 * space.n_tc * space.tc_width * space.tc_depth * space.freq_hz
+    ).all()
 
 
 def test_arch_id_is_stable_and_parameter_sensitive():
@@ -118,8 +142,15 @@ def test_preset_costmodel_override_gets_its_own_id(default_config):
 
 
 def test_cli_narrowed_grid_and_errors(tmp_path, capsys):
-    cfg = {"arch": {"n_tc": [4, 8], "n_vc": [1, 2], "tc_width": [64, 128], "tc_depth": [128, 256],
-                    "glb_mib": [64, 128]}}
+    cfg = {
+        "arch": {
+            "n_tc": [4, 8],
+            "n_vc": [1, 2],
+            "tc_width": [64, 128],
+            "tc_depth": [128, 256],
+            "glb_mib": [64, 128],
+        }
+    }
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
     out = tmp_path / "space.parquet"
@@ -128,8 +159,10 @@ def test_cli_narrowed_grid_and_errors(tmp_path, capsys):
     assert set(space.n_tc) <= {4, 8} and "tpuv4" in set(space.preset)
     area_cfg = validate_config({})["arch"]["area"]
     a_max = am.accelerator_area_mm2(8, 2, 128, 128, 128, 128 * MiB, area_cfg)
-    expect = sum(am.accelerator_area_mm2(t, v, w, d, w, g * MiB, area_cfg) <= a_max * (1 + 1e-9)
-                 for t, v, w, d, g in itertools.product([4, 8], [1, 2], [64, 128], [128, 256], [64, 128]))
+    expect = sum(
+        am.accelerator_area_mm2(t, v, w, d, w, g * MiB, area_cfg) <= a_max * (1 + 1e-9)
+        for t, v, w, d, g in itertools.product([4, 8], [1, 2], [64, 128], [128, 256], [64, 128])
+    )
     assert 0 < expect < 32 and len(space) == expect
 
     bad = tmp_path / "bad.yaml"

@@ -63,7 +63,9 @@ class Cluster:
     started_at: datetime
 
     def run(self, *args: str, check: bool = True) -> str:
-        out = subprocess.run(args, env=self.env, capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            args, env=self.env, capture_output=True, text=True, timeout=60, check=False
+        )
         if check and out.returncode != 0:
             raise AssertionError(f"{' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
         return out.stdout
@@ -86,7 +88,11 @@ def slurm_cluster():
     t0 = time.monotonic()
     try:
         proc = subprocess.run(
-            ["bash", str(START), str(state_dir)], capture_output=True, text=True, timeout=480
+            ["bash", str(START), str(state_dir)],
+            capture_output=True,
+            text=True,
+            timeout=480,
+            check=False,
         )
         print(proc.stderr, end="")
         if proc.returncode != 0:
@@ -98,8 +104,11 @@ def slurm_cluster():
         yield Cluster(state_dir, env, time.monotonic() - t0, started_at)
     finally:
         stop = subprocess.run(
-            ["bash", str(STOP), "--purge", str(state_dir)], capture_output=True, text=True,
+            ["bash", str(STOP), "--purge", str(state_dir)],
+            capture_output=True,
+            text=True,
             timeout=180,
+            check=False,
         )
         print(stop.stderr, end="")
 
@@ -112,8 +121,14 @@ class Snakemake:
         self.cmd = [sys.executable, "-m", "snakemake", *args]
         self.out_path = workdir / "snakemake.out"
         with open(self.out_path, "w") as out:
-            self.proc = subprocess.Popen(self.cmd, env=cluster.env, cwd=workdir, stdout=out,
-                                         stderr=subprocess.STDOUT, text=True)
+            self.proc = subprocess.Popen(
+                self.cmd,
+                env=cluster.env,
+                cwd=workdir,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
 
     def wait(self, timeout_s: float) -> str:
         """Wait for it; return its output, failing with its tail and the failed jobs' logs."""
@@ -125,13 +140,18 @@ class Snakemake:
             code = None
         text = self.out_path.read_text(errors="replace")
         # Snakemake's own figure: this process may have ended well before wait() was called.
-        elapsed = re.findall(r"^Elapsed time: (\S+)", text, flags=re.M)
-        print(f"{' '.join(self.cmd[2:])} in {self.workdir.name}/: exit {code}, "
-              f"elapsed {elapsed[-1] if elapsed else '?'}")
+        elapsed = re.findall(r"^Elapsed time: (\S+)", text, flags=re.MULTILINE)
+        print(
+            f"{' '.join(self.cmd[2:])} in {self.workdir.name}/: exit {code}, "
+            f"elapsed {elapsed[-1] if elapsed else '?'}"
+        )
         if code != 0:
             failed_logs = sorted(set(re.findall(r"(\S+/\.snakemake/slurm_logs/\S+\.log)", text)))
-            logs = "\n".join(f"--- {f}\n{Path(f).read_text(errors='replace')[-1500:]}"
-                             for f in failed_logs[-4:] if Path(f).exists())
+            logs = "\n".join(
+                f"--- {f}\n{Path(f).read_text(errors='replace')[-1500:]}"
+                for f in failed_logs[-4:]
+                if Path(f).exists()
+            )
             reason = "timed out" if code is None else f"exit {code}"
             raise AssertionError(f"snakemake {reason}:\n{text[-5000:]}\n{logs}")
         return text
@@ -175,8 +195,17 @@ def _jobs_of_run(cluster: Cluster, log: str) -> tuple[list[str], dict[str, Slurm
         for line in out.splitlines():
             jid, comment, state, exit_code, mem, limit, cpus, account, part = line.split("|")
             rule = re.match(r"rule_(\w+?)(?:_wildcards_.*)?$", comment)
-            jobs[jid] = SlurmJob(jid, rule.group(1) if rule else comment, state, exit_code, mem,
-                                 limit, int(cpus), account, part)
+            jobs[jid] = SlurmJob(
+                jid,
+                rule.group(1) if rule else comment,
+                state,
+                exit_code,
+                mem,
+                limit,
+                int(cpus),
+                account,
+                part,
+            )
         settled = all(j.state not in ("PENDING", "RUNNING", "COMPLETING") for j in jobs.values())
         if (set(submitted) <= set(jobs) and settled) or time.monotonic() > deadline:
             return submitted, jobs
@@ -188,12 +217,15 @@ def _assert_all_completed(submitted: list[str], jobs: dict[str, SlurmJob], log: 
     assert sorted(submitted, key=int) == sorted(jobs, key=int), (
         f"snakemake submitted {sorted(submitted, key=int)}, sacct lists {sorted(jobs, key=int)}"
     )
-    bad = {j.job_id: (j.rule, j.state, j.exit_code) for j in jobs.values()
-           if j.state != "COMPLETED" or j.exit_code != "0:0"}
+    bad = {
+        j.job_id: (j.rule, j.state, j.exit_code)
+        for j in jobs.values()
+        if j.state != "COMPLETED" or j.exit_code != "0:0"
+    }
     assert not bad, f"SLURM jobs not COMPLETED with exit 0: {bad}"
     # Every non-local rule instance snakemake ran went through SLURM (local rules print as
     # "localrule"); a retried job would show up as an extra submission and fail the equality.
-    remote_rule_runs = re.findall(r"^rule (\w+):$", log, flags=re.M)
+    remote_rule_runs = re.findall(r"^rule (\w+):$", log, flags=re.MULTILINE)
     assert len(remote_rule_runs) == len(submitted), (
         f"{len(remote_rule_runs)} rule jobs ran but {len(submitted)} SLURM jobs were submitted"
     )
@@ -236,8 +268,7 @@ def test_profile_submits_each_rule_with_its_resources(slurm_cluster, tmp_path):
     """A two-rule workflow named like phaze's stages: each rule becomes one COMPLETED SLURM job
     carrying the runtime, memory, CPUs, account and partition the profile sets for that rule."""
     (tmp_path / "Snakefile").write_text(TOY_SNAKEFILE)
-    log = _snakemake(slurm_cluster, tmp_path, "--profile", str(PROFILE), *FAST_POLL,
-                     timeout_s=240)
+    log = _snakemake(slurm_cluster, tmp_path, "--profile", str(PROFILE), *FAST_POLL, timeout_s=240)
     submitted, jobs = _jobs_of_run(slurm_cluster, log)
     _assert_all_completed(submitted, jobs, log)
     assert sorted(j.rule for j in jobs.values()) == ["arch", "search_summary"]
@@ -251,8 +282,10 @@ def test_profile_submits_each_rule_with_its_resources(slurm_cluster, tmp_path):
     # The rules really ran inside those jobs: each wrote its own SLURM_JOB_ID.
     ids_by_rule = {j.rule: j.job_id for j in jobs.values()}
     assert (tmp_path / "arch.txt").read_text().split() == [ids_by_rule["arch"]]
-    assert (tmp_path / "summary.txt").read_text().split() == [ids_by_rule["arch"],
-                                                              ids_by_rule["search_summary"]]
+    assert (tmp_path / "summary.txt").read_text().split() == [
+        ids_by_rule["arch"],
+        ids_by_rule["search_summary"],
+    ]
 
 
 def _read_comparison(path: Path):
@@ -281,7 +314,7 @@ def _clock_stopped_solves(results: Path) -> list[str]:
 def _peak_rss_mb(cluster: Cluster, job_ids: list[str]) -> dict[str, float]:
     """Largest MaxRSS over each job's steps (batch script and the srun step running the rule)."""
     out = cluster.run("sacct", "-n", "-P", "-j", ",".join(job_ids), "-o", "JobID,MaxRSS")
-    units = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 ** 2}
+    units = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0**2}
     peak: dict[str, float] = {}
     for line in out.splitlines():
         step, rss = line.split("|")
@@ -312,8 +345,10 @@ def _summary_mismatches(on_slurm, local) -> tuple[list[str], list[str]]:
         b = local[c].to_numpy(dtype=float)
         same = np.isclose(a, b, rtol=1e-6, atol=0.0) | (np.isnan(a) & np.isnan(b))
         for row in np.flatnonzero(~same):
-            diffs.append(f"{c} {tuple(local.loc[row, key])}: "
-                         f"SLURM {float(a[row])!r} vs local {float(b[row])!r}")
+            diffs.append(
+                f"{c} {tuple(local.loc[row, key])}: "
+                f"SLURM {float(a[row])!r} vs local {float(b[row])!r}"
+            )
     return compared, diffs
 
 
@@ -327,8 +362,9 @@ def test_workflow_on_slurm_matches_local_run(slurm_cluster, tmp_path):
     common = ["--configfile", "config/test.yaml"]
     slurm_dir, local_dir = copy_checkout(tmp_path / "slurm"), copy_checkout(tmp_path / "local")
     local_run = Snakemake(slurm_cluster, local_dir, *common, "--cores", "1")
-    slurm_run = Snakemake(slurm_cluster, slurm_dir, *common, "--profile", "profiles/slurm",
-                          *FAST_POLL)
+    slurm_run = Snakemake(
+        slurm_cluster, slurm_dir, *common, "--profile", "profiles/slurm", *FAST_POLL
+    )
     log = slurm_run.wait(timeout_s=480)
     local_run.wait(timeout_s=120)
 
@@ -342,7 +378,10 @@ def test_workflow_on_slurm_matches_local_run(slurm_cluster, tmp_path):
         assert j.rule in wanted, f"profiles/slurm has no set-resources entry for rule {j.rule}"
         res = wanted[j.rule]
         assert (j.req_mem, _minutes(j.time_limit), j.req_cpus) == (
-            f"{res['mem_mb']}M", res["runtime"], res["cpus_per_task"]), j
+            f"{res['mem_mb']}M",
+            res["runtime"],
+            res["cpus_per_task"],
+        ), j
         # Memory is not enforced here (no cgroups), so check the request covers the use.
         assert peak.get(j.job_id, 0.0) <= res["mem_mb"], (j, peak.get(j.job_id))
     print(f"{len(jobs)} SLURM jobs; per rule: count, peak MaxRSS MB / requested mem_mb")
@@ -350,16 +389,19 @@ def test_workflow_on_slurm_matches_local_run(slurm_cluster, tmp_path):
         rss = max(peak.get(j.job_id, 0.0) for j in js)
         print(f"  {rule:16s} {len(js):3d}  {rss:7.0f} / {wanted[rule]['mem_mb']}")
 
-    compared, diffs = _summary_mismatches(_read_comparison(slurm_dir / COMPARISON),
-                                          _read_comparison(local_dir / COMPARISON))
+    compared, diffs = _summary_mismatches(
+        _read_comparison(slurm_dir / COMPARISON), _read_comparison(local_dir / COMPARISON)
+    )
     clocked = _clock_stopped_solves(slurm_dir / "results") + _clock_stopped_solves(
-        local_dir / "results")
+        local_dir / "results"
+    )
     # Both conditions are the issue's contract: equal summaries, from solves that are
     # deterministic (gap reached or proven, never cut by a clock).
     assert not diffs and not clocked, (
         "summary throughputs differ between the SLURM and local runs:\n  "
         + ("\n  ".join(diffs) or "(none)")
         + "\nsolves stopped on a clock (config/test.yaml `schedule:` must let every solve finish):"
-        + "\n  " + ("\n  ".join(clocked) or "(none)")
+        + "\n  "
+        + ("\n  ".join(clocked) or "(none)")
     )
     print(f"summary columns equal within 1e-6: {compared}")

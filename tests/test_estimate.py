@@ -1,4 +1,5 @@
 """Operator cost model and the estimate stage (issue 3)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,8 +10,15 @@ import pytest
 
 from phaze.arch.presets import load_preset
 from phaze.cli import main
-from phaze.estimate import (collective_latency, core_time, default_costmodel, hbm_traffic_bytes,
-                            matmul_cost, matmul_latency, vector_latency)
+from phaze.estimate import (
+    collective_latency,
+    core_time,
+    default_costmodel,
+    hbm_traffic_bytes,
+    matmul_cost,
+    matmul_latency,
+    vector_latency,
+)
 from phaze.estimate.model import _one_core_oriented
 from phaze.estimate.stage import estimate, op_base_name
 from phaze.io.tables import read_table, write_table
@@ -37,12 +45,38 @@ def fixture_ops() -> pd.DataFrame:
 
 
 def small_space() -> pd.DataFrame:
-    rows = [dict(arch="a", n_tc=8, n_vc=2, tc_width=128, tc_depth=128, vc_width=128,
-                 glb_bytes=128 * MiB, freq_hz=1.05e9),
-            dict(arch="b", n_tc=64, n_vc=16, tc_width=16, tc_depth=32, vc_width=16,
-                 glb_bytes=2 * MiB, freq_hz=1.05e9),
-            dict(arch="c", n_tc=1, n_vc=1, tc_width=4, tc_depth=2, vc_width=4,
-                 glb_bytes=8 * MiB, freq_hz=2.0e9)]
+    rows = [
+        {
+            "arch": "a",
+            "n_tc": 8,
+            "n_vc": 2,
+            "tc_width": 128,
+            "tc_depth": 128,
+            "vc_width": 128,
+            "glb_bytes": 128 * MiB,
+            "freq_hz": 1.05e9,
+        },
+        {
+            "arch": "b",
+            "n_tc": 64,
+            "n_vc": 16,
+            "tc_width": 16,
+            "tc_depth": 32,
+            "vc_width": 16,
+            "glb_bytes": 2 * MiB,
+            "freq_hz": 1.05e9,
+        },
+        {
+            "arch": "c",
+            "n_tc": 1,
+            "n_vc": 1,
+            "tc_width": 4,
+            "tc_depth": 2,
+            "vc_width": 4,
+            "glb_bytes": 8 * MiB,
+            "freq_hz": 2.0e9,
+        },
+    ]
     df = pd.DataFrame(rows)
     df["area_mm2"] = 1.0
     df["peak_flops"] = 2.0 * df.n_tc * df.tc_width * df.tc_depth * df.freq_hz
@@ -113,9 +147,11 @@ def test_hbm_traffic_compulsory_when_it_fits_and_more_when_it_does_not(cm):
 
 
 def test_vector_and_collective_formulas(cm, tpu):
-    t, bound = vector_latency(1e6, 4e6, 3, tpu, cm, n_cores=2)
+    t, _bound = vector_latency(1e6, 4e6, 3, tpu, cm, n_cores=2)
     compute = np.ceil(1e6 / (128 * 2)) * 3 / 1.05e9
-    assert t == pytest.approx(max(compute, 4e6 / cm["hbm_bandwidth_Bps"], 4e6 / (2 * cm["glb_bandwidth_Bps"])))
+    assert t == pytest.approx(
+        max(compute, 4e6 / cm["hbm_bandwidth_Bps"], 4e6 / (2 * cm["glb_bandwidth_Bps"]))
+    )
     b, tp = 4 * MiB, 4
     expect = 2 * (tp - 1) / tp * b / cm["link_bandwidth_Bps"] + 2 * (tp - 1) * cm["link_latency_s"]
     assert collective_latency(b, tp, cm) == pytest.approx(expect)
@@ -153,11 +189,16 @@ def test_stage_matches_the_public_api(cm):
             if op.kind == "matmul":
                 want_all, b_all = matmul_latency(op.m, op.n, op.k, op.batch, core, cm, arch.n_tc)
                 want_one, _ = matmul_latency(op.m, op.n, op.k, op.batch, core, cm, 1)
-                fused = ops[(ops.signature == op.signature) & (ops["pass"] == op["pass"])
-                            & (ops.fused_into == op.op)]
+                fused = ops[
+                    (ops.signature == op.signature)
+                    & (ops["pass"] == op["pass"])
+                    & (ops.fused_into == op.op)
+                ]
                 for _, f in fused.iterrows():  # the matmul pays its fused consumers' compute
                     cpe = cm["vector_cycles_per_element"].get(op_base_name(f.aten), 1)
-                    want_all += np.ceil(f.elements / (arch.vc_width * arch.n_vc)) * cpe / arch.freq_hz
+                    want_all += (
+                        np.ceil(f.elements / (arch.vc_width * arch.n_vc)) * cpe / arch.freq_hz
+                    )
                     want_one += np.ceil(f.elements / arch.vc_width) * cpe / arch.freq_hz
                 assert row.latency_allcores_s == pytest.approx(want_all, rel=1e-12)
                 assert row.latency_1core_s == pytest.approx(want_one, rel=1e-12)
@@ -166,11 +207,16 @@ def test_stage_matches_the_public_api(cm):
                 assert row.latency_allcores_s == 0 and row.bound == "fused"
             elif op.kind == "vector":
                 cpe = cm["vector_cycles_per_element"].get(op_base_name(op.aten), 1)
-                want, _ = vector_latency(op.elements, op.bytes_in + op.bytes_out, cpe, core, cm, arch.n_vc)
+                want, _ = vector_latency(
+                    op.elements, op.bytes_in + op.bytes_out, cpe, core, cm, arch.n_vc
+                )
                 assert row.latency_allcores_s == pytest.approx(want, rel=1e-12)
             elif op.kind == "collective":
-                assert row.latency_allcores_s == pytest.approx(
-                    collective_latency(op.bytes_in, op.group_size, cm)) and row.bound == "link"
+                assert (
+                    row.latency_allcores_s
+                    == pytest.approx(collective_latency(op.bytes_in, op.group_size, cm))
+                    and row.bound == "link"
+                )
             else:
                 assert row.latency_allcores_s == 0 and row.bound == "none"
     assert (out.latency_allcores_s <= out.latency_1core_s * (1 + 1e-12)).all()
@@ -183,11 +229,12 @@ def test_stage_applies_preset_costmodel_overrides(cm):
     slow, base = out[out.arch == "a"], estimate(ops, small_space(), cm)
     base = base[base.arch == "a"]
     assert (slow.latency_allcores_s.to_numpy() >= base.latency_allcores_s.to_numpy()).all()
-    assert (slow.latency_allcores_s.sum() > 10 * base.latency_allcores_s.sum())
+    assert slow.latency_allcores_s.sum() > 10 * base.latency_allcores_s.sum()
     # the other architectures are untouched
     other = out[out.arch != "a"].reset_index(drop=True)
-    pd.testing.assert_frame_equal(other, estimate(ops, small_space(), cm).query("arch != 'a'")
-                                  .reset_index(drop=True))
+    pd.testing.assert_frame_equal(
+        other, estimate(ops, small_space(), cm).query("arch != 'a'").reset_index(drop=True)
+    )
 
 
 def test_cli_end_to_end_and_errors(tmp_path, capsys):
@@ -199,29 +246,78 @@ def test_cli_end_to_end_and_errors(tmp_path, capsys):
     chunks = pd.DataFrame({"arch": ["a", "b", "c"], "chunk": [0, 0, 1]})
     chunks.to_parquet(tmp_path / "chunks.parquet")
     out = tmp_path / "lat.parquet"
-    rc = main(["estimate", "--trace", str(trace), "--space", str(tmp_path / "space.parquet"),
-               "--chunks", str(tmp_path / "chunks.parquet"), "--chunk", "0", "--out", str(out)])
+    rc = main(
+        [
+            "estimate",
+            "--trace",
+            str(trace),
+            "--space",
+            str(tmp_path / "space.parquet"),
+            "--chunks",
+            str(tmp_path / "chunks.parquet"),
+            "--chunk",
+            "0",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     lat = read_table(out, "latency")
     assert set(lat.arch) == {"a", "b"} and len(lat) == 2 * len(fixture_ops())
 
     broken = fixture_ops().drop(columns=["fused_into"])
     broken.to_parquet(trace / "ops.parquet")
-    rc = main(["estimate", "--trace", str(trace), "--space", str(tmp_path / "space.parquet"),
-               "--out", str(out)])
+    rc = main(
+        [
+            "estimate",
+            "--trace",
+            str(trace),
+            "--space",
+            str(tmp_path / "space.parquet"),
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 2 and "missing columns ['fused_into']" in capsys.readouterr().err
     bad = fixture_ops()
     bad.loc[1, "m"] = np.nan
     bad.to_parquet(trace / "ops.parquet")
-    rc = main(["estimate", "--trace", str(trace), "--space", str(tmp_path / "space.parquet"),
-               "--out", str(out)])
+    rc = main(
+        [
+            "estimate",
+            "--trace",
+            str(trace),
+            "--space",
+            str(tmp_path / "space.parquet"),
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 2 and "matmul ops need" in capsys.readouterr().err
     bad = fixture_ops()
     bad.loc[1, "batch"] = 0
     bad.to_parquet(trace / "ops.parquet")
-    rc = main(["estimate", "--trace", str(trace), "--space", str(tmp_path / "space.parquet"),
-               "--out", str(out)])
+    rc = main(
+        [
+            "estimate",
+            "--trace",
+            str(trace),
+            "--space",
+            str(tmp_path / "space.parquet"),
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 2 and "batch >= 1" in capsys.readouterr().err
-    rc = main(["estimate", "--trace", str(tmp_path / "nope"), "--space",
-               str(tmp_path / "space.parquet"), "--out", str(out)])
+    rc = main(
+        [
+            "estimate",
+            "--trace",
+            str(tmp_path / "nope"),
+            "--space",
+            str(tmp_path / "space.parquet"),
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 2 and "trace directory not found" in capsys.readouterr().err

@@ -1,4 +1,5 @@
 """The estimate stage on a REAL trace (phaze trace, OPT-350M at a short sequence, t = 2)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,14 +15,48 @@ from phaze.io.tables import read_table
 def run(tmp_path_factory):
     d = tmp_path_factory.mktemp("real")
     test_cfg = str(REPO_ROOT / "config" / "test.yaml")
-    assert main(["trace", "--model", "opt-350m", "--microbatch", "1", "--tmp", "2", "--seq", "128",
-                 "--out", str(d / "trace")]) == 0
+    assert (
+        main(
+            [
+                "trace",
+                "--model",
+                "opt-350m",
+                "--microbatch",
+                "1",
+                "--tmp",
+                "2",
+                "--seq",
+                "128",
+                "--out",
+                str(d / "trace"),
+            ]
+        )
+        == 0
+    )
     assert main(["arch", "--config", test_cfg, "--out", str(d / "space.parquet")]) == 0
-    assert main(["estimate", "--trace", str(d / "trace"), "--space", str(d / "space.parquet"),
-                 "--config", test_cfg, "--out", str(d / "lat.parquet")]) == 0
+    assert (
+        main(
+            [
+                "estimate",
+                "--trace",
+                str(d / "trace"),
+                "--space",
+                str(d / "space.parquet"),
+                "--config",
+                test_cfg,
+                "--out",
+                str(d / "lat.parquet"),
+            ]
+        )
+        == 0
+    )
     ops = read_table(d / "trace" / "ops.parquet")
-    return (ops, read_table(d / "space.parquet", "space"), read_table(d / "lat.parquet", "latency"),
-            load_config(test_cfg)["costmodel"])
+    return (
+        ops,
+        read_table(d / "space.parquet", "space"),
+        read_table(d / "lat.parquet", "latency"),
+        load_config(test_cfg)["costmodel"],
+    )
 
 
 def test_every_op_of_every_arch_is_estimated(run):
@@ -36,7 +71,8 @@ def test_every_op_of_every_arch_is_estimated(run):
 def test_real_ops_respect_the_roofline_and_formulas(run):
     ops, space, lat, cm = run
     merged = lat.merge(ops, on=["signature", "pass", "op"], suffixes=("", "_op")).merge(
-        space[["arch", "peak_flops"]], on="arch")
+        space[["arch", "peak_flops"]], on="arch"
+    )
     mm = merged[merged.kind == "matmul"]
     assert len(mm) and (mm.latency_allcores_s >= mm.flops / mm.peak_flops * (1 - 1e-9)).all()
     coll = merged[merged.kind == "collective"]
@@ -52,11 +88,14 @@ def test_faster_hbm_speeds_up_exactly_the_hbm_bound_ops(run):
     from phaze.estimate.stage import estimate
 
     fast = estimate(ops, space, {**cm, "hbm_bandwidth_Bps": cm["hbm_bandwidth_Bps"] * 10})
-    assert (fast.latency_allcores_s.to_numpy() <= lat.latency_allcores_s.to_numpy() * (1 + 1e-12)).all()
+    assert (
+        fast.latency_allcores_s.to_numpy() <= lat.latency_allcores_s.to_numpy() * (1 + 1e-12)
+    ).all()
     hbm = (lat.bound == "hbm").to_numpy()
     assert hbm.any()
     assert (fast.latency_allcores_s.to_numpy()[hbm] < lat.latency_allcores_s.to_numpy()[hbm]).all()
     # ops bound by anything else are unchanged (fused matmuls are charged their bound's term)
     other = np.isin(lat.bound.to_numpy(), ["compute", "glb", "link", "none", "fused"])
-    np.testing.assert_allclose(fast.latency_allcores_s.to_numpy()[other],
-                               lat.latency_allcores_s.to_numpy()[other])
+    np.testing.assert_allclose(
+        fast.latency_allcores_s.to_numpy()[other], lat.latency_allcores_s.to_numpy()[other]
+    )

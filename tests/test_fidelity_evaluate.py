@@ -1,5 +1,6 @@
 """Evaluate a given strategy: per-layer GPU work from the shared trace + cost model, sequence
 parallelism, recomputation modes, DDP modes, the CLIs, and the Megatron validation targets."""
+
 import json
 import math
 import subprocess
@@ -20,20 +21,27 @@ A100 = load_preset("a100-80gb")
 
 
 def tiny_gpt(layers=8, hidden=256, heads=8, vocab=1024):
-    kw = dict(n_layer=layers, n_embd=hidden, n_head=heads, n_inner=4 * hidden, vocab_size=vocab,
-              n_positions=SEQ)
+    kw = {
+        "n_layer": layers,
+        "n_embd": hidden,
+        "n_head": heads,
+        "n_inner": 4 * hidden,
+        "vocab_size": vocab,
+        "n_positions": SEQ,
+    }
     return ModelSpec("tiny-gpt", "gpt2", layers, hidden, heads, 4 * hidden, vocab, SEQ, heads, kw)
 
 
 def run(spec, **kw):
-    base = dict(devices=16, tp=2, pp=2, microbatch=2, global_batch=32)
+    base = {"devices": 16, "tp": 2, "pp": 2, "microbatch": 2, "global_batch": 32}
     base.update(kw)
-    return evaluate_strategy(spec, Strategy(**base), A100, seq=SEQ, costmodel=CFG["costmodel"],
-                             fidelity=CFG["fidelity"])
+    return evaluate_strategy(
+        spec, Strategy(**base), A100, seq=SEQ, costmodel=CFG["costmodel"], fidelity=CFG["fidelity"]
+    )
 
 
 def workload(spec, **kw):
-    base = dict(devices=16, tp=2, pp=2, microbatch=2, global_batch=32)
+    base = {"devices": 16, "tp": 2, "pp": 2, "microbatch": 2, "global_batch": 32}
     base.update(kw)
     return build_workload(spec, Strategy(**base), SEQ, A100, CFG["costmodel"], CFG["fidelity"])
 
@@ -47,9 +55,15 @@ def test_sequence_parallel_keeps_flops_divides_replicated_work_and_swaps_collect
         # every all-reduce of b·s·h becomes a reduce-scatter + all-gather of the same tensor
         assert [k for k, _ in plain.fwd_collectives] == ["all_reduce"] * 2
         assert [k for k, _ in plain.bwd_collectives] == ["all_reduce"] * 2
-        for coll_plain, coll_sp in ((plain.fwd_collectives, sp.fwd_collectives),
-                                    (plain.bwd_collectives, sp.bwd_collectives)):
-            expected = [x for _, size in coll_plain for x in (("reduce_scatter", size), ("all_gather", size))]
+        for coll_plain, coll_sp in (
+            (plain.fwd_collectives, sp.fwd_collectives),
+            (plain.bwd_collectives, sp.bwd_collectives),
+        ):
+            expected = [
+                x
+                for _, size in coll_plain
+                for x in (("reduce_scatter", size), ("all_gather", size))
+            ]
             assert coll_sp == expected
         # layer-norm / dropout / residual kernels: time / t; everything else unchanged
         saved = plain.fwd_s - sp.fwd_s + plain.bwd_s - sp.bwd_s
@@ -85,7 +99,11 @@ def test_ddp_overlap_hides_gradient_all_reduce():
     spec = tiny_gpt(hidden=1024)  # ~100 M parameters: gradients span several 25 MiB buckets
     after = run(spec, devices=32, tp=1, pp=1, microbatch=1, global_batch=32, ddp="after")
     overlap = run(spec, devices=32, tp=1, pp=1, microbatch=1, global_batch=32, ddp="overlap")
-    assert after["breakdown"]["data_parallel_comm_s"] > overlap["breakdown"]["data_parallel_comm_s"] > 0
+    assert (
+        after["breakdown"]["data_parallel_comm_s"]
+        > overlap["breakdown"]["data_parallel_comm_s"]
+        > 0
+    )
     assert overlap["iteration_time_s"] < after["iteration_time_s"]
 
 
@@ -102,32 +120,94 @@ def test_evaluate_rejects_invalid_interleaving_and_unknown_network():
     with pytest.raises(PhazeError, match="split evenly"):
         run(spec, pp=2, interleave=2)  # 6 layers over 2·2 chunks
     with pytest.raises(PhazeError, match="network"):
-        evaluate_strategy(spec, Strategy(8, 1, 1, 1, 8), load_preset("tpuv4"), seq=SEQ,
-                          costmodel=CFG["costmodel"], fidelity=CFG["fidelity"])
+        evaluate_strategy(
+            spec,
+            Strategy(8, 1, 1, 1, 8),
+            load_preset("tpuv4"),
+            seq=SEQ,
+            costmodel=CFG["costmodel"],
+            fidelity=CFG["fidelity"],
+        )
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "phaze", *args], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "phaze", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_evaluate_cli_prints_the_contract(tmp_path):
     cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps({"model_type": "gpt2", "n_layer": 4, "n_embd": 128, "n_head": 4,
-                               "vocab_size": 512, "n_positions": 128}))
-    out = _cli("evaluate", "--hf-config", str(cfg), "--arch", "a100-80gb", "--devices", "8",
-               "--tp", "2", "--pp", "2", "--microbatch", "1", "--global-batch", "8",
-               "--recompute", "selective", "--sequence-parallel", "--ddp", "after")
+    cfg.write_text(
+        json.dumps(
+            {
+                "model_type": "gpt2",
+                "n_layer": 4,
+                "n_embd": 128,
+                "n_head": 4,
+                "vocab_size": 512,
+                "n_positions": 128,
+            }
+        )
+    )
+    out = _cli(
+        "evaluate",
+        "--hf-config",
+        str(cfg),
+        "--arch",
+        "a100-80gb",
+        "--devices",
+        "8",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--microbatch",
+        "1",
+        "--global-batch",
+        "8",
+        "--recompute",
+        "selective",
+        "--sequence-parallel",
+        "--ddp",
+        "after",
+    )
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     for key in ("iteration_time_s", "model_flops", "tflops_per_device", "mfu", "peak_memory_bytes"):
         assert r[key] > 0
-    assert set(r["breakdown"]) == {"compute_s", "recompute_s", "tensor_parallel_comm_s",
-                                   "pipeline_comm_s", "pipeline_bubble_s", "data_parallel_comm_s",
-                                   "optimizer_s"}
-    bad = _cli("evaluate", "--hf-config", str(cfg), "--arch", "a100-80gb", "--devices", "8",
-               "--tp", "2", "--pp", "2", "--microbatch", "1", "--global-batch", "6",
-               "--interleave", "2")
+    assert set(r["breakdown"]) == {
+        "compute_s",
+        "recompute_s",
+        "tensor_parallel_comm_s",
+        "pipeline_comm_s",
+        "pipeline_bubble_s",
+        "data_parallel_comm_s",
+        "optimizer_s",
+    }
+    bad = _cli(
+        "evaluate",
+        "--hf-config",
+        str(cfg),
+        "--arch",
+        "a100-80gb",
+        "--devices",
+        "8",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--microbatch",
+        "1",
+        "--global-batch",
+        "6",
+        "--interleave",
+        "2",
+    )
     assert bad.returncode == 2
     assert "phaze evaluate: error:" in bad.stderr and "divisible" in bad.stderr
 
@@ -191,8 +271,12 @@ def test_presets_carry_sources_and_h100_beats_a100():
         assert "network" in preset and "devices_per_node" in preset["network"]
     spec = tiny_gpt(hidden=512)
     s = Strategy(devices=16, tp=2, pp=2, microbatch=2, global_batch=32)
-    a = evaluate_strategy(spec, s, A100, seq=SEQ, costmodel=CFG["costmodel"], fidelity=CFG["fidelity"])
-    h = evaluate_strategy(spec, s, h100, seq=SEQ, costmodel=CFG["costmodel"], fidelity=CFG["fidelity"])
+    a = evaluate_strategy(
+        spec, s, A100, seq=SEQ, costmodel=CFG["costmodel"], fidelity=CFG["fidelity"]
+    )
+    h = evaluate_strategy(
+        spec, s, h100, seq=SEQ, costmodel=CFG["costmodel"], fidelity=CFG["fidelity"]
+    )
     assert h["iteration_time_s"] < a["iteration_time_s"]
 
 

@@ -1,4 +1,5 @@
 """The hierarchical network: ring collectives on the level they cross, Megatron's scatter/gather."""
+
 import math
 
 import pytest
@@ -19,9 +20,14 @@ def flat_ring_all_reduce(size, g, level):
 
 
 @settings(max_examples=60, deadline=None)
-@given(per_node=st.integers(1, 8), nodes=st.integers(1, 16),
-       size=st.floats(1.0, 1e10), bw=st.floats(1e9, 1e12), lat=st.floats(0, 1e-4),
-       eff=st.floats(0.1, 1.0))
+@given(
+    per_node=st.integers(1, 8),
+    nodes=st.integers(1, 16),
+    size=st.floats(1.0, 1e10),
+    bw=st.floats(1e9, 1e12),
+    lat=st.floats(0, 1e-4),
+    eff=st.floats(0.1, 1.0),
+)
 def test_two_level_equals_flat_when_levels_equal(per_node, nodes, size, bw, lat, eff):
     level = LinkLevel(bw, lat, eff)
     net = HierarchicalNetwork(per_node, level, level)
@@ -31,7 +37,9 @@ def test_two_level_equals_flat_when_levels_equal(per_node, nodes, size, bw, lat,
     assert math.isclose(net.all_reduce(size, ranks), expected, rel_tol=1e-12, abs_tol=1e-18)
     # and it equals the same ring on a network with a single (huge) node
     one_node = HierarchicalNetwork.flat(level, g)
-    assert math.isclose(net.all_reduce(size, ranks), one_node.all_reduce(size, ranks), rel_tol=1e-12)
+    assert math.isclose(
+        net.all_reduce(size, ranks), one_node.all_reduce(size, ranks), rel_tol=1e-12
+    )
 
 
 def test_intra_node_group_uses_nvlink_only():
@@ -60,8 +68,9 @@ def test_node_spanning_ring_is_bottlenecked_by_the_nics_it_uses():
 
 def test_reduce_scatter_plus_all_gather_is_all_reduce():
     for ranks in (range(8), range(32), [0, 8, 16]):
-        assert math.isclose(DGX.reduce_scatter(1e8, ranks) + DGX.all_gather(1e8, ranks),
-                            DGX.all_reduce(1e8, ranks))
+        assert math.isclose(
+            DGX.reduce_scatter(1e8, ranks) + DGX.all_gather(1e8, ranks), DGX.all_reduce(1e8, ranks)
+        )
 
 
 def test_single_rank_and_empty_messages_are_free():
@@ -94,6 +103,8 @@ def test_bad_network_inputs_are_rejected():
     with pytest.raises(PhazeError, match="efficiency"):
         LinkLevel(1e9, 1e-6, 1.5)
     with pytest.raises(PhazeError, match="inter_node"):
-        HierarchicalNetwork.from_preset({"devices_per_node": 8, "intra_node": {"bandwidth_Bps": 1, "latency_s": 0}})
+        HierarchicalNetwork.from_preset(
+            {"devices_per_node": 8, "intra_node": {"bandwidth_Bps": 1, "latency_s": 0}}
+        )
     with pytest.raises(PhazeError, match="repeated"):
         DGX.all_reduce(1.0, [0, 0])

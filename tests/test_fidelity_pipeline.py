@@ -1,4 +1,5 @@
 """Pipeline schedules, activation memory and strategy validation: closed forms on small cases."""
+
 import math
 
 import pytest
@@ -73,7 +74,9 @@ def test_interleaved_bubble_traffic_and_memory_closed_forms(p, v, m):
     total, bubble = sched.iteration_time([t] * p)
     assert math.isclose(bubble / (m * t), (p - 1) / (v * m))
     assert math.isclose(total, m * t * (1 + (p - 1) / (v * m)))
-    assert sched.transfers_per_microbatch() == v * PipelineSchedule(p, 1, m).transfers_per_microbatch()
+    assert (
+        sched.transfers_per_microbatch() == v * PipelineSchedule(p, 1, m).transfers_per_microbatch()
+    )
     one_f_one_b = PipelineSchedule(p, 1, m).inflight_microbatch_stages(0)
     assert one_f_one_b == p
     assert math.isclose(sched.inflight_microbatch_stages(0), one_f_one_b * (1 + (p - 1) / (p * v)))
@@ -129,14 +132,17 @@ def test_korthikanti_activation_closed_forms():
         expected = s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
         assert math.isclose(block_activation_bytes(shape, t, False, "none"), expected)
         # sequence parallelism divides everything by t (their Eq. (4))
-        assert math.isclose(block_activation_bytes(shape, t, True, "none"),
-                            s * b * h / t * (34 + 5 * a * s / h))
+        assert math.isclose(
+            block_activation_bytes(shape, t, True, "none"), s * b * h / t * (34 + 5 * a * s / h)
+        )
         # selective recompute: s·b·h·34/t with sequence parallelism
         assert math.isclose(block_activation_bytes(shape, t, True, "selective"), 34 * s * b * h / t)
         assert math.isclose(block_activation_bytes(shape, t, False, "full"), 2 * s * b * h)
         assert math.isclose(block_activation_bytes(shape, t, True, "full"), 2 * s * b * h / t)
         assert block_working_bytes(shape, t, False, "none") == 0
-        assert math.isclose(block_working_bytes(shape, t, False, "selective"), 5 * a * s * s * b / t)
+        assert math.isclose(
+            block_working_bytes(shape, t, False, "selective"), 5 * a * s * s * b / t
+        )
 
 
 @settings(max_examples=40, deadline=None)

@@ -1,23 +1,53 @@
 """The placement DP against brute-force enumeration, and a hand-computed example."""
+
 import itertools
 import math
 
 import numpy as np
 import pytest
 
-from phaze.place import AllReduce, LayerGraph, StageRule, chain_graph, data_parallel_degrees, evaluate, solve, solve_width
+from phaze.place import (
+    AllReduce,
+    LayerGraph,
+    StageRule,
+    chain_graph,
+    data_parallel_degrees,
+    evaluate,
+    solve,
+    solve_width,
+)
 from phaze.place.graph import build_chain_table, build_generic_table
-
 
 # ---------- independent brute force on chains (own formulas, no shared code) ----------
 
-def brute_chain(fw, bw, params, acts, edge, tp, ext0, *, t, devices, mbs, bandwidth, latency,
-                factor, capacity, recompute, mode, divide_batch=False, divide_devices=False):
+
+def brute_chain(
+    fw,
+    bw,
+    params,
+    acts,
+    edge,
+    tp,
+    ext0,
+    *,
+    t,
+    devices,
+    mbs,
+    bandwidth,
+    latency,
+    factor,
+    capacity,
+    recompute,
+    mode,
+    divide_batch=False,
+    divide_devices=False,
+):
     n = len(fw)
-    xfer = lambda c: latency + c / bandwidth  # noqa: E731
+    xfer = lambda c: latency + c / bandwidth
     best = math.inf
     for cuts in itertools.chain.from_iterable(
-            itertools.combinations(range(1, n), r) for r in range(n)):
+        itertools.combinations(range(1, n), r) for r in range(n)
+    ):
         bounds = [0, *cuts, n]
         stages = [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
         pp = len(stages)
@@ -34,7 +64,7 @@ def brute_chain(fw, bw, params, acts, edge, tp, ext0, *, t, devices, mbs, bandwi
             else:
                 load = tin + f + tout + b
             p, a = sum(params[i:j]), sum(acts[i:j])
-            stash = ((edge[i - 1] if i > 0 else ext0) if recompute else a)
+            stash = (edge[i - 1] if i > 0 else ext0) if recompute else a
             mem = factor * p + a + (pos - 1) * stash
             if mem > capacity or pos > devices:
                 ok = False
@@ -88,14 +118,36 @@ def test_dp_equals_brute_force_on_random_chains(seed):
     capacity = float(rng.uniform(0.15, 2.0) * whole)
     divide_batch = bool(rng.random() < 0.25)
     g = chain_graph(fw, bw, params, acts, edge, tp, ext_stash=np.r_[ext0, np.zeros(n - 1)])
-    rule = StageRule(bandwidth=bandwidth, latency=latency, param_state_factor=factor,
-                     recompute=recompute, memory_capacity=capacity, max_positions=devices)
+    rule = StageRule(
+        bandwidth=bandwidth,
+        latency=latency,
+        param_state_factor=factor,
+        recompute=recompute,
+        memory_capacity=capacity,
+        max_positions=devices,
+    )
     ar = AllReduce(mode=mode, bandwidth=bandwidth, latency=latency)
     d_values = data_parallel_degrees(devices, mbs, divide_batch, False)
     got = solve_width(g, rule, t, devices, mbs, d_values, ar)
-    want = brute_chain(fw, bw, params, acts, edge, tp, ext0, t=t, devices=devices, mbs=mbs,
-                       bandwidth=bandwidth, latency=latency, factor=factor, capacity=capacity,
-                       recompute=recompute, mode=mode, divide_batch=divide_batch)
+    want = brute_chain(
+        fw,
+        bw,
+        params,
+        acts,
+        edge,
+        tp,
+        ext0,
+        t=t,
+        devices=devices,
+        mbs=mbs,
+        bandwidth=bandwidth,
+        latency=latency,
+        factor=factor,
+        capacity=capacity,
+        recompute=recompute,
+        mode=mode,
+        divide_batch=divide_batch,
+    )
     if math.isinf(want):
         assert got is None
         return
@@ -140,10 +192,17 @@ def random_dag(rng, n, t):
                 src.append(u)
                 dst.append(v)
     tp = np.zeros(n, dtype=bool) if t == 1 else rng.random(n) < 0.6
-    return LayerGraph(fw=rng.uniform(0.5, 2, n), bw=rng.uniform(1, 4, n),
-                      params=rng.uniform(0, 3, n), acts=rng.uniform(0, 3, n),
-                      ext_stash=np.zeros(n), tp=tp, src=np.array(src, dtype=np.int64),
-                      dst=np.array(dst, dtype=np.int64), edge_bytes=rng.uniform(0, 2, len(src)))
+    return LayerGraph(
+        fw=rng.uniform(0.5, 2, n),
+        bw=rng.uniform(1, 4, n),
+        params=rng.uniform(0, 3, n),
+        acts=rng.uniform(0, 3, n),
+        ext_stash=np.zeros(n),
+        tp=tp,
+        src=np.array(src, dtype=np.int64),
+        dst=np.array(dst, dtype=np.int64),
+        edge_bytes=rng.uniform(0, 2, len(src)),
+    )
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -157,12 +216,19 @@ def test_dp_equals_brute_force_on_random_dags(seed):
     assert not g.is_chain()
     factor = [2.0, 8.0][seed % 2]
     whole = factor * g.params.sum() + g.acts.sum()
-    rule = StageRule(bandwidth=1.5, latency=0.01, param_state_factor=factor,
-                     recompute=bool(seed % 3 == 0),
-                     memory_capacity=float(rng.uniform(0.3, 1.5) * whole), max_positions=devices)
+    rule = StageRule(
+        bandwidth=1.5,
+        latency=0.01,
+        param_state_factor=factor,
+        recompute=bool(seed % 3 == 0),
+        memory_capacity=float(rng.uniform(0.3, 1.5) * whole),
+        max_positions=devices,
+    )
     for mode in ("first", "max"):
         ar = AllReduce(mode=mode, bandwidth=1.5, latency=0.01 if mode == "max" else 0.0)
-        got = solve_width(g, rule, t, devices, mbs, data_parallel_degrees(devices, mbs, False, False), ar)
+        got = solve_width(
+            g, rule, t, devices, mbs, data_parallel_degrees(devices, mbs, False, False), ar
+        )
         want = brute_dag(g, rule, t, devices, mbs, ar)
         if math.isinf(want):
             assert got is None
@@ -175,10 +241,16 @@ def test_chain_table_matches_generic_walk():
     fw, bw, params, acts, edge, tp, ext0 = random_chain(rng, 7, 2)
     g = chain_graph(fw, bw, params, acts, edge, tp, ext_stash=np.r_[ext0, np.zeros(6)])
     for recompute in (False, True):
-        rule = StageRule(bandwidth=1.3, latency=0.05, param_state_factor=8.0, recompute=recompute,
-                         memory_capacity=30.0, max_positions=16)
+        rule = StageRule(
+            bandwidth=1.3,
+            latency=0.05,
+            param_state_factor=8.0,
+            recompute=recompute,
+            memory_capacity=30.0,
+            max_positions=16,
+        )
         a, b = build_chain_table(g, rule), build_generic_table(g, rule)
-        key = lambda tb: {tuple(tb.members(k).tolist()): k for k in range(len(tb.sub))}  # noqa: E731
+        key = lambda tb: {tuple(tb.members(k).tolist()): k for k in range(len(tb.sub))}
         ka, kb = key(a), key(b)
         assert set(ka) == set(kb)
         for m in ka:
@@ -194,8 +266,14 @@ def test_hand_computed_three_layer_example():
     # layers: fw 1, 2, 3 s; bw 2, 4, 6 s; params 1, 1, 1 B; activations 2, 2, 2 B;
     # boundaries 4 B over a 2 B/s link with 0.5 s latency -> each transfer 2.5 s.
     g = chain_graph([1, 2, 3], [2, 4, 6], [1, 1, 1], [2, 2, 2], [4, 4, 0], [False] * 3)
-    rule = StageRule(bandwidth=2.0, latency=0.5, param_state_factor=2.0, recompute=False,
-                     memory_capacity=100.0, max_positions=2)
+    rule = StageRule(
+        bandwidth=2.0,
+        latency=0.5,
+        param_state_factor=2.0,
+        recompute=False,
+        memory_capacity=100.0,
+        max_positions=2,
+    )
     ar = AllReduce(mode="max", bandwidth=2.0, latency=0.5)
     # Stages {0,1} | {2}, d = 1, 4 microbatches:
     #  stage 0 (position 2): fw 1+2, bw 2+4, gradient in 2.5 -> 11.5; memory 2*2 + 4 + 1*4 = 12
@@ -213,8 +291,14 @@ def test_hand_computed_three_layer_example():
     assert best.time_per_batch == pytest.approx(38.5)
     # with recompute the non-last stage re-runs its forward: 1+2 more, and the 2.5 s gradient
     # arrival overlaps the 3 s recomputation -> 2.5 + ... : load = 0 + 3 + max(3, 2.5) + 6 = 12
-    rule_rc = StageRule(bandwidth=2.0, latency=0.5, param_state_factor=2.0, recompute=True,
-                        memory_capacity=100.0, max_positions=2)
+    rule_rc = StageRule(
+        bandwidth=2.0,
+        latency=0.5,
+        param_state_factor=2.0,
+        recompute=True,
+        memory_capacity=100.0,
+        max_positions=2,
+    )
     p, _ = evaluate(g, rule_rc, 1, [[0, 1], [2]], 1, 2, 4, ar)
     assert p.stage_loads == [12.0, 11.5]
     # recompute stash of the first stage = the model input (0 here): memory 2*2 + 4 = 8
@@ -223,8 +307,14 @@ def test_hand_computed_three_layer_example():
 
 def test_memory_infeasible_is_reported_not_raised():
     g = chain_graph([1, 1], [2, 2], [10, 10], [5, 5], [1, 0], [False, False])
-    rule = StageRule(bandwidth=1.0, latency=0.0, param_state_factor=8.0, recompute=False,
-                     memory_capacity=50.0, max_positions=8)
+    rule = StageRule(
+        bandwidth=1.0,
+        latency=0.0,
+        param_state_factor=8.0,
+        recompute=False,
+        memory_capacity=50.0,
+        max_positions=8,
+    )
     ar = AllReduce(mode="max", bandwidth=1.0)
     assert solve({1: g}, rule, 8, 8, data_parallel_degrees(8, 8, False, False), ar) is None
     p, reason = evaluate(g, rule, 1, [[0], [1]], 1, 8, 8, ar)
@@ -233,15 +323,41 @@ def test_memory_infeasible_is_reported_not_raised():
 
 def test_tracking_rarer_stage_kind_matches_device_budget():
     # all layers tensor-parallel except the ends; t = 4, 9 devices: at most 2 TP stages + 1 plain
-    g = chain_graph([1, 5, 5, 5, 1], [1, 5, 5, 5, 1], [0] * 5, [0] * 5, [0] * 5,
-                    [False, True, True, True, False])
-    rule = StageRule(bandwidth=1.0, latency=0.0, param_state_factor=2.0, recompute=False,
-                     memory_capacity=1.0, max_positions=9)
+    g = chain_graph(
+        [1, 5, 5, 5, 1],
+        [1, 5, 5, 5, 1],
+        [0] * 5,
+        [0] * 5,
+        [0] * 5,
+        [False, True, True, True, False],
+    )
+    rule = StageRule(
+        bandwidth=1.0,
+        latency=0.0,
+        param_state_factor=2.0,
+        recompute=False,
+        memory_capacity=1.0,
+        max_positions=9,
+    )
     ar = AllReduce(mode="first", bandwidth=1.0)
     p = solve_width(g, rule, 4, 9, 1, np.array([1]), ar)
     assert sum(p.devices_per_stage) <= 9
-    want = brute_chain([1, 5, 5, 5, 1], [1, 5, 5, 5, 1], [0] * 5, [0] * 5, [0] * 5,
-                       [False, True, True, True, False], 0.0, t=4, devices=9, mbs=1,
-                       bandwidth=1.0, latency=0.0, factor=2.0, capacity=1.0, recompute=False,
-                       mode="first")
+    want = brute_chain(
+        [1, 5, 5, 5, 1],
+        [1, 5, 5, 5, 1],
+        [0] * 5,
+        [0] * 5,
+        [0] * 5,
+        [False, True, True, True, False],
+        0.0,
+        t=4,
+        devices=9,
+        mbs=1,
+        bandwidth=1.0,
+        latency=0.0,
+        factor=2.0,
+        capacity=1.0,
+        recompute=False,
+        mode="first",
+    )
     assert p.time_per_batch == pytest.approx(want)

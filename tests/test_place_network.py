@@ -1,20 +1,30 @@
 """Placement on a hierarchical network: the DP against brute force that costs every transfer and
 all-reduce from explicit rank lists (Megatron's order, stages numbered from the last) with
 phaze.fidelity.network, the flat link as the special case of equal levels, a hand-computed case."""
+
 import functools
 import itertools
 import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from phaze.fidelity.network import HierarchicalNetwork, LinkLevel
-from phaze.place import AllReduce, StageRule, chain_graph, data_parallel_degrees, evaluate, solve, solve_width
+from phaze.place import (
+    AllReduce,
+    StageRule,
+    chain_graph,
+    data_parallel_degrees,
+    evaluate,
+    solve,
+    solve_width,
+)
 from phaze.place.network import INTER, INTRA, MIXED, PlaceNetwork
 
-
 # ---------- independent brute force: explicit ranks, fidelity's network primitives ----------
+
 
 def rank(k, r, pos, t, d):
     """tensor rank k, replica r, stage at position pos from the end (1 = last stage)."""
@@ -38,13 +48,31 @@ def boundary_time(net: HierarchicalNetwork, nbytes, t, d, pos_from, pos_to, sg):
     return worst
 
 
-def brute_hier(fw, bw, params, acts, edge, ext0, *, t, devices, mbs, net, sg, factor, capacity,
-               recompute, d_only=None):
+def brute_hier(
+    fw,
+    bw,
+    params,
+    acts,
+    edge,
+    ext0,
+    *,
+    t,
+    devices,
+    mbs,
+    net,
+    sg,
+    factor,
+    capacity,
+    recompute,
+    d_only=None,
+):
     n = len(fw)
     if net.devices_per_node % t:
         return math.inf, None
     best, arg = math.inf, None
-    for cuts in itertools.chain.from_iterable(itertools.combinations(range(1, n), r) for r in range(n)):
+    for cuts in itertools.chain.from_iterable(
+        itertools.combinations(range(1, n), r) for r in range(n)
+    ):
         bounds = [0, *cuts, n]
         stages = [(bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
         pp = len(stages)
@@ -69,10 +97,13 @@ def brute_hier(fw, bw, params, acts, edge, ext0, *, t, devices, mbs, net, sg, fa
                 f, b = sum(fw[i:j]), sum(bw[i:j])
                 tin = boundary_time(net, edge[i - 1], t, d, pos + 1, pos, sg) if i > 0 else 0.0
                 tout = boundary_time(net, edge[j - 1], t, d, pos - 1, pos, sg) if j < n else 0.0
-                loads.append(tin + f + max(f, tout) + b if (recompute and pos > 1)
-                             else tin + f + tout + b)
-            ar = max(net.all_reduce(p_max, [rank(0, r, q, t, d) for r in range(d)])
-                     for q in range(1, pp + 1))
+                loads.append(
+                    tin + f + max(f, tout) + b if (recompute and pos > 1) else tin + f + tout + b
+                )
+            ar = max(
+                net.all_reduce(p_max, [rank(0, r, q, t, d) for r in range(d)])
+                for q in range(1, pp + 1)
+            )
             time = max(loads) * (-(-mbs // d) + pp - 1) + ar
             if time < best:
                 best, arg = time, (pp, d)
@@ -81,12 +112,18 @@ def brute_hier(fw, bw, params, acts, edge, ext0, *, t, devices, mbs, net, sg, fa
 
 def random_network(rng, t):
     # devices per node a multiple of t, except now and then (then t cannot be placed)
-    npn = int(rng.choice([t, 2 * t, 4 * t, 8])) if rng.random() < 0.9 else int(rng.choice([1, 2, 3]))
-    intra = LinkLevel(float(rng.uniform(1.0, 8.0)), float(rng.uniform(0, 0.05)),
-                      float(rng.uniform(0.5, 1.0)))
+    npn = (
+        int(rng.choice([t, 2 * t, 4 * t, 8])) if rng.random() < 0.9 else int(rng.choice([1, 2, 3]))
+    )
+    intra = LinkLevel(
+        float(rng.uniform(1.0, 8.0)), float(rng.uniform(0, 0.05)), float(rng.uniform(0.5, 1.0))
+    )
     # usually a slower inter-node level; sometimes faster, so that the 'mixed' class matters
-    inter = LinkLevel(float(intra.bandwidth_Bps * rng.uniform(0.05, 1.5)),
-                      float(rng.uniform(0, 0.1)), float(rng.uniform(0.5, 1.0)))
+    inter = LinkLevel(
+        float(intra.bandwidth_Bps * rng.uniform(0.05, 1.5)),
+        float(rng.uniform(0, 0.1)),
+        float(rng.uniform(0.5, 1.0)),
+    )
     return HierarchicalNetwork(npn, intra, inter)
 
 
@@ -100,7 +137,7 @@ def instance(rng, n, t):
     return fw, bw, params, acts, edge, tp, float(rng.uniform(0, 0.5))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def hier_case(seed):
     """A random small instance (<= 7 layers, <= 24 devices) and its brute-force optimum."""
     rng = np.random.default_rng(5000 + seed)
@@ -109,7 +146,7 @@ def hier_case(seed):
     devices = int(rng.integers(t, 25))
     mbs = int(rng.integers(1, 25))
     recompute = bool(seed % 2)
-    factor = 8.0 if seed % 4 < 2 else 2.0   # adam / sgd state per parameter byte
+    factor = 8.0 if seed % 4 < 2 else 2.0  # adam / sgd state per parameter byte
     net = random_network(rng, t)
     sg = bool(seed % 3)
     fw, bw, params, acts, edge, tp, ext0 = instance(rng, n, t)
@@ -124,12 +161,32 @@ def hier_case(seed):
         d_values = np.array([d_only])
         fw, bw, params, acts, edge, tp, ext0 = instance(rng, n, t)
         capacity = float(rng.uniform(0.3, 0.9) * (factor * params.sum() + acts.sum()))
-    want, arg = brute_hier(fw, bw, params, acts, edge, ext0, t=t, devices=devices, mbs=mbs,
-                           net=net, sg=sg, factor=factor, capacity=capacity, recompute=recompute,
-                           d_only=d_only)
+    want, arg = brute_hier(
+        fw,
+        bw,
+        params,
+        acts,
+        edge,
+        ext0,
+        t=t,
+        devices=devices,
+        mbs=mbs,
+        net=net,
+        sg=sg,
+        factor=factor,
+        capacity=capacity,
+        recompute=recompute,
+        d_only=d_only,
+    )
     g = chain_graph(fw, bw, params, acts, edge, tp, ext_stash=np.r_[ext0, np.zeros(n - 1)])
-    rule = StageRule(bandwidth=1.0, latency=0.0, param_state_factor=factor, recompute=recompute,
-                     memory_capacity=capacity, max_positions=devices)
+    rule = StageRule(
+        bandwidth=1.0,
+        latency=0.0,
+        param_state_factor=factor,
+        recompute=recompute,
+        memory_capacity=capacity,
+        max_positions=devices,
+    )
     ar = AllReduce(mode="max", bandwidth=1.0, network=PlaceNetwork(net, scatter_gather=sg))
     return g, rule, ar, t, devices, mbs, d_values, want, arg
 
@@ -157,7 +214,7 @@ def test_brute_force_cases_cover_every_boundary_class():
     their boundaries include intra-node, inter-node and mixed ones."""
     feasible, multi, classes = 0, 0, set()
     for seed in SEEDS:
-        g, rule, ar, t, devices, mbs, _, want, arg = hier_case(seed)
+        _g, _rule, ar, t, _devices, _mbs, _, want, arg = hier_case(seed)
         if math.isinf(want):
             continue
         feasible += 1
@@ -169,8 +226,12 @@ def test_brute_force_cases_cover_every_boundary_class():
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 10**6), t=st.sampled_from([1, 2, 4, 8]),
-       recompute=st.booleans(), npn=st.sampled_from([1, 2, 4, 8, 16]))
+@given(
+    seed=st.integers(0, 10**6),
+    t=st.sampled_from([1, 2, 4, 8]),
+    recompute=st.booleans(),
+    npn=st.sampled_from([1, 2, 4, 8, 16]),
+)
 def test_equal_levels_reduce_to_the_flat_link(seed, t, recompute, npn):
     """Same bandwidth, latency (and efficiency 1) on both levels == the flat costmodel link:
     same time, same p, d (the DP path for the hierarchy is a different code path)."""
@@ -183,13 +244,25 @@ def test_equal_levels_reduce_to_the_flat_link(seed, t, recompute, npn):
     fw, bw, params, acts, edge, tp, ext0 = instance(rng, n, t)
     bwid, lat = float(rng.uniform(0.5, 5.0)), float(rng.uniform(0, 0.2))
     g = chain_graph(fw, bw, params, acts, edge, tp, ext_stash=np.r_[ext0, np.zeros(n - 1)])
-    rule = StageRule(bandwidth=bwid, latency=lat, param_state_factor=8.0, recompute=recompute,
-                     memory_capacity=float(rng.uniform(0.3, 2.0) * (8 * params.sum() + acts.sum())),
-                     max_positions=devices)
+    rule = StageRule(
+        bandwidth=bwid,
+        latency=lat,
+        param_state_factor=8.0,
+        recompute=recompute,
+        memory_capacity=float(rng.uniform(0.3, 2.0) * (8 * params.sum() + acts.sum())),
+        max_positions=devices,
+    )
     d_values = data_parallel_degrees(devices, mbs, False, False)
     flat = solve_width(g, rule, t, devices, mbs, d_values, AllReduce("max", bwid, lat))
-    hier = solve_width(g, rule, t, devices, mbs, d_values,
-                       AllReduce("max", bwid, lat, network=PlaceNetwork.flat_equivalent(bwid, lat, npn)))
+    hier = solve_width(
+        g,
+        rule,
+        t,
+        devices,
+        mbs,
+        d_values,
+        AllReduce("max", bwid, lat, network=PlaceNetwork.flat_equivalent(bwid, lat, npn)),
+    )
     if flat is None:
         assert hier is None
         return
@@ -222,8 +295,14 @@ def test_hand_computed_two_stage_pipeline_across_nodes():
     sg = B / 8 / (25e9 * 0.94) + 5e-6 + 7 / 8 * B / (300e9 * 0.78) + 7 * 2e-6
     assert sg < plain
     g = chain_graph([1e-3, 1e-3], [2e-3, 2e-3], [1e6, 1e6], [0, 0], [B, 0], [True, True])
-    rule = StageRule(bandwidth=1.0, latency=0.0, param_state_factor=8.0, recompute=False,
-                     memory_capacity=1e12, max_positions=16)
+    rule = StageRule(
+        bandwidth=1.0,
+        latency=0.0,
+        param_state_factor=8.0,
+        recompute=False,
+        memory_capacity=1e12,
+        max_positions=16,
+    )
     ar = AllReduce("max", 1.0, network=net)
     p, reason = evaluate(g, rule, 8, [[0], [1]], 1, 16, 4, ar)
     assert reason == ""
@@ -231,20 +310,36 @@ def test_hand_computed_two_stage_pipeline_across_nodes():
     assert p.stage_loads == pytest.approx([3e-3 + sg, 3e-3 + sg], rel=1e-12)
     assert p.time_per_batch == pytest.approx((3e-3 + sg) * (4 + 2 - 1), rel=1e-12)
     # without scatter/gather the plain send is used
-    p2, _ = evaluate(g, rule, 8, [[0], [1]], 1, 16, 4, AllReduce("max", 1.0, network=PlaceNetwork(a100_like(), False)))
+    p2, _ = evaluate(
+        g,
+        rule,
+        8,
+        [[0], [1]],
+        1,
+        16,
+        4,
+        AllReduce("max", 1.0, network=PlaceNetwork(a100_like(), False)),
+    )
     assert p2.stage_loads[0] == pytest.approx(3e-3 + plain, rel=1e-12)
     # d = 2, one stage per replica, 16 GPUs: the ring of 2 replicas with 1 GPU per node runs on
     # the NICs: 2 * (1/2) * 2 MB / 23.5 GB/s + 2 * 5 us
     p3, _ = evaluate(g, rule, 8, [[0, 1]], 2, 16, 4, ar)
     assert p3.time_per_batch == pytest.approx(
-        6e-3 * 2 + 2 * 0.5 * 2e6 / (25e9 * 0.94) + 2 * 5e-6, rel=1e-12)
+        6e-3 * 2 + 2 * 0.5 * 2e6 / (25e9 * 0.94) + 2 * 5e-6, rel=1e-12
+    )
 
 
 def test_tensor_width_must_fit_in_a_node():
     net = PlaceNetwork(a100_like(npn=4))
     g = chain_graph([1.0] * 3, [2.0] * 3, [1.0] * 3, [1.0] * 3, [1.0] * 3, [True] * 3)
-    rule = StageRule(bandwidth=1.0, latency=0.0, param_state_factor=8.0, recompute=False,
-                     memory_capacity=1e9, max_positions=64)
+    rule = StageRule(
+        bandwidth=1.0,
+        latency=0.0,
+        param_state_factor=8.0,
+        recompute=False,
+        memory_capacity=1e9,
+        max_positions=64,
+    )
     ar = AllReduce("max", 1.0, network=net)
     assert solve_width(g, rule, 8, 64, 8, data_parallel_degrees(64, 8, False, False), ar) is None
     p, reason = evaluate(g, rule, 8, [[0, 1, 2]], 1, 64, 8, ar)
@@ -257,6 +352,7 @@ def test_tensor_width_must_fit_in_a_node():
 
 def test_upstream_mode_refuses_a_hierarchical_network():
     from phaze.errors import PhazeError
+
     with pytest.raises(PhazeError, match="flat by definition"):
         AllReduce("first", 1.0, network=PlaceNetwork(a100_like()))
 
@@ -267,7 +363,9 @@ def test_all_reduce_worst_ring_matches_explicit_ranks():
     for t in (1, 2, 4, 8):
         for d in (1, 2, 3, 5, 8, 12, 85):
             for stages in (1, 2, 3, 7):
-                want = max(net.all_reduce(1e9, [rank(0, r, q, t, d) for r in range(d)])
-                           for q in range(1, stages + 1))
+                want = max(
+                    net.all_reduce(1e9, [rank(0, r, q, t, d) for r in range(d)])
+                    for q in range(1, stages + 1)
+                )
                 got = pn.all_reduce(t, [d], np.array([1e9]), np.array([stages]))[0, 0]
                 assert got == pytest.approx(want, rel=1e-12), (t, d, stages)

@@ -1,4 +1,5 @@
 """Tables mode (the workflow's): layers + schedules + space -> one row per arch x cluster size."""
+
 import json
 
 import numpy as np
@@ -16,17 +17,46 @@ PEAK = {"fast": 4e14, "slow": 1e14}
 
 
 def layers_frame(t):
-    rows = [dict(layer="embedding", kind="embedding", signature="emb", param_bytes=int(2e8),
-                 activation_bytes=int(1e7), stash_recompute_bytes=4096, boundary_bytes=int(1e7),
-                 fwd_flops=1e9, bwd_flops=2e9)]
+    rows = [
+        {
+            "layer": "embedding",
+            "kind": "embedding",
+            "signature": "emb",
+            "param_bytes": int(2e8),
+            "activation_bytes": int(1e7),
+            "stash_recompute_bytes": 4096,
+            "boundary_bytes": int(1e7),
+            "fwd_flops": 1e9,
+            "bwd_flops": 2e9,
+        }
+    ]
     for b in range(BLOCKS):
-        rows.append(dict(layer=f"block.{b}", kind="block", signature=f"blk{t}",
-                         param_bytes=int(1.2e9 / t), activation_bytes=int(5e8 / t),
-                         stash_recompute_bytes=int(1e7), boundary_bytes=int(1e7),
-                         fwd_flops=2e12 / t, bwd_flops=4e12 / t))
-    rows.append(dict(layer="head", kind="head", signature="head", param_bytes=int(2e8),
-                     activation_bytes=int(5e7), stash_recompute_bytes=int(1e7), boundary_bytes=0,
-                     fwd_flops=4e11, bwd_flops=8e11))
+        rows.append(
+            {
+                "layer": f"block.{b}",
+                "kind": "block",
+                "signature": f"blk{t}",
+                "param_bytes": int(1.2e9 / t),
+                "activation_bytes": int(5e8 / t),
+                "stash_recompute_bytes": int(1e7),
+                "boundary_bytes": int(1e7),
+                "fwd_flops": 2e12 / t,
+                "bwd_flops": 4e12 / t,
+            }
+        )
+    rows.append(
+        {
+            "layer": "head",
+            "kind": "head",
+            "signature": "head",
+            "param_bytes": int(2e8),
+            "activation_bytes": int(5e7),
+            "stash_recompute_bytes": int(1e7),
+            "boundary_bytes": 0,
+            "fwd_flops": 4e11,
+            "bwd_flops": 8e11,
+        }
+    )
     df = pd.DataFrame(rows)
     df["tensor_parallel"] = (df["kind"] == "block") & (t > 1)
     df["index"] = np.arange(len(df))
@@ -42,16 +72,44 @@ def schedule_frame(t, archs=("fast", "slow"), drop=None):
                 if drop == (arch, r["signature"], p):
                     continue
                 lat = r[col] / (0.5 * PEAK[arch]) + 1e-5
-                rows.append(dict(arch=arch, signature=r["signature"], **{"pass": p},
-                                 makespan_s=lat, lower_bound_s=0.8 * lat, gap=0.2, status="ok",
-                                 solve_s=0.0, peak_tc=1, peak_vc=1, upper_bound_s=lat, method="chain"))
+                rows.append(
+                    dict(
+                        arch=arch,
+                        signature=r["signature"],
+                        **{"pass": p},
+                        makespan_s=lat,
+                        lower_bound_s=0.8 * lat,
+                        gap=0.2,
+                        status="ok",
+                        solve_s=0.0,
+                        peak_tc=1,
+                        peak_vc=1,
+                        upper_bound_s=lat,
+                        method="chain",
+                    )
+                )
     return pd.DataFrame(rows)
 
 
 def space_frame():
-    return pd.DataFrame([dict(arch=a, n_tc=8, n_vc=2, tc_width=128, tc_depth=128, vc_width=128,
-                              glb_bytes=2**27, freq_hz=1e9, area_mm2=100.0, peak_flops=PEAK[a],
-                              preset="") for a in ("fast", "slow")])
+    return pd.DataFrame(
+        [
+            {
+                "arch": a,
+                "n_tc": 8,
+                "n_vc": 2,
+                "tc_width": 128,
+                "tc_depth": 128,
+                "vc_width": 128,
+                "glb_bytes": 2**27,
+                "freq_hz": 1e9,
+                "area_mm2": 100.0,
+                "peak_flops": PEAK[a],
+                "preset": "",
+            }
+            for a in ("fast", "slow")
+        ]
+    )
 
 
 @pytest.fixture
@@ -64,17 +122,44 @@ def inputs(tmp_path):
         args["trace"].append(str(d))
         args["sched"].append(str(tmp_path / f"sched_t{t}.parquet"))
     write_table(space_frame(), tmp_path / "space.parquet", "space")
-    cfg = {"models": ["tiny"], "place": {"devices": [64, 16], "global_batch": 256,
-                                         "expert": {"tiny": {"pp": 2, "dp": 16, "tp": 2}}}}
+    cfg = {
+        "models": ["tiny"],
+        "place": {
+            "devices": [64, 16],
+            "global_batch": 256,
+            "expert": {"tiny": {"pp": 2, "dp": 16, "tp": 2}},
+        },
+    }
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     return tmp_path, args
 
 
 def run_place(tmp_path, args, *extra, hbm="32", out="place.parquet", config="cfg.yaml"):
-    argv = ["place", "--model", "tiny", "--tmp", "1", "2", "--trace-dirs", *args["trace"],
-            "--schedules", *args["sched"], "--space", str(tmp_path / "space.parquet"),
-            "--hbm-gib", hbm, "--microbatch", "2", "--recompute", "on",
-            "--config", str(tmp_path / config), "--out", str(tmp_path / out), *extra]
+    argv = [
+        "place",
+        "--model",
+        "tiny",
+        "--tmp",
+        "1",
+        "2",
+        "--trace-dirs",
+        *args["trace"],
+        "--schedules",
+        *args["sched"],
+        "--space",
+        str(tmp_path / "space.parquet"),
+        "--hbm-gib",
+        hbm,
+        "--microbatch",
+        "2",
+        "--recompute",
+        "on",
+        "--config",
+        str(tmp_path / config),
+        "--out",
+        str(tmp_path / out),
+        *extra,
+    ]
     return main(argv)
 
 
@@ -82,27 +167,43 @@ def test_rows_per_arch_and_cluster_size(inputs):
     tmp_path, args = inputs
     assert run_place(tmp_path, args) == 0
     df = read_table(tmp_path / "place.parquet", "place")
-    assert sorted(zip(df["arch"], df["devices"])) == [("fast", 16), ("fast", 64), ("slow", 16), ("slow", 64)]
+    assert sorted(zip(df["arch"], df["devices"])) == [
+        ("fast", 16),
+        ("fast", 64),
+        ("slow", 16),
+        ("slow", 64),
+    ]
     assert df["feasible"].all()
     for _, r in df.iterrows():
         assert r["throughput_seq_s"] == pytest.approx(256 / r["time_per_batch_s"])
         # time = largest load x (microbatches per pipeline + stages - 1) + all-reduce
         steps = -(-128 // r["dp"]) + r["pp"] - 1
-        assert r["time_per_batch_s"] == pytest.approx(r["max_stage_load_s"] * steps + r["allreduce_s"])
+        assert r["time_per_batch_s"] == pytest.approx(
+            r["max_stage_load_s"] * steps + r["allreduce_s"]
+        )
         assert (r["allreduce_s"] == 0) == (r["dp"] == 1)
         assert r["pp"] * r["dp"] <= r["devices"] and r["devices_used"] <= r["devices"]
         stages = json.loads(r["stages"])
         assert stages[0]["first"] == "embedding" and stages[-1]["last"] == "head"
         assert sum(s["layers"] for s in stages) == BLOCKS + 2 and len(stages) == r["pp"]
         assert max(json.loads(r["stage_mem_bytes"])) <= 32 * 2**30
-        flops_seq = sum(f + b for f, b in zip(layers_frame(1)["fwd_flops"], layers_frame(1)["bwd_flops"])) / 2
-        assert r["mfu"] == pytest.approx(flops_seq * 256 / (r["time_per_batch_s"] * r["devices"] * PEAK[r["arch"]]))
+        flops_seq = (
+            sum(f + b for f, b in zip(layers_frame(1)["fwd_flops"], layers_frame(1)["bwd_flops"]))
+            / 2
+        )
+        assert r["mfu"] == pytest.approx(
+            flops_seq * 256 / (r["time_per_batch_s"] * r["devices"] * PEAK[r["arch"]])
+        )
         if r["expert_feasible"]:
             # the expert placement is one of the candidates the DP searched
             assert r["time_per_batch_s"] <= r["expert_time_per_batch_s"] * (1 + 1e-12)
     big = df[df["devices"] == 64].set_index("arch")
     assert big.loc["fast", "throughput_seq_s"] > big.loc["slow", "throughput_seq_s"]
-    assert big["expert_feasible"].all() and (big["expert_pp"] == 2).all() and (big["expert_tp"] == 2).all()
+    assert (
+        big["expert_feasible"].all()
+        and (big["expert_pp"] == 2).all()
+        and (big["expert_tp"] == 2).all()
+    )
     small = df[df["devices"] == 16]
     assert not small["expert_feasible"].any()
     assert small["expert_reason"].str.contains("64 devices").all()
@@ -111,8 +212,14 @@ def test_rows_per_arch_and_cluster_size(inputs):
 
 def test_expert_infeasible_memory_never_discards_the_architecture(inputs, tmp_path):
     tmp_path, args = inputs
-    cfg = {"models": ["tiny"], "place": {"devices": [64], "global_batch": 256,
-                                         "expert": {"tiny": {"pp": 1, "dp": 64, "tp": 1}}}}
+    cfg = {
+        "models": ["tiny"],
+        "place": {
+            "devices": [64],
+            "global_batch": 256,
+            "expert": {"tiny": {"pp": 1, "dp": 64, "tp": 1}},
+        },
+    }
     (tmp_path / "one.yaml").write_text(yaml.safe_dump(cfg))
     assert run_place(tmp_path, args, hbm="8", config="one.yaml") == 0
     df = read_table(tmp_path / "place.parquet", "place")
@@ -145,7 +252,9 @@ def test_inconsistent_inputs_are_errors(inputs, capsys):
     bad = dict(args, sched=[args["sched"][0], str(tmp_path / "odd.parquet")])
     assert run_place(tmp_path, bad) == 2
     assert "different architectures" in capsys.readouterr().err
-    write_table(schedule_frame(2, drop=("slow", "blk2", "bwd")), tmp_path / "hole.parquet", "schedule")
+    write_table(
+        schedule_frame(2, drop=("slow", "blk2", "bwd")), tmp_path / "hole.parquet", "schedule"
+    )
     bad = dict(args, sched=[args["sched"][0], str(tmp_path / "hole.parquet")])
     assert run_place(tmp_path, bad) == 2
     assert "no schedule for arch slow signature blk2 pass bwd" in capsys.readouterr().err
@@ -171,10 +280,32 @@ def test_comma_joined_schedule_chunks(inputs):
 def test_export_instance_round_trip(inputs):
     tmp_path, args = inputs
     path = tmp_path / "inst.json"
-    argv = ["place", "--model", "tiny", "--tmp", "1", "2", "--trace-dirs", *args["trace"],
-            "--schedules", *args["sched"], "--space", str(tmp_path / "space.parquet"),
-            "--hbm-gib", "32", "--microbatch", "2", "--recompute", "on", "--archs", "fast",
-            "--config", str(tmp_path / "cfg.yaml"), "--export-instance", str(path)]
+    argv = [
+        "place",
+        "--model",
+        "tiny",
+        "--tmp",
+        "1",
+        "2",
+        "--trace-dirs",
+        *args["trace"],
+        "--schedules",
+        *args["sched"],
+        "--space",
+        str(tmp_path / "space.parquet"),
+        "--hbm-gib",
+        "32",
+        "--microbatch",
+        "2",
+        "--recompute",
+        "on",
+        "--archs",
+        "fast",
+        "--config",
+        str(tmp_path / "cfg.yaml"),
+        "--export-instance",
+        str(path),
+    ]
     assert main(argv) == 0
     ins = load_instance(path)
     assert ins["numTransformerLayers"] == BLOCKS and ins["mbsInBatch"] == 128
@@ -197,9 +328,17 @@ def test_expert_split_is_even_with_first_stages_taking_the_extra_block():
 
 # ---------- the two-level network (config place.network, a preset's network: section) ----------
 
+
 def _with_place(tmp_path, name, **place):
-    cfg = {"models": ["tiny"], "place": {"devices": [64, 16], "global_batch": 256,
-                                         "expert": {"tiny": {"pp": 2, "dp": 16, "tp": 2}}, **place}}
+    cfg = {
+        "models": ["tiny"],
+        "place": {
+            "devices": [64, 16],
+            "global_batch": 256,
+            "expert": {"tiny": {"pp": 2, "dp": 16, "tp": 2}},
+            **place,
+        },
+    }
     (tmp_path / name).write_text(yaml.safe_dump(cfg))
     return name
 
@@ -212,41 +351,64 @@ def test_network_with_equal_levels_gives_the_flat_rows(inputs):
     tmp_path, args = inputs
     assert run_place(tmp_path, args) == 0
     # the flat link is the costmodel default (44.8 GB/s, 1 us): the same on both levels
-    cfg = _with_place(tmp_path, "eq.yaml", network={"devices_per_node": 4,
-                                                    "intra_node": _level(44.8e9, 1e-6),
-                                                    "inter_node": _level(44.8e9, 1e-6)})
+    cfg = _with_place(
+        tmp_path,
+        "eq.yaml",
+        network={
+            "devices_per_node": 4,
+            "intra_node": _level(44.8e9, 1e-6),
+            "inter_node": _level(44.8e9, 1e-6),
+        },
+    )
     assert run_place(tmp_path, args, out="eq.parquet", config=cfg) == 0
     a = read_table(tmp_path / "place.parquet").sort_values(["arch", "devices"])
     b = read_table(tmp_path / "eq.parquet").sort_values(["arch", "devices"])
     assert (a["network"] == "flat").all() and (b["network"] == "config").all()
     assert np.allclose(a["time_per_batch_s"], b["time_per_batch_s"], rtol=1e-12)
-    assert np.allclose(a["expert_time_per_batch_s"], b["expert_time_per_batch_s"], rtol=1e-12,
-                       equal_nan=True)
+    assert np.allclose(
+        a["expert_time_per_batch_s"], b["expert_time_per_batch_s"], rtol=1e-12, equal_nan=True
+    )
 
 
 def test_slow_inter_node_level_costs_time_and_bounds_tensor_width(inputs):
     tmp_path, args = inputs
     assert run_place(tmp_path, args) == 0
-    cfg = _with_place(tmp_path, "slow.yaml", network={"devices_per_node": 2,
-                                                      "intra_node": _level(44.8e9, 1e-6),
-                                                      "inter_node": _level(1e9, 5e-6, 0.9)})
+    cfg = _with_place(
+        tmp_path,
+        "slow.yaml",
+        network={
+            "devices_per_node": 2,
+            "intra_node": _level(44.8e9, 1e-6),
+            "inter_node": _level(1e9, 5e-6, 0.9),
+        },
+    )
     assert run_place(tmp_path, args, out="slow.parquet", config=cfg) == 0
     a = read_table(tmp_path / "place.parquet").sort_values(["arch", "devices"])
     b = read_table(tmp_path / "slow.parquet").sort_values(["arch", "devices"])
     assert b["feasible"].all()
     # a slower inter-node level can only make every candidate slower
-    assert (b["time_per_batch_s"].to_numpy() >= a["time_per_batch_s"].to_numpy() * (1 - 1e-12)).all()
+    assert (
+        b["time_per_batch_s"].to_numpy() >= a["time_per_batch_s"].to_numpy() * (1 - 1e-12)
+    ).all()
     assert (b["time_per_batch_s"].to_numpy() > a["time_per_batch_s"].to_numpy()).any()
     # one device per node: t = 2 no longer fits in a node, only t = 1 is placed, and the expert
     # placement (tp 2) is reported infeasible with the reason
-    cfg = _with_place(tmp_path, "one.yaml", network={"devices_per_node": 1,
-                                                     "intra_node": _level(44.8e9, 1e-6),
-                                                     "inter_node": _level(1e9, 5e-6)})
+    cfg = _with_place(
+        tmp_path,
+        "one.yaml",
+        network={
+            "devices_per_node": 1,
+            "intra_node": _level(44.8e9, 1e-6),
+            "inter_node": _level(1e9, 5e-6),
+        },
+    )
     assert run_place(tmp_path, args, out="one.parquet", config=cfg) == 0
     c = read_table(tmp_path / "one.parquet")
     assert c["feasible"].all() and (c["tp"] == 1).all()
     big = c[c["devices"] == 64]
-    assert (~c["expert_feasible"]).all() and big["expert_reason"].str.contains("devices per node").all()
+    assert (~c["expert_feasible"]).all() and big["expert_reason"].str.contains(
+        "devices per node"
+    ).all()
 
 
 def test_a_presets_network_is_used_for_its_architecture(inputs):
@@ -268,7 +430,8 @@ def test_a_presets_network_is_used_for_its_architecture(inputs):
 
 def test_invalid_network_config_is_an_error(inputs, capsys):
     tmp_path, args = inputs
-    cfg = _with_place(tmp_path, "bad.yaml", network={"devices_per_node": 8,
-                                                     "intra_node": _level(3e11, 2e-6)})
+    cfg = _with_place(
+        tmp_path, "bad.yaml", network={"devices_per_node": 8, "intra_node": _level(3e11, 2e-6)}
+    )
     assert run_place(tmp_path, args, out="bad.parquet", config=cfg) == 2
     assert "inter_node" in capsys.readouterr().err

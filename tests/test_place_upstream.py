@@ -1,4 +1,5 @@
 """--instance mode: upstream's semantics, checked against outputs of upstream's own C++ solver."""
+
 import json
 from pathlib import Path
 
@@ -25,8 +26,9 @@ def test_matches_upstream_cpp_outputs(case):
     else:
         assert close(ours["finalTimePerBatch"], ref["finalTimePerBatch"])
         # same placement too: upstream's enumeration order decides ties
-        assert ours["stages"] == [{"nodes": s["nodes"], "devicesForStage": s["devicesForStage"]}
-                                  for s in ref["stages"]]
+        assert ours["stages"] == [
+            {"nodes": s["nodes"], "devicesForStage": s["devicesForStage"]} for s in ref["stages"]
+        ]
         assert ours["dataParallelDegree"] == ref["dataParallelDegree"]
         assert ours["tensorParallelDegree"] == ref["tensorParallelDegree"]
     if c["upstream_fixed_fail"]:
@@ -46,15 +48,37 @@ def test_gpt3_like_instance_matches_upstream():
 
 def two_node_instance(**over):
     ins = {
-        "maxMemoryPerDevice": 100.0, "maxDevices": 2, "bandwidth": 2.0, "mbsInBatch": 4,
-        "nodes": {"1": [
-            {"id": 7, "parameterSize": 3.0, "activationSize": 1.0, "optimalLatencyFw": 1.0,
-             "optimalLatencyBw": 2.0, "isTensorParallelized": False},
-            {"id": 5, "parameterSize": 1.0, "activationSize": 1.0, "optimalLatencyFw": 1.0,
-             "optimalLatencyBw": 2.0, "isTensorParallelized": False}]},
+        "maxMemoryPerDevice": 100.0,
+        "maxDevices": 2,
+        "bandwidth": 2.0,
+        "mbsInBatch": 4,
+        "nodes": {
+            "1": [
+                {
+                    "id": 7,
+                    "parameterSize": 3.0,
+                    "activationSize": 1.0,
+                    "optimalLatencyFw": 1.0,
+                    "optimalLatencyBw": 2.0,
+                    "isTensorParallelized": False,
+                },
+                {
+                    "id": 5,
+                    "parameterSize": 1.0,
+                    "activationSize": 1.0,
+                    "optimalLatencyFw": 1.0,
+                    "optimalLatencyBw": 2.0,
+                    "isTensorParallelized": False,
+                },
+            ]
+        },
         "edges": {"1": [{"sourceId": 7, "destId": 5, "communicationCost": 4.0}]},
-        "activationRecomputation": False, "optimizerAlgorithm": "SGD",
-        "fixedPP": 2, "fixedTMPC": 1, "fixedDP": 1, "numTransformerLayers": 1,
+        "activationRecomputation": False,
+        "optimizerAlgorithm": "SGD",
+        "fixedPP": 2,
+        "fixedTMPC": 1,
+        "fixedDP": 1,
+        "numTransformerLayers": 1,
     }
     ins.update(over)
     return ins
@@ -110,11 +134,23 @@ def test_cli_instance_rejects_bad_input(tmp_path, capsys):
 
 def test_branching_graph_fails_like_upstream(tmp_path, capsys):
     # 0 -> 1, 0 -> 2: the stage {1, 2} has two layers that do not consume each other
-    node = lambda i: {"id": i, "parameterSize": 1.0, "activationSize": 1.0,  # noqa: E731
-                      "optimalLatencyFw": 1.0, "optimalLatencyBw": 1.0, "isTensorParallelized": False}
-    ins = two_node_instance(nodes={"1": [node(0), node(1), node(2)]},
-                            edges={"1": [{"sourceId": 0, "destId": 1, "communicationCost": 1.0},
-                                         {"sourceId": 0, "destId": 2, "communicationCost": 1.0}]})
+    node = lambda i: {
+        "id": i,
+        "parameterSize": 1.0,
+        "activationSize": 1.0,
+        "optimalLatencyFw": 1.0,
+        "optimalLatencyBw": 1.0,
+        "isTensorParallelized": False,
+    }
+    ins = two_node_instance(
+        nodes={"1": [node(0), node(1), node(2)]},
+        edges={
+            "1": [
+                {"sourceId": 0, "destId": 1, "communicationCost": 1.0},
+                {"sourceId": 0, "destId": 2, "communicationCost": 1.0},
+            ]
+        },
+    )
     path = tmp_path / "branch.json"
     path.write_text(json.dumps(ins))
     assert main(["place", "--instance", str(path)]) == 2

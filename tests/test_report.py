@@ -1,11 +1,13 @@
 """Plots from synthetic summary tables (the end-to-end test covers real ones)."""
+
 from __future__ import annotations
 
 import json
 
 import numpy as np
 import pandas as pd
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from phaze.report.plots import FIGURES, make_figures, pareto_front
 
@@ -15,27 +17,78 @@ GIB = 2**30
 def _tables():
     models = ["m1", "m2"]
     rows, explored = [], []
-    arch = dict(n_tc=8, n_vc=2, tc_width=128, tc_depth=128, vc_width=128, glb_bytes=2**27,
-                freq_hz=1.05e9, area_mm2=270.0, peak_flops=2.75e14)
+    arch = {
+        "n_tc": 8,
+        "n_vc": 2,
+        "tc_width": 128,
+        "tc_depth": 128,
+        "vc_width": 128,
+        "glb_bytes": 2**27,
+        "freq_hz": 1.05e9,
+        "area_mm2": 270.0,
+        "peak_flops": 2.75e14,
+    }
     for m in models:
-        for strategy, thr in [("phaze-per-model", 12.0), ("phaze-common", 11.0), ("tpuv4-expert", 6.0),
-                              ("tpuv4-phaze", 10.0), ("placement-blind", 8.0)]:
-            rows.append(dict(model=m, strategy=strategy, arch="a0", hbm_bytes=32 * GIB, devices=1024,
-                             microbatch=1, recompute=False, pp=2, tp=1, dp=512,
-                             throughput_seq_s=thr, mode="early_stop" if "phaze-" in strategy else "",
-                             stages=json.dumps([{"first": "embedding", "last": "block.11", "layers": 13, "devices": 1},
-                                                {"first": "block.12", "last": "head", "layers": 13, "devices": 1}]),
-                             stage_mem_bytes=json.dumps([20 * GIB, 18 * GIB]), **arch))
+        for strategy, thr in [
+            ("phaze-per-model", 12.0),
+            ("phaze-common", 11.0),
+            ("tpuv4-expert", 6.0),
+            ("tpuv4-phaze", 10.0),
+            ("placement-blind", 8.0),
+        ]:
+            rows.append(
+                dict(
+                    model=m,
+                    strategy=strategy,
+                    arch="a0",
+                    hbm_bytes=32 * GIB,
+                    devices=1024,
+                    microbatch=1,
+                    recompute=False,
+                    pp=2,
+                    tp=1,
+                    dp=512,
+                    throughput_seq_s=thr,
+                    mode="early_stop" if "phaze-" in strategy else "",
+                    stages=json.dumps(
+                        [
+                            {"first": "embedding", "last": "block.11", "layers": 13, "devices": 1},
+                            {"first": "block.12", "last": "head", "layers": 13, "devices": 1},
+                        ]
+                    ),
+                    stage_mem_bytes=json.dumps([20 * GIB, 18 * GIB]),
+                    **arch,
+                )
+            )
         for b in range(6):
-            explored.append(dict(strategy="phaze-per-model", model=m, hbm_bytes=32 * GIB, microbatch=1,
-                                 recompute=False, devices=1024, arch=f"a{b}", bucket=b, round=b // 2,
-                                 area_mm2=270.0 - 10 * b, throughput_upper_seq_s=13.0,
-                                 throughput_seq_s=12.0 - b, exact=True, has_ilp=b < 3, pruned=b >= 3,
-                                 visited=b < 5, preset="tpuv4" if b == 0 else ""))
+            explored.append(
+                {
+                    "strategy": "phaze-per-model",
+                    "model": m,
+                    "hbm_bytes": 32 * GIB,
+                    "microbatch": 1,
+                    "recompute": False,
+                    "devices": 1024,
+                    "arch": f"a{b}",
+                    "bucket": b,
+                    "round": b // 2,
+                    "area_mm2": 270.0 - 10 * b,
+                    "throughput_upper_seq_s": 13.0,
+                    "throughput_seq_s": 12.0 - b,
+                    "exact": True,
+                    "has_ilp": b < 3,
+                    "pruned": b >= 3,
+                    "visited": b < 5,
+                    "preset": "tpuv4" if b == 0 else "",
+                }
+            )
     cmp = pd.DataFrame(rows)
     for base in ("tpuv4_expert", "tpuv4_phaze", "placement_blind"):
-        ref = cmp[cmp["strategy"] == base.replace("_", "-", 1) if base != "placement_blind"
-                  else cmp["strategy"] == "placement-blind"].set_index("model")["throughput_seq_s"]
+        ref = cmp[
+            cmp["strategy"] == base.replace("_", "-", 1)
+            if base != "placement_blind"
+            else cmp["strategy"] == "placement-blind"
+        ].set_index("model")["throughput_seq_s"]
         cmp[f"speedup_vs_{base}"] = cmp["throughput_seq_s"] / cmp["model"].map(ref)
     best = cmp[cmp["strategy"].str.startswith("phaze-")].copy()
     return best, cmp, pd.DataFrame(explored)

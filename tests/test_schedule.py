@@ -1,5 +1,6 @@
 """Schedule stage: the ILP and the whole pipeline against brute force, validity of every schedule,
 the no-solver paths, decomposition, cache and watchdog."""
+
 from __future__ import annotations
 
 import itertools
@@ -12,8 +13,15 @@ from hypothesis import strategies as st
 from phaze.schedule.bounds import critical_path, lower_bound
 from phaze.schedule.ilp import solve_once
 from phaze.schedule.instance import Instance, make_instance
-from phaze.schedule.listsched import (Schedule, assign_cores, best_list_schedule, priority_order,
-                                      replay, serial_sgs, verify)
+from phaze.schedule.listsched import (
+    Schedule,
+    assign_cores,
+    best_list_schedule,
+    priority_order,
+    replay,
+    serial_sgs,
+    verify,
+)
 from phaze.schedule.solve import Options, Scheduler, articulation_ops
 
 
@@ -84,7 +92,9 @@ def random_instance(rng: random.Random, n_max=7) -> Instance:
         c = rng.choice(["tc", "tc", "vc", "vc", "fused"])
         l1 = float(rng.randint(1, 9))
         la = float(rng.choice([l1, rng.randint(1, max(1, int(l1))), l1 / 2]))
-        ops.append({"id": i, "core": c, "latency_1core_s": l1 * 1e-5, "latency_allcores_s": la * 1e-5})
+        ops.append(
+            {"id": i, "core": c, "latency_1core_s": l1 * 1e-5, "latency_allcores_s": la * 1e-5}
+        )
     return make_instance(rng.randint(1, 2), rng.randint(1, 2), ops, edges)
 
 
@@ -135,6 +145,7 @@ def test_pipeline_matches_brute_force_and_bounds_are_valid():
 
 def test_cheap_bounds_never_exceed_the_optimum():
     from phaze.schedule.bounds import forced_energy
+
     rng = random.Random(99)
     for _ in range(40):
         inst = random_instance(rng, n_max=6)
@@ -143,19 +154,28 @@ def test_cheap_bounds_never_exceed_the_optimum():
         assert forced_energy(inst, ub) <= opt * (1 + 1e-9)
         assert lower_bound(inst, ub)[0] <= opt * (1 + 1e-9)
     # the forced-mode bound at work: one long op that only fits intra-op, beside a parallel op
-    ops = [{"id": 0, "core": "tc", "latency_1core_s": 10.0, "latency_allcores_s": 2.0},
-           {"id": 1, "core": "vc", "latency_1core_s": 3.0, "latency_allcores_s": 3.0}]
+    ops = [
+        {"id": 0, "core": "tc", "latency_1core_s": 10.0, "latency_allcores_s": 2.0},
+        {"id": 1, "core": "vc", "latency_1core_s": 3.0, "latency_allcores_s": 3.0},
+    ]
     inst = make_instance(4, 1, ops, [])
     # list: 0 intra-op (2) then 1 (3) = 5; or 0 single-core beside 1 = 10
     assert _bf(inst) == 5.0
-    assert forced_energy(inst, 5.0) == 5.0           # op 0 forced intra-op -> 2 + 3
-    assert critical_path(inst) == 3.0                # critical path / energy alone miss it
-    assert lower_bound(inst) == (5.0, "exclusion")   # op 0: single 10, intra-op alone 2 + 3
+    assert forced_energy(inst, 5.0) == 5.0  # op 0 forced intra-op -> 2 + 3
+    assert critical_path(inst) == 3.0  # critical path / energy alone miss it
+    assert lower_bound(inst) == (5.0, "exclusion")  # op 0: single 10, intra-op alone 2 + 3
 
 
 def test_strong_bounds_never_exceed_the_optimum():
-    from phaze.schedule.bounds import (core_limits, energy, energy_heads_tails, exclusion_bound,
-                                       forced_energy, windowed_energy)
+    from phaze.schedule.bounds import (
+        core_limits,
+        energy,
+        energy_heads_tails,
+        exclusion_bound,
+        forced_energy,
+        windowed_energy,
+    )
+
     rng = random.Random(7)
     for _ in range(60):
         inst = random_instance(rng, n_max=6)
@@ -163,9 +183,15 @@ def test_strong_bounds_never_exceed_the_optimum():
         k = core_limits(inst)
         r, d = energy_heads_tails(inst, k)
         ub = best_list_schedule(inst).makespan(inst)
-        for v in (energy(inst, "tc", k), energy(inst, "vc", k), exclusion_bound(inst, r, d, k),
-                  windowed_energy(inst, "tc", r, d, k), windowed_energy(inst, "vc", r, d, k),
-                  forced_energy(inst, ub, r, d, k), max(r[i] + inst.q[i] + d[i] for i in range(inst.n))):
+        for v in (
+            energy(inst, "tc", k),
+            energy(inst, "vc", k),
+            exclusion_bound(inst, r, d, k),
+            windowed_energy(inst, "tc", r, d, k),
+            windowed_energy(inst, "vc", r, d, k),
+            forced_energy(inst, ub, r, d, k),
+            max(r[i] + inst.q[i] + d[i] for i in range(inst.n)),
+        ):
             assert v <= opt * (1 + 1e-9)
 
 
@@ -174,6 +200,7 @@ def test_strong_bounds_never_exceed_the_optimum():
 def test_energy_heads_and_tails_hold_in_every_schedule(seed):
     # r_i <= start and d_i <= makespan - end in ANY valid schedule (random orders and modes)
     from phaze.schedule.bounds import energy_heads_tails
+
     rng = random.Random(seed)
     inst = random_instance(rng, n_max=10)
     r, d = energy_heads_tails(inst)
@@ -188,26 +215,33 @@ def test_energy_heads_and_tails_hold_in_every_schedule(seed):
 
 def test_width_and_exclusion_bounds_at_work():
     from phaze.schedule.bounds import exclusion_bound
+
     # two independent ops on 4 tensor cores: at most 2 run at once, so the energy is
     # 2 * min(3, 4/2) = 4 = the optimum (both single-core side by side); with n_c = 4 it was 2
-    ops = [{"id": i, "core": "tc", "latency_1core_s": 4.0, "latency_allcores_s": 3.0} for i in range(2)]
+    ops = [
+        {"id": i, "core": "tc", "latency_1core_s": 4.0, "latency_allcores_s": 3.0} for i in range(2)
+    ]
     inst = make_instance(4, 1, ops, [])
     assert _bf(inst) == 4.0
     assert lower_bound(inst)[0] == 4.0
     # one op that scales poorly beside a long vector op: single-core, nothing comparable overlaps
     # it (4 + 0); intra-op it runs alone (3 + the vc op's 5): exclusion gives min(4, 8) = 4 > CP 3
-    ops = [{"id": 0, "core": "tc", "latency_1core_s": 4.0, "latency_allcores_s": 3.0},
-           {"id": 1, "core": "vc", "latency_1core_s": 5.0, "latency_allcores_s": 5.0},
-           {"id": 2, "core": "tc", "latency_1core_s": 1.0, "latency_allcores_s": 1.0}]
+    ops = [
+        {"id": 0, "core": "tc", "latency_1core_s": 4.0, "latency_allcores_s": 3.0},
+        {"id": 1, "core": "vc", "latency_1core_s": 5.0, "latency_allcores_s": 5.0},
+        {"id": 2, "core": "tc", "latency_1core_s": 1.0, "latency_allcores_s": 1.0},
+    ]
     inst = make_instance(2, 1, ops, [(0, 2)])
-    assert exclusion_bound(inst) == pytest.approx(5.0)   # single: r 0 + 4 + d 1; intra: 3 + 5
+    assert exclusion_bound(inst) == pytest.approx(5.0)  # single: r 0 + 4 + d 1; intra: 3 + 5
     assert exclusion_bound(inst) <= _bf(inst)
 
 
 def test_lazy_core_assignment_is_needed_and_exact():
     # three independent 1-core tensor ops on 2 tensor cores: without z the ILP may overlap all
     # three; the answer must still be 2 units (two in parallel, then one)
-    ops = [{"id": i, "core": "tc", "latency_1core_s": 1.0, "latency_allcores_s": 1.0} for i in range(3)]
+    ops = [
+        {"id": i, "core": "tc", "latency_1core_s": 1.0, "latency_allcores_s": 1.0} for i in range(3)
+    ]
     ops.append({"id": 3, "core": "vc", "latency_1core_s": 0.5, "latency_allcores_s": 0.5})
     inst = make_instance(2, 1, ops, [(0, 3)])
     out = solve_once(inst, _serial(inst), 0.0, time_limit_s=30, gap=0.0, threads=1)
@@ -232,6 +266,7 @@ def test_list_schedules_are_valid_and_bounded(seed):
 @given(st.integers(0, 10**9))
 def test_adaptive_mode_sgs_is_valid(seed):
     from phaze.schedule.listsched import adaptive_sgs, priority_order
+
     inst = random_instance(random.Random(seed), n_max=12)
     order = priority_order(inst, [random.Random(seed + 1).random() for _ in range(inst.n)])
     for bias in (0.0, 0.02, -0.02):
@@ -246,8 +281,10 @@ def test_adaptive_modes_reach_an_optimum_fixed_modes_and_flips_miss():
     # beside the tc ops instead of alone)
     l1, la = (9.0, 7.0, 1.0, 8.0, 1.0), (4.0, 1.0, 1.0, 7.0, 0.5)
     core = ("tc", "tc", "tc", "vc", "tc")
-    ops = [{"id": i, "core": core[i], "latency_1core_s": l1[i], "latency_allcores_s": la[i]}
-           for i in range(5)]
+    ops = [
+        {"id": i, "core": core[i], "latency_1core_s": l1[i], "latency_allcores_s": la[i]}
+        for i in range(5)
+    ]
     inst = make_instance(1, 2, ops, [(1, 4)])
     assert _bf(inst) == pytest.approx(11.5)
     s = best_list_schedule(inst)
@@ -277,9 +314,11 @@ def test_replay_never_starts_later(seed):
 
 
 def test_verify_catches_violations():
-    ops = [{"id": 0, "core": "tc", "latency_1core_s": 1.0, "latency_allcores_s": 0.5},
-           {"id": 1, "core": "tc", "latency_1core_s": 1.0, "latency_allcores_s": 0.5},
-           {"id": 2, "core": "vc", "latency_1core_s": 1.0, "latency_allcores_s": 1.0}]
+    ops = [
+        {"id": 0, "core": "tc", "latency_1core_s": 1.0, "latency_allcores_s": 0.5},
+        {"id": 1, "core": "tc", "latency_1core_s": 1.0, "latency_allcores_s": 0.5},
+        {"id": 2, "core": "vc", "latency_1core_s": 1.0, "latency_allcores_s": 1.0},
+    ]
     inst = make_instance(1, 1, ops, [(0, 2)])
     overlap = assign_cores(inst, Schedule([0.0, 0.0, 1.0], [0, 0, 0]))
     assert any("core id beyond" in v for v in verify(inst, overlap, 1e-9))
@@ -291,8 +330,10 @@ def test_verify_catches_violations():
 
 # ---- no-solver paths, decomposition, cache, watchdog -------------------------------------------
 def test_chains_and_single_ops_take_no_solver_path():
-    ops = [{"id": i, "core": c, "latency_1core_s": l1, "latency_allcores_s": la}
-           for i, (c, l1, la) in enumerate([("tc", 4.0, 1.0), ("vc", 2.0, 3.0), ("fused", 5.0, 5.0)])]
+    ops = [
+        {"id": i, "core": c, "latency_1core_s": l1, "latency_allcores_s": la}
+        for i, (c, l1, la) in enumerate([("tc", 4.0, 1.0), ("vc", 2.0, 3.0), ("fused", 5.0, 5.0)])
+    ]
     chain = make_instance(4, 2, ops, [(0, 1), (1, 2)])
     single = make_instance(4, 2, ops[:1], [])
     with Scheduler(Options()) as sch:
@@ -311,20 +352,35 @@ def test_decomposition_is_exact():
     for _ in range(60):
         a, b = random_instance(rng, n_max=5), random_instance(rng, n_max=5)
         # a -> articulation op -> b
-        ops = [{"id": i, "core": a.core[i], "latency_1core_s": a.l1[i], "latency_allcores_s": a.la[i]}
-               for i in range(a.n)]
+        ops = [
+            {"id": i, "core": a.core[i], "latency_1core_s": a.l1[i], "latency_allcores_s": a.la[i]}
+            for i in range(a.n)
+        ]
         mid = a.n
         ops.append({"id": mid, "core": "tc", "latency_1core_s": 3e-5, "latency_allcores_s": 1e-5})
-        ops += [{"id": mid + 1 + i, "core": b.core[i], "latency_1core_s": b.l1[i],
-                 "latency_allcores_s": b.la[i]} for i in range(b.n)]
-        edges = list(a.edges) + [(i, mid) for i in range(a.n)] + [(mid, mid + 1 + i) for i in range(b.n)]
+        ops += [
+            {
+                "id": mid + 1 + i,
+                "core": b.core[i],
+                "latency_1core_s": b.l1[i],
+                "latency_allcores_s": b.la[i],
+            }
+            for i in range(b.n)
+        ]
+        edges = (
+            list(a.edges)
+            + [(i, mid) for i in range(a.n)]
+            + [(mid, mid + 1 + i) for i in range(b.n)]
+        )
         edges += [(mid + 1 + s, mid + 1 + d) for s, d in b.edges]
         inst = make_instance(a.n_tc, a.n_vc, ops, edges)
         if inst.n > 8:
             continue
         assert len(articulation_ops(inst)) >= 1
-        with Scheduler(Options(gap=0.0, time_limit_s=30, cache=False)) as dec, \
-                Scheduler(Options(gap=0.0, time_limit_s=30, cache=False, decompose=False)) as whole:
+        with (
+            Scheduler(Options(gap=0.0, time_limit_s=30, cache=False)) as dec,
+            Scheduler(Options(gap=0.0, time_limit_s=30, cache=False, decompose=False)) as whole,
+        ):
             rd, rw = dec.solve(inst), whole.solve(inst)
         assert verify(inst, rd.schedule, 1e-12) == []
         assert rd.makespan_s == pytest.approx(rw.makespan_s, rel=1e-6)
@@ -340,8 +396,15 @@ def test_cache_reuses_scaled_instances():
     inst = random_instance(rng, n_max=7)
     while inst.is_chain():
         inst = random_instance(rng, n_max=7)
-    scaled = Instance(inst.n_tc, inst.n_vc, inst.core, tuple(v * 3 for v in inst.l1),
-                      tuple(v * 3 for v in inst.la), inst.edges, inst.ids)
+    scaled = Instance(
+        inst.n_tc,
+        inst.n_vc,
+        inst.core,
+        tuple(v * 3 for v in inst.l1),
+        tuple(v * 3 for v in inst.la),
+        inst.edges,
+        inst.ids,
+    )
     with Scheduler(Options(gap=0.0, time_limit_s=30)) as sch:
         r1 = sch.solve(inst)
         r2 = sch.solve(scaled)
@@ -349,7 +412,9 @@ def test_cache_reuses_scaled_instances():
         assert r2.cache_hit and not r1.cache_hit
         assert r2.makespan_s == pytest.approx(3 * r1.makespan_s, rel=1e-6)
         assert verify(scaled, r2.schedule, 1e-12) == []
-        other = Instance(inst.n_tc + 1, inst.n_vc, inst.core, inst.l1, inst.la, inst.edges, inst.ids)
+        other = Instance(
+            inst.n_tc + 1, inst.n_vc, inst.core, inst.l1, inst.la, inst.edges, inst.ids
+        )
         sch.solve(other)
         assert sch.hits == 1
 
@@ -363,8 +428,9 @@ def test_watchdog_falls_back_to_list_schedule():
         if not inst.is_chain() and ub > lower_bound(inst, ub)[0] * 1.05:
             break
     # a budget far below the worker's start-up time: the watchdog must fire, kill, and fall back
-    with Scheduler(Options(gap=0.0, time_limit_s=0.001, watchdog_s=0.001, decompose=False,
-                           cache=False)) as sch:
+    with Scheduler(
+        Options(gap=0.0, time_limit_s=0.001, watchdog_s=0.001, decompose=False, cache=False)
+    ) as sch:
         r = sch.solve(inst)
         assert r.status == "watchdog" and r.method == "list"
         assert verify(inst, r.schedule, 1e-12) == []
@@ -375,6 +441,7 @@ def test_watchdog_falls_back_to_list_schedule():
 
 def test_make_instance_rejects_bad_input():
     from phaze.errors import PhazeError
+
     good = {"id": 0, "core": "tc", "latency_1core_s": 1.0, "latency_allcores_s": 1.0}
     with pytest.raises(PhazeError, match="cycle"):
         make_instance(1, 1, [good, dict(good, id=1)], [(0, 1), (1, 0)])

@@ -1,5 +1,6 @@
 """Schedule stage CLI: --instance JSON, the table path (trace + latency + space -> schedule table),
 graph contraction of fused and nop ops, and error messages."""
+
 from __future__ import annotations
 
 import json
@@ -34,14 +35,34 @@ def test_instance_json_matches_brute_force(capsys):
             assert len(s["tc_cores"]) == 2
 
 
-@pytest.mark.parametrize("obj, msg", [
-    ({"n_tc": 1, "ops": []}, "lacks 'n_vc'"),
-    ({"n_tc": 1, "n_vc": 1, "ops": [{"id": 0, "core": "tc", "latency_1core_s": 1}]}, "latency_allcores_s"),
-    ({"n_tc": 1, "n_vc": 1, "ops": [{"id": 0, "core": "tc", "latency_1core_s": 1,
-                                     "latency_allcores_s": 1}], "edges": [[0, 0]]}, "self-loop"),
-    ({"n_tc": 1, "n_vc": 1, "gap": -1, "ops": [{"id": 0, "core": "tc", "latency_1core_s": 1,
-                                                "latency_allcores_s": 1}]}, "gap"),
-])
+@pytest.mark.parametrize(
+    "obj, msg",
+    [
+        ({"n_tc": 1, "ops": []}, "lacks 'n_vc'"),
+        (
+            {"n_tc": 1, "n_vc": 1, "ops": [{"id": 0, "core": "tc", "latency_1core_s": 1}]},
+            "latency_allcores_s",
+        ),
+        (
+            {
+                "n_tc": 1,
+                "n_vc": 1,
+                "ops": [{"id": 0, "core": "tc", "latency_1core_s": 1, "latency_allcores_s": 1}],
+                "edges": [[0, 0]],
+            },
+            "self-loop",
+        ),
+        (
+            {
+                "n_tc": 1,
+                "n_vc": 1,
+                "gap": -1,
+                "ops": [{"id": 0, "core": "tc", "latency_1core_s": 1, "latency_allcores_s": 1}],
+            },
+            "gap",
+        ),
+    ],
+)
 def test_instance_json_errors(tmp_path, capsys, obj, msg):
     f = tmp_path / "bad.json"
     f.write_text(json.dumps(obj))
@@ -58,17 +79,39 @@ def test_missing_arguments_are_named(capsys):
 def _write_trace(d: Path) -> None:
     """One layer, fwd: ln(vc) -> mm_a(fused, carries gelu) and mm_b(tc) in parallel -> nop -> add(vc).
     gelu (op 3) is fused into mm_a (op 1); op 5 is a nop."""
-    ops = pd.DataFrame({
-        "layer": "block.0", "pass": "fwd", "op": [0, 1, 2, 3, 4, 5],
-        "aten": ["ln", "mm", "mm", "gelu", "add", "empty"],
-        "kind": ["vector", "matmul", "matmul", "vector", "vector", "nop"],
-        "m": 0, "n": 0, "k": 0, "batch": 1, "elements": 0, "flops": 0.0, "bytes_in": 0,
-        "bytes_out": 0, "weight_bytes": 0, "fused_into": [-1, -1, -1, 1, -1, -1],
-        "core": ["vc", "fused", "tc", "vc", "vc", "vc"], "collective": "", "group_size": 1,
-        "signature": "sigA",
-    })
-    edges = pd.DataFrame({"layer": "block.0", "pass": "fwd", "src": [0, 0, 1, 3, 2, 5],
-                          "dst": [1, 2, 3, 5, 5, 4], "bytes": 1, "signature": "sigA"})
+    ops = pd.DataFrame(
+        {
+            "layer": "block.0",
+            "pass": "fwd",
+            "op": [0, 1, 2, 3, 4, 5],
+            "aten": ["ln", "mm", "mm", "gelu", "add", "empty"],
+            "kind": ["vector", "matmul", "matmul", "vector", "vector", "nop"],
+            "m": 0,
+            "n": 0,
+            "k": 0,
+            "batch": 1,
+            "elements": 0,
+            "flops": 0.0,
+            "bytes_in": 0,
+            "bytes_out": 0,
+            "weight_bytes": 0,
+            "fused_into": [-1, -1, -1, 1, -1, -1],
+            "core": ["vc", "fused", "tc", "vc", "vc", "vc"],
+            "collective": "",
+            "group_size": 1,
+            "signature": "sigA",
+        }
+    )
+    edges = pd.DataFrame(
+        {
+            "layer": "block.0",
+            "pass": "fwd",
+            "src": [0, 0, 1, 3, 2, 5],
+            "dst": [1, 2, 3, 5, 5, 4],
+            "bytes": 1,
+            "signature": "sigA",
+        }
+    )
     write_table(ops, d / "ops.parquet", "ops")
     write_table(edges, d / "edges.parquet", "edges")
 
@@ -76,24 +119,62 @@ def _write_trace(d: Path) -> None:
 def test_table_path_end_to_end(tmp_path, capsys):
     trace = tmp_path / "trace"
     _write_trace(trace)
-    space = pd.DataFrame({"arch": ["a1", "a2", "a3"], "n_tc": [1, 2, 2], "n_vc": [1, 1, 1],
-                          "tc_width": 128, "tc_depth": 128, "vc_width": 128, "glb_bytes": 1 << 27,
-                          "freq_hz": 1e9, "area_mm2": 100.0, "peak_flops": 1e14})
+    space = pd.DataFrame(
+        {
+            "arch": ["a1", "a2", "a3"],
+            "n_tc": [1, 2, 2],
+            "n_vc": [1, 1, 1],
+            "tc_width": 128,
+            "tc_depth": 128,
+            "vc_width": 128,
+            "glb_bytes": 1 << 27,
+            "freq_hz": 1e9,
+            "area_mm2": 100.0,
+            "peak_flops": 1e14,
+        }
+    )
     write_table(space, tmp_path / "space.parquet", "space")
-    lat_by_op = {0: (1e-6, 1e-6), 1: (4e-6, 2e-6), 2: (4e-6, 2e-6), 3: (0.0, 0.0), 4: (1e-6, 1e-6),
-                 5: (0.0, 0.0)}
+    lat_by_op = {
+        0: (1e-6, 1e-6),
+        1: (4e-6, 2e-6),
+        2: (4e-6, 2e-6),
+        3: (0.0, 0.0),
+        4: (1e-6, 1e-6),
+        5: (0.0, 0.0),
+    }
     rows = []
     for arch, f in (("a1", 1.0), ("a2", 1.0), ("a3", 2.0)):  # a3: every latency doubled
         for op, (l1, la) in lat_by_op.items():
-            rows.append({"arch": arch, "signature": "sigA", "pass": "fwd", "op": op, "core": "vc",
-                         "latency_1core_s": l1 * f, "latency_allcores_s": la * f, "bound": "compute"})
+            rows.append(
+                {
+                    "arch": arch,
+                    "signature": "sigA",
+                    "pass": "fwd",
+                    "op": op,
+                    "core": "vc",
+                    "latency_1core_s": l1 * f,
+                    "latency_allcores_s": la * f,
+                    "bound": "compute",
+                }
+            )
     write_table(pd.DataFrame(rows), tmp_path / "lat.parquet", "latency")
     out = tmp_path / "sched.parquet"
-    rc = main(["schedule", "--trace", str(trace), "--latency", str(tmp_path / "lat.parquet"),
-               "--space", str(tmp_path / "space.parquet"), "--out", str(out)])
+    rc = main(
+        [
+            "schedule",
+            "--trace",
+            str(trace),
+            "--latency",
+            str(tmp_path / "lat.parquet"),
+            "--space",
+            str(tmp_path / "space.parquet"),
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     df = read_table(out, "schedule").set_index("arch")
-    assert list(df["n_ops"]) == [4, 4, 4]            # gelu merged into mm_a, nop contracted
+    assert list(df["n_ops"]) == [4, 4, 4]  # gelu merged into mm_a, nop contracted
     # 1 tc core: ln, both matmuls (1 core each = 4 us, or intra-op 2 us each alone), add
     assert df.loc["a1", "makespan_s"] == pytest.approx(1e-6 + 2e-6 + 2e-6 + 1e-6)
     # 2 tc cores but mm_a is fused and holds the only vector core: same answer
@@ -104,9 +185,26 @@ def test_table_path_end_to_end(tmp_path, capsys):
     assert "ILP solves" in capsys.readouterr().err
     # the bounds tier writes the same columns and never a worse lower bound than makespan
     out2 = tmp_path / "bounds.parquet"
-    assert main(["schedule", "--tier", "bounds", "--trace", str(trace), "--latency",
-                 str(tmp_path / "lat.parquet"), "--space", str(tmp_path / "space.parquet"),
-                 "--archs", "a2", "--out", str(out2)]) == 0
+    assert (
+        main(
+            [
+                "schedule",
+                "--tier",
+                "bounds",
+                "--trace",
+                str(trace),
+                "--latency",
+                str(tmp_path / "lat.parquet"),
+                "--space",
+                str(tmp_path / "space.parquet"),
+                "--archs",
+                "a2",
+                "--out",
+                str(out2),
+            ]
+        )
+        == 0
+    )
     b = read_table(out2, "schedule")
     assert len(b) == 1 and b["makespan_s"].iloc[0] >= df.loc["a2", "makespan_s"] * (1 - 1e-12)
 
@@ -114,21 +212,56 @@ def test_table_path_end_to_end(tmp_path, capsys):
 def test_table_path_reports_missing_latency(tmp_path, capsys):
     trace = tmp_path / "trace"
     _write_trace(trace)
-    space = pd.DataFrame({"arch": ["a1"], "n_tc": [1], "n_vc": [1], "tc_width": 128, "tc_depth": 128,
-                          "vc_width": 128, "glb_bytes": 1 << 27, "freq_hz": 1e9, "area_mm2": 1.0,
-                          "peak_flops": 1e14})
+    space = pd.DataFrame(
+        {
+            "arch": ["a1"],
+            "n_tc": [1],
+            "n_vc": [1],
+            "tc_width": 128,
+            "tc_depth": 128,
+            "vc_width": 128,
+            "glb_bytes": 1 << 27,
+            "freq_hz": 1e9,
+            "area_mm2": 1.0,
+            "peak_flops": 1e14,
+        }
+    )
     write_table(space, tmp_path / "space.parquet", "space")
-    lat = pd.DataFrame({"arch": "a1", "signature": "sigA", "pass": "fwd", "op": [0, 1], "core": "vc",
-                        "latency_1core_s": 1e-6, "latency_allcores_s": 1e-6, "bound": "compute"})
+    lat = pd.DataFrame(
+        {
+            "arch": "a1",
+            "signature": "sigA",
+            "pass": "fwd",
+            "op": [0, 1],
+            "core": "vc",
+            "latency_1core_s": 1e-6,
+            "latency_allcores_s": 1e-6,
+            "bound": "compute",
+        }
+    )
     write_table(lat, tmp_path / "lat.parquet", "latency")
-    rc = main(["schedule", "--trace", str(trace), "--latency", str(tmp_path / "lat.parquet"),
-               "--space", str(tmp_path / "space.parquet"), "--out", str(tmp_path / "o.parquet")])
+    rc = main(
+        [
+            "schedule",
+            "--trace",
+            str(trace),
+            "--latency",
+            str(tmp_path / "lat.parquet"),
+            "--space",
+            str(tmp_path / "space.parquet"),
+            "--out",
+            str(tmp_path / "o.parquet"),
+        ]
+    )
     assert rc == 2
     assert "lacks ops" in capsys.readouterr().err
 
 
 def test_make_instance_orders_topologically():
-    ops = [{"id": i, "core": "vc", "latency_1core_s": 1.0, "latency_allcores_s": 1.0} for i in (7, 3, 5)]
+    ops = [
+        {"id": i, "core": "vc", "latency_1core_s": 1.0, "latency_allcores_s": 1.0}
+        for i in (7, 3, 5)
+    ]
     inst = make_instance(1, 1, ops, [(7, 3), (5, 7)])
     assert inst.ids == (5, 7, 3)
     assert all(a < b for a, b in inst.edges)

@@ -1,4 +1,5 @@
 """A SCIP node limit ends solves at the same point on every run (reproducible artifacts)."""
+
 import random
 
 from phaze.schedule.bounds import lower_bound
@@ -14,8 +15,14 @@ def _wide_instance(seed: int):
     ops = []
     for i in range(12):
         l1 = rng.uniform(1, 9) * 1e-5
-        ops.append({"id": i, "core": rng.choice(["tc", "vc", "fused"]), "latency_1core_s": l1,
-                    "latency_allcores_s": l1 * rng.uniform(0.3, 1.0)})
+        ops.append(
+            {
+                "id": i,
+                "core": rng.choice(["tc", "vc", "fused"]),
+                "latency_1core_s": l1,
+                "latency_allcores_s": l1 * rng.uniform(0.3, 1.0),
+            }
+        )
     return make_instance(3, 3, ops, [(0, 1), (2, 3)])
 
 
@@ -23,8 +30,10 @@ def test_node_limit_is_reported_and_repeatable():
     inst = _wide_instance(3)
     warm = serial_sgs(inst, list(range(inst.n)), [0] * inst.n)
     lb, _ = lower_bound(inst)
-    runs = [solve_once(inst, warm, lb, time_limit_s=120, gap=0.0, threads=1, node_limit=1)
-            for _ in range(2)]
+    runs = [
+        solve_once(inst, warm, lb, time_limit_s=120, gap=0.0, threads=1, node_limit=1)
+        for _ in range(2)
+    ]
     assert runs[0].status == "node_limit"
     assert runs[0].status == runs[1].status
     assert runs[0].objective_s == runs[1].objective_s

@@ -1,5 +1,6 @@
 """Unit tests of phaze.search on synthetic tables: buckets, the stop test, exact pruning vs
 solving every ILP (brute force), Phaze-Common scoring."""
+
 from __future__ import annotations
 
 import itertools
@@ -7,16 +8,25 @@ import itertools
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from phaze.errors import PhazeError
 from phaze.search.evaluate import (
-    COMPONENT_KEY, SEARCH_KEY, SearchSettings, all_scores, answers, bucket_best, components,
-    ilp_requests, needed_pairs, search_states, select_for_ilp,
+    COMPONENT_KEY,
+    SEARCH_KEY,
+    SearchSettings,
+    all_scores,
+    answers,
+    bucket_best,
+    components,
+    ilp_requests,
+    needed_pairs,
+    search_states,
+    select_for_ilp,
 )
 from phaze.search.plan import bucket_of, make_plan
 from phaze.search.stop import stop_bucket
-
 
 # ---------------------------------------------------------------------------------------------
 # buckets and plan
@@ -30,8 +40,9 @@ def test_bucket_of_floor_with_float_tolerance():
 
 def _space(areas, presets=None):
     n = len(areas)
-    return pd.DataFrame({"arch": [f"a{i}" for i in range(n)], "area_mm2": areas,
-                         "preset": presets or [""] * n})
+    return pd.DataFrame(
+        {"arch": [f"a{i}" for i in range(n)], "area_mm2": areas, "preset": presets or [""] * n}
+    )
 
 
 def test_plan_orders_buckets_largest_first_and_chunks_within_rounds():
@@ -88,15 +99,18 @@ def test_stop_bucket_running_best_examples():
         stop_bucket([1, 2], 5, "nope")
 
 
-@given(st.lists(st.one_of(st.floats(0, 100), st.just(float("nan"))), max_size=25),
-       st.integers(2, 6), st.sampled_from(["running_best", "bucket_best"]))
+@given(
+    st.lists(st.one_of(st.floats(0, 100), st.just(float("nan"))), max_size=25),
+    st.integers(2, 6),
+    st.sampled_from(["running_best", "bucket_best"]),
+)
 def test_stop_bucket_matches_definition(values, patience, rule):
     m = [(-np.inf if np.isnan(v) else v) for v in values]
     seq = list(itertools.accumulate(m, max)) if rule == "running_best" else m
     expect = None
     for j in range(len(seq)):
-        w = seq[max(0, j - patience + 1): j + 1]
-        if len(w) == patience and all(a >= b for a, b in zip(w, w[1:])):
+        w = seq[max(0, j - patience + 1) : j + 1]
+        if len(w) == patience and all(a >= b for a, b in itertools.pairwise(w)):
             expect = j
             break
     assert stop_bucket(values, patience, rule) == expect
@@ -113,14 +127,27 @@ MBS = [1, 2]
 def _truth(rng, n_archs, n_hbm=1, infeasible_frac=0.1):
     """Exact throughput per component, with a list-schedule value below it and a bound above."""
     rows = []
-    for m, h, b, r, a in itertools.product(MODELS, range(n_hbm), MBS, [False, True], range(n_archs)):
+    for m, h, b, r, a in itertools.product(
+        MODELS, range(n_hbm), MBS, [False, True], range(n_archs)
+    ):
         v = float(rng.choice([rng.uniform(1, 10), np.round(rng.uniform(1, 10))]))
         if rng.random() < infeasible_frac:
             v = np.nan
         lo = v * (1 - rng.uniform(0, 0.15)) if rng.random() < 0.8 else v
         hi = v * (1 + rng.uniform(0, 0.3)) if rng.random() < 0.8 else v
-        rows.append(dict(model=m, hbm_bytes=(h + 1) * 2**30, microbatch=b, recompute=r,
-                         devices=64, arch=f"a{a}", v=v, lo=lo, hi=hi))
+        rows.append(
+            {
+                "model": m,
+                "hbm_bytes": (h + 1) * 2**30,
+                "microbatch": b,
+                "recompute": r,
+                "devices": 64,
+                "arch": f"a{a}",
+                "v": v,
+                "lo": lo,
+                "hi": hi,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -143,15 +170,19 @@ def _simulate(truth, plan, s: SearchSettings):
         need = pairs if states is None else needed_pairs(states, pairs)
         if not need:
             break
-        cur = truth[truth["arch"].map(arch_round).eq(r)
-                    & pd.Series(list(zip(truth["model"], truth["microbatch"]))).isin(need).to_numpy()]
+        cur = truth[
+            truth["arch"].map(arch_round).eq(r)
+            & pd.Series(list(zip(truth["model"], truth["microbatch"]))).isin(need).to_numpy()
+        ]
         known += [_place_rows(cur, "ub"), _place_rows(cur, "lo")]
         scores = all_scores(components(pd.concat(known)), MODELS)
         sel = select_for_ilp(scores, plan, r, s, states)
         req = ilp_requests(sel, plan, r, pairs)
         n_ilp += len(req)
         key = truth.set_index(["model", "microbatch", "arch"]).index
-        solved = truth[key.isin(list(req[["model", "microbatch", "arch"]].itertuples(index=False, name=None)))]
+        solved = truth[
+            key.isin(list(req[["model", "microbatch", "arch"]].itertuples(index=False, name=None)))
+        ]
         known.append(_place_rows(solved, "ilp"))
         scores = all_scores(components(pd.concat(known)), MODELS)
         states = search_states(scores, plan, r, s)
@@ -168,19 +199,30 @@ def _brute(truth, plan, s: SearchSettings):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10**6), n_archs=st.integers(2, 14), k=st.integers(1, 4),
-       patience=st.integers(2, 4), mode=st.sampled_from(["early_stop", "exhaustive"]))
+@given(
+    seed=st.integers(0, 10**6),
+    n_archs=st.integers(2, 14),
+    k=st.integers(1, 4),
+    patience=st.integers(2, 4),
+    mode=st.sampled_from(["early_stop", "exhaustive"]),
+)
 def test_pruned_search_equals_solving_every_ilp(seed, n_archs, k, patience, mode):
     rng = np.random.default_rng(seed)
     truth = _truth(rng, n_archs)
     areas = np.round(rng.uniform(1, 3, n_archs), 1)  # ties: several archs per bucket
     presets = ["tpuv4"] + [""] * (n_archs - 1)
     areas[0] = areas.max()
-    plan = make_plan(pd.DataFrame({"arch": [f"a{i}" for i in range(n_archs)], "area_mm2": areas,
-                                   "preset": presets}), 0.1, k, 3)
+    plan = make_plan(
+        pd.DataFrame(
+            {"arch": [f"a{i}" for i in range(n_archs)], "area_mm2": areas, "preset": presets}
+        ),
+        0.1,
+        k,
+        3,
+    )
     s = SearchSettings(patience=patience, mode=mode)
-    got, got_states, n_ilp = _simulate(truth, plan, s)
-    want, want_states = _brute(truth, plan, s)
+    got, _got_states, n_ilp = _simulate(truth, plan, s)
+    want, _want_states = _brute(truth, plan, s)
     key = SEARCH_KEY + ["mode"]
     g = got.set_index(key).sort_index()
     w = want.set_index(key).sort_index()
@@ -199,8 +241,12 @@ def test_pruning_saves_ilps_when_bounds_are_tight():
     # tight bounds: hi within 1% of v, decreasing with bucket so most archs are dominated
     truth["v"] = 100.0 - truth["arch"].str[1:].astype(int)
     truth["lo"], truth["hi"] = truth["v"] * 0.999, truth["v"] * 1.001
-    plan = make_plan(pd.DataFrame({"arch": [f"a{i}" for i in range(30)],
-                                   "area_mm2": 300.0 - np.arange(30)}), 0.01, 30, 100)
+    plan = make_plan(
+        pd.DataFrame({"arch": [f"a{i}" for i in range(30)], "area_mm2": 300.0 - np.arange(30)}),
+        0.01,
+        30,
+        100,
+    )
     pruned = _simulate(truth, plan, SearchSettings(mode="exhaustive"))[2]
     full = _simulate(truth, plan, SearchSettings(mode="exhaustive", prune=False))[2]
     assert full == 30 * len(MODELS) * len(MBS)
@@ -213,12 +259,30 @@ def test_bucket_best_rule_disables_pruning():
 
 
 def test_common_score_is_mean_of_per_model_best_and_drops_infeasible():
-    place = pd.DataFrame([
-        dict(model=m, hbm_bytes=1, microbatch=b, recompute=False, devices=8, arch=a,
-             tier="ilp", throughput_seq_s=t, feasible=not np.isnan(t))
-        for m, b, a, t in [("m1", 1, "x", 4.0), ("m1", 2, "x", 6.0), ("m2", 1, "x", 2.0),
-                           ("m2", 2, "x", 1.0), ("m1", 1, "y", 9.0), ("m2", 1, "y", np.nan),
-                           ("m2", 2, "y", np.nan)]])
+    place = pd.DataFrame(
+        [
+            {
+                "model": m,
+                "hbm_bytes": 1,
+                "microbatch": b,
+                "recompute": False,
+                "devices": 8,
+                "arch": a,
+                "tier": "ilp",
+                "throughput_seq_s": t,
+                "feasible": not np.isnan(t),
+            }
+            for m, b, a, t in [
+                ("m1", 1, "x", 4.0),
+                ("m1", 2, "x", 6.0),
+                ("m2", 1, "x", 2.0),
+                ("m2", 2, "x", 1.0),
+                ("m1", 1, "y", 9.0),
+                ("m2", 1, "y", np.nan),
+                ("m2", 2, "y", np.nan),
+            ]
+        ]
+    )
     comp = components(place)
     sc = all_scores(comp, ["m1", "m2"])
     common = sc[sc["strategy"] == "phaze-common"].set_index("arch")
@@ -239,21 +303,73 @@ def test_cli_plan_and_errors(tmp_path, capsys):
     from phaze.cli import main
     from phaze.io import read_table, write_table
 
-    space = pd.DataFrame({"arch": ["a", "b", "c"], "n_tc": 1, "n_vc": 1, "tc_width": 2, "tc_depth": 2,
-                          "vc_width": 2, "glb_bytes": 2**21, "freq_hz": 1e9,
-                          "area_mm2": [3.0, 2.0, 1.0], "peak_flops": 1e12, "preset": ["", "", "tpuv4"]})
+    space = pd.DataFrame(
+        {
+            "arch": ["a", "b", "c"],
+            "n_tc": 1,
+            "n_vc": 1,
+            "tc_width": 2,
+            "tc_depth": 2,
+            "vc_width": 2,
+            "glb_bytes": 2**21,
+            "freq_hz": 1e9,
+            "area_mm2": [3.0, 2.0, 1.0],
+            "peak_flops": 1e12,
+            "preset": ["", "", "tpuv4"],
+        }
+    )
     write_table(space, tmp_path / "space.parquet", "space")
-    assert main(["search", "plan", "--space", str(tmp_path / "space.parquet"),
-                 "--out", str(tmp_path / "chunks.parquet")]) == 0
+    assert (
+        main(
+            [
+                "search",
+                "plan",
+                "--space",
+                str(tmp_path / "space.parquet"),
+                "--out",
+                str(tmp_path / "chunks.parquet"),
+            ]
+        )
+        == 0
+    )
     plan = read_table(tmp_path / "chunks.parquet", "chunks")
     assert list(plan.sort_values("bucket")["arch"]) == ["a", "b", "c"]
     assert plan.set_index("arch").loc["c", "round"] == 0  # the pinned baseline
     # no placement results: a clear error, exit code 2
-    assert main(["search", "summarize", "--plan", str(tmp_path / "chunks.parquet"), "--space",
-                 str(tmp_path / "space.parquet"), "--inputs", "--out-dir", str(tmp_path)]) == 2
+    assert (
+        main(
+            [
+                "search",
+                "summarize",
+                "--plan",
+                str(tmp_path / "chunks.parquet"),
+                "--space",
+                str(tmp_path / "space.parquet"),
+                "--inputs",
+                "--out-dir",
+                str(tmp_path),
+            ]
+        )
+        == 2
+    )
     assert "no placement files" in capsys.readouterr().err
-    assert main(["search", "state", "--plan", str(tmp_path / "chunks.parquet"), "--round", "0",
-                 "--place", str(tmp_path / "nope" / "r0_ub.parquet"), "--out", str(tmp_path / "s.json")]) == 2
+    assert (
+        main(
+            [
+                "search",
+                "state",
+                "--plan",
+                str(tmp_path / "chunks.parquet"),
+                "--round",
+                "0",
+                "--place",
+                str(tmp_path / "nope" / "r0_ub.parquet"),
+                "--out",
+                str(tmp_path / "s.json"),
+            ]
+        )
+        == 2
+    )
     assert "not found" in capsys.readouterr().err
 
 
@@ -274,15 +390,26 @@ def test_batch_runs_commands_in_process_and_stops_at_failure(tmp_path, capsys):
 def test_single_accelerator_latency_counts_layers_and_takes_faster_core_choice():
     from phaze.search.baselines import placement_blind_choice, single_accelerator_latency
 
-    lat = pd.DataFrame([
-        # arch, signature, pass, op, 1-core, all-cores
-        ("x", "emb", "fwd", 0, 1.0, 0.5), ("x", "blk", "fwd", 0, 2.0, 3.0),
-        ("x", "blk", "bwd", 0, 4.0, 1.0), ("x", "head", "fwd", 0, 1.0, 1.0),
-        ("y", "emb", "fwd", 0, 0.1, 0.1), ("y", "blk", "fwd", 0, 1.0, 1.0),
-        ("y", "blk", "bwd", 0, 1.0, 1.0), ("y", "head", "fwd", 0, 9.0, 9.0),
-    ], columns=["arch", "signature", "pass", "op", "latency_1core_s", "latency_allcores_s"])
-    layers = pd.DataFrame({"layer": ["embedding", "block.0", "block.1", "block.2", "head"],
-                           "signature": ["emb", "blk", "blk", "blk", "head"]})
+    lat = pd.DataFrame(
+        [
+            # arch, signature, pass, op, 1-core, all-cores
+            ("x", "emb", "fwd", 0, 1.0, 0.5),
+            ("x", "blk", "fwd", 0, 2.0, 3.0),
+            ("x", "blk", "bwd", 0, 4.0, 1.0),
+            ("x", "head", "fwd", 0, 1.0, 1.0),
+            ("y", "emb", "fwd", 0, 0.1, 0.1),
+            ("y", "blk", "fwd", 0, 1.0, 1.0),
+            ("y", "blk", "bwd", 0, 1.0, 1.0),
+            ("y", "head", "fwd", 0, 9.0, 9.0),
+        ],
+        columns=["arch", "signature", "pass", "op", "latency_1core_s", "latency_allcores_s"],
+    )
+    layers = pd.DataFrame(
+        {
+            "layer": ["embedding", "block.0", "block.1", "block.2", "head"],
+            "signature": ["emb", "blk", "blk", "blk", "head"],
+        }
+    )
     got = single_accelerator_latency(lat, layers).set_index("arch")["latency_s"]
     assert got["x"] == pytest.approx(0.5 + 3 * (2.0 + 1.0) + 1.0)
     assert got["y"] == pytest.approx(0.1 + 3 * 2.0 + 9.0)

@@ -3,6 +3,7 @@
 Each (model, microbatch, t, seq) is traced once per session (``_trace`` is cached); tracing on
 the meta device is independent of tensor sizes, so the paper's real sequence lengths are used.
 """
+
 from __future__ import annotations
 
 import functools
@@ -18,8 +19,16 @@ from phaze.io import read_table
 from phaze.trace.models import get_model_spec, list_models
 
 DATA = Path(__file__).parent / "data"
-PAPER = ["bert-large", "gpt2-xl", "opt-350m", "llama2-7b", "megatron-bert", "megatron-gpt-2.5b",
-         "megatron-gpt-8.3b", "gpt3-175b"]
+PAPER = [
+    "bert-large",
+    "gpt2-xl",
+    "opt-350m",
+    "llama2-7b",
+    "megatron-bert",
+    "megatron-gpt-2.5b",
+    "megatron-gpt-8.3b",
+    "gpt3-175b",
+]
 # design.md's workload table: blocks, hidden, heads, FFN, vocab, seq, valid t
 DESIGN_TABLE = {
     "bert-large": (24, 1024, 16, 4096, 30522, 512, (1, 2, 4, 8)),
@@ -32,14 +41,25 @@ DESIGN_TABLE = {
     "gpt3-175b": (96, 12288, 96, 49152, 50257, 2048, (1, 2, 4, 8)),
 }
 TP_CASES = [(m, t) for m in PAPER for t in DESIGN_TABLE[m][6] if t > 1]
-VIEW_OPS = {"aten.view.default", "aten.t.default", "aten.transpose.int", "aten.expand.default",
-            "aten._unsafe_view.default", "aten.permute.default", "aten.unsqueeze.default",
-            "aten.slice.Tensor", "aten.split.Tensor", "aten.detach.default", "aten.alias.default"}
+VIEW_OPS = {
+    "aten.view.default",
+    "aten.t.default",
+    "aten.transpose.int",
+    "aten.expand.default",
+    "aten._unsafe_view.default",
+    "aten.permute.default",
+    "aten.unsqueeze.default",
+    "aten.slice.Tensor",
+    "aten.split.Tensor",
+    "aten.detach.default",
+    "aten.alias.default",
+}
 
 
-@functools.lru_cache(maxsize=None)
-def _trace(model: str, microbatch: int = 1, tmp: int = 1, seq: int | None = None,
-           fuse: bool = True):
+@functools.cache
+def _trace(
+    model: str, microbatch: int = 1, tmp: int = 1, seq: int | None = None, fuse: bool = True
+):
     from phaze.trace.tracer import trace_model
 
     return trace_model(get_model_spec(model), microbatch, tmp, seq=seq, fuse=fuse)
@@ -76,12 +96,19 @@ def _block_params_per_rank(spec, t: int) -> int:
 
 # --- registry -------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", PAPER)
 def test_registry_matches_design_table(name):
     spec = get_model_spec(name)
     blocks, hidden, heads, ffn, vocab, seq, valid = DESIGN_TABLE[name]
-    assert (spec.num_blocks, spec.hidden, spec.heads, spec.ffn, spec.vocab, spec.seq) == \
-        (blocks, hidden, heads, ffn, vocab, seq)
+    assert (spec.num_blocks, spec.hidden, spec.heads, spec.ffn, spec.vocab, spec.seq) == (
+        blocks,
+        hidden,
+        heads,
+        ffn,
+        vocab,
+        seq,
+    )
     assert spec.valid_tmp == valid
     config = spec.hf_config()
     assert config.num_hidden_layers == blocks and config.hidden_size == hidden
@@ -94,6 +121,7 @@ def test_registry_lists_the_paper_workloads():
 
 
 # --- FLOPs ----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", PAPER)
 def test_forward_matmul_flops_equal_flop_counter_mode(name):
@@ -127,6 +155,7 @@ def test_block_flops_closed_form(name, microbatch):
 
 
 # --- tensor-parallel slicing ----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name,t", TP_CASES)
 def test_tensor_parallel_slicing(name, t):
@@ -162,8 +191,9 @@ def test_tensor_parallel_slicing(name, t):
         assert list(fwd.set_index("op").loc[producers, "kind"]) == ["matmul"]
 
 
-@pytest.mark.parametrize("name,t", [("gpt3-175b", 8), ("llama2-7b", 4), ("gpt2-xl", 1),
-                                    ("megatron-gpt-2.5b", 4)])
+@pytest.mark.parametrize(
+    "name,t", [("gpt3-175b", 8), ("llama2-7b", 4), ("gpt2-xl", 1), ("megatron-gpt-2.5b", 4)]
+)
 def test_vocab_parallel_embedding_and_head(name, t):
     """Word embedding and LM head hold ceil(V/t) rows per rank; one forward all-reduce of the
     embedding output, one backward all-reduce of the head's input gradient."""
@@ -183,8 +213,10 @@ def test_vocab_parallel_embedding_and_head(name, t):
     if t == 1:
         assert coll.empty
     else:
-        assert sorted(zip(outside["layer"], outside["pass"])) == [("embedding", "fwd"),
-                                                                  ("head", "bwd")]
+        assert sorted(zip(outside["layer"], outside["pass"])) == [
+            ("embedding", "fwd"),
+            ("head", "bwd"),
+        ]
         assert (outside["bytes_in"] == b * s * h * 2).all()
         assert layers["tensor_parallel"].all()
 
@@ -200,14 +232,16 @@ def test_bad_tensor_parallel_width_says_why():
 
 # --- memory ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", PAPER)
 def test_block_param_bytes_closed_form(name):
     spec = get_model_spec(name)
     assert _block_row(_trace(name))["param_bytes"] == 2 * _block_params_per_rank(spec, 1)
 
 
-@pytest.mark.parametrize("name", ["gpt2-xl", "megatron-gpt-2.5b", "gpt3-175b", "bert-large",
-                                  "megatron-bert"])
+@pytest.mark.parametrize(
+    "name", ["gpt2-xl", "megatron-gpt-2.5b", "gpt3-175b", "bert-large", "megatron-bert"]
+)
 def test_block_activation_bytes_match_korthikanti(name):
     """Saved-for-backward bytes of a GPT/BERT block with dropout = Korthikanti et al. (2022)
     s*b*h*(10 + 24/t + 5*a*s/(h*t)) (16-bit activations, 1-byte dropout masks, no sequence
@@ -226,11 +260,14 @@ def test_layer_boundaries(name):
     spec = get_model_spec(name)
     layers = _trace(name).layers
     bsh = spec.seq * spec.hidden * 2
-    assert list(layers["layer"]) == ["embedding"] + [f"block.{i}" for i in
-                                                    range(spec.num_blocks)] + ["head"]
+    assert list(layers["layer"]) == ["embedding"] + [
+        f"block.{i}" for i in range(spec.num_blocks)
+    ] + ["head"]
     assert list(layers["index"]) == list(range(spec.num_blocks + 2))
     blocks = layers[layers["kind"] == "block"]
-    assert (blocks["boundary_bytes"] == bsh).all() and (blocks["stash_recompute_bytes"] == bsh).all()
+    assert (blocks["boundary_bytes"] == bsh).all() and (
+        blocks["stash_recompute_bytes"] == bsh
+    ).all()
     assert blocks["signature"].nunique() == 1
     assert layers.iloc[0]["boundary_bytes"] == bsh and layers.iloc[-1]["boundary_bytes"] == 0
     # embedding and head hold the rest of the parameters (tied embeddings counted once)
@@ -251,8 +288,10 @@ def test_tied_embedding_is_counted_once():
 
 # --- graph and tables -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,t", [("gpt2-xl", 1), ("llama2-7b", 4), ("bert-large", 2),
-                                    ("opt-350m", 8)])
+
+@pytest.mark.parametrize(
+    "name,t", [("gpt2-xl", 1), ("llama2-7b", 4), ("bert-large", 2), ("opt-350m", 8)]
+)
 def test_graph_integrity(name, t):
     trace = _trace(name, 1, t)
     ops, edges = trace.ops, trace.edges
@@ -285,7 +324,7 @@ def test_fusion_is_a_column_not_a_deletion():
 
 
 def test_signatures_distinguish_shapes_and_are_deterministic():
-    sig = lambda tr: _block_row(tr)["signature"]  # noqa: E731
+    sig = lambda tr: _block_row(tr)["signature"]
     a = _trace("opt-350m", 1, 1)
     assert sig(a) != sig(_trace("opt-350m", 1, 2)) != sig(_trace("opt-350m", 2, 1))
     assert sig(a) != sig(_trace("opt-350m", 1, 1, seq=1024))
@@ -299,7 +338,7 @@ def test_signatures_distinguish_shapes_and_are_deterministic():
 
 def test_two_block_check_rejects_a_non_representative_block(monkeypatch):
     """The 2-block verification must fail when block.1 differs from the traced block."""
-    import phaze.trace.tracer as tracer
+    from phaze.trace import tracer
 
     real = tracer.capture
 
@@ -316,12 +355,18 @@ def test_two_block_check_rejects_a_non_representative_block(monkeypatch):
 
 # --- Hugging Face config.json by path --------------------------------------------------------
 
+
 def test_config_json_by_path(tmp_path):
     from phaze.trace.tracer import trace_model
 
     spec = get_model_spec(str(DATA / "tiny-gpt2" / "config.json"))
-    assert (spec.name, spec.num_blocks, spec.hidden, spec.heads, spec.valid_tmp) == \
-        ("tiny-gpt2", 3, 64, 4, (1, 2, 4))
+    assert (spec.name, spec.num_blocks, spec.hidden, spec.heads, spec.valid_tmp) == (
+        "tiny-gpt2",
+        3,
+        64,
+        4,
+        (1, 2, 4),
+    )
     trace = trace_model(spec, 2, 2, seq=32)
     assert len(trace.layers) == 5
     assert _block_row(trace)["param_bytes"] == 2 * _block_params_per_rank(spec, 2)
@@ -335,11 +380,29 @@ def test_config_json_by_path(tmp_path):
 
 # --- CLI ------------------------------------------------------------------------------------
 
+
 def test_cli_writes_the_three_tables(tmp_path):
     out = tmp_path / "trace"
-    assert main(["trace", "--model", "opt-350m", "--microbatch", "1", "--tmp", "2", "--seq", "64",
-                 "--config", str(DATA.parents[1] / "config" / "test.yaml"),
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "trace",
+                "--model",
+                "opt-350m",
+                "--microbatch",
+                "1",
+                "--tmp",
+                "2",
+                "--seq",
+                "64",
+                "--config",
+                str(DATA.parents[1] / "config" / "test.yaml"),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     ops, edges, layers = (read_table(out / f"{n}.parquet", n) for n in ("ops", "edges", "layers"))
     assert len(layers) == 26 and set(ops["signature"]) <= set(layers["signature"])
     assert set(edges["signature"]) <= set(ops["signature"])
@@ -348,13 +411,16 @@ def test_cli_writes_the_three_tables(tmp_path):
     assert meta["transformers"] == "5.24.0"
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["--model", "no-such-model"], "unknown model 'no-such-model'"),
-    (["--model", "gpt2-xl", "--tmp", "2"], "25 attention heads"),
-    (["--model", "tests/data/missing/config.json"], "not found"),
-    (["--model", "opt-350m", "--microbatch", "0"], "--microbatch"),
-    (["--model", "opt-350m", "--tmp", "3"], "not supported"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+        (["--model", "gpt2-xl", "--tmp", "2"], "25 attention heads"),
+        (["--model", "tests/data/missing/config.json"], "not found"),
+        (["--model", "opt-350m", "--microbatch", "0"], "--microbatch"),
+        (["--model", "opt-350m", "--tmp", "3"], "not supported"),
+    ],
+)
 def test_cli_errors_exit_2_with_one_line(argv, needle, tmp_path, capsys):
     argv = ["trace", "--microbatch", "1", *argv, "--out", str(tmp_path / "x")]
     assert main(argv) == 2
@@ -366,8 +432,9 @@ def test_cli_errors_exit_2_with_one_line(argv, needle, tmp_path, capsys):
 def test_cli_rejects_a_file_that_is_not_a_hf_config(tmp_path, capsys):
     bad = tmp_path / "config.json"
     bad.write_text('{"hidden_size": 8}')
-    assert main(["trace", "--model", str(bad), "--microbatch", "1", "--out",
-                 str(tmp_path / "x")]) == 2
+    assert (
+        main(["trace", "--model", str(bad), "--microbatch", "1", "--out", str(tmp_path / "x")]) == 2
+    )
     assert "no model_type" in capsys.readouterr().err
 
 
@@ -393,31 +460,51 @@ def test_backward_ops_land_in_their_forward_layer(name, t):
 
 # --- property: the identities hold for any block shape, not only the paper's ----------------
 
+
 def _random_spec(family, heads, head_dim, ffn_mult, kv_div=1):
     from phaze.trace.models import ModelSpec
 
     h, f = heads * head_dim, heads * head_dim * ffn_mult
     if family == "gpt2":
-        kwargs = dict(n_layer=3, n_embd=h, n_head=heads, n_inner=f, vocab_size=97,
-                      n_positions=64, activation_function="gelu_pytorch_tanh")
+        kwargs = {
+            "n_layer": 3,
+            "n_embd": h,
+            "n_head": heads,
+            "n_inner": f,
+            "vocab_size": 97,
+            "n_positions": 64,
+            "activation_function": "gelu_pytorch_tanh",
+        }
         return ModelSpec("rand-gpt2", "gpt2", 3, h, heads, f, 97, 64, heads, kwargs)
     kv = heads // kv_div
-    kwargs = dict(num_hidden_layers=3, hidden_size=h, num_attention_heads=heads,
-                  num_key_value_heads=kv, intermediate_size=f, vocab_size=97,
-                  max_position_embeddings=64)
+    kwargs = {
+        "num_hidden_layers": 3,
+        "hidden_size": h,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "intermediate_size": f,
+        "vocab_size": 97,
+        "max_position_embeddings": 64,
+    }
     return ModelSpec("rand-llama", "llama", 3, h, heads, f, 97, 64, kv, kwargs)
 
 
 def test_identities_hold_for_random_block_shapes():
-    from hypothesis import given, settings, strategies as st
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
 
     from phaze.trace.tracer import trace_model
 
     @settings(max_examples=8, deadline=None, derandomize=True)
-    @given(family=st.sampled_from(["gpt2", "llama"]), heads=st.sampled_from([1, 2, 4, 8]),
-           head_dim=st.integers(1, 8).map(lambda x: 2 * x),  # RoPE needs an even head size
-           ffn_mult=st.integers(1, 4),
-           b=st.integers(1, 3), s=st.integers(2, 40), t=st.sampled_from([1, 2, 4]))
+    @given(
+        family=st.sampled_from(["gpt2", "llama"]),
+        heads=st.sampled_from([1, 2, 4, 8]),
+        head_dim=st.integers(1, 8).map(lambda x: 2 * x),  # RoPE needs an even head size
+        ffn_mult=st.integers(1, 4),
+        b=st.integers(1, 3),
+        s=st.integers(2, 40),
+        t=st.sampled_from([1, 2, 4]),
+    )
     def check(family, heads, head_dim, ffn_mult, b, s, t):
         spec = _random_spec(family, heads, head_dim, ffn_mult)
         if t not in spec.valid_tmp:

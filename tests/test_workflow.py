@@ -5,6 +5,7 @@ a `schedule` job runs and re-running it with the README's command; the tests the
 summary tables and plots, that no truncated Parquet file was ever left under a final name, and —
 with dry runs in further copies — that edits re-run exactly what depends on them.
 """
+
 from __future__ import annotations
 
 import math
@@ -69,28 +70,48 @@ def _all_parquet_readable(root: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     work = _copy_repo(tmp_path_factory.mktemp("wf") / "repo")
-    log = open(work / "first_run.log", "w")
-    proc = subprocess.Popen([SNAKEMAKE, *RUN_FLAGS, *CONFIG], cwd=work, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True, env=_env())
-    interrupted = False
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        running = [p for p in (work / "results" / "logs" / "schedule").rglob("*.log")] \
-            if (work / "results" / "logs" / "schedule").exists() else []
-        if running:
-            time.sleep(0.5)  # let the solver get going
-            os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-            interrupted = True
-            break
-        time.sleep(0.2)
-    proc.wait(timeout=120)
-    log.close()
+    with open(work / "first_run.log", "w") as log:
+        proc = subprocess.Popen(
+            [SNAKEMAKE, *RUN_FLAGS, *CONFIG],
+            cwd=work,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=_env(),
+        )
+        interrupted = False
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            running = (
+                [p for p in (work / "results" / "logs" / "schedule").rglob("*.log")]
+                if (work / "results" / "logs" / "schedule").exists()
+                else []
+            )
+            if running:
+                time.sleep(0.5)  # let the solver get going
+                os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+                interrupted = True
+                break
+            time.sleep(0.2)
+        proc.wait(timeout=120)
     truncated_after_kill = _all_parquet_readable(work / "results")
-    second = subprocess.run([SNAKEMAKE, *RUN_FLAGS, *CONFIG], cwd=work, capture_output=True,
-                            text=True, env=_env(), timeout=900)
+    second = subprocess.run(
+        [SNAKEMAKE, *RUN_FLAGS, *CONFIG],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=900,
+        check=False,
+    )
     (work / "second_run.log").write_text(second.stdout + second.stderr)
-    return {"dir": work, "interrupted": interrupted, "first_rc": proc.returncode,
-            "truncated_after_kill": truncated_after_kill, "second": second}
+    return {
+        "dir": work,
+        "interrupted": interrupted,
+        "first_rc": proc.returncode,
+        "truncated_after_kill": truncated_after_kill,
+        "second": second,
+    }
 
 
 def test_run_command_flags():
@@ -114,8 +135,13 @@ def test_summary_tables_and_plots_are_nontrivial(run_dir):
     cmp = pd.read_parquet(res / "summary" / "comparison.parquet")
     best = pd.read_parquet(res / "summary" / "best.parquet")
     explored = pd.read_parquet(res / "summary" / "explored.parquet")
-    assert set(cmp["strategy"]) == {"phaze-per-model", "phaze-common", "tpuv4-expert",
-                                    "tpuv4-phaze", "placement-blind"}
+    assert set(cmp["strategy"]) == {
+        "phaze-per-model",
+        "phaze-common",
+        "tpuv4-expert",
+        "tpuv4-phaze",
+        "placement-blind",
+    }
     for col in ("speedup_vs_tpuv4_expert", "speedup_vs_tpuv4_phaze", "speedup_vs_placement_blind"):
         vals = cmp[col].to_numpy(float)
         assert all(math.isfinite(v) and v > 0 for v in vals), (col, vals)
@@ -139,8 +165,15 @@ def test_summary_tables_and_plots_are_nontrivial(run_dir):
 
 
 def _dry_run_jobs(work: Path) -> dict[str, int]:
-    out = subprocess.run([SNAKEMAKE, "-n", "--cores", "2", *CONFIG], cwd=work,
-                         capture_output=True, text=True, env=_env(), timeout=300)
+    out = subprocess.run(
+        [SNAKEMAKE, "-n", "--cores", "2", *CONFIG],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout + out.stderr
     if "Nothing to be done" in text:
@@ -166,21 +199,38 @@ def _append_comment(path: Path) -> None:
 
 
 EDITS = {
-    "nothing": (lambda w: None, set(), {"trace", "arch", "estimate", "schedule_bounds", "place_bounds"}),
+    "nothing": (
+        lambda w: None,
+        set(),
+        {"trace", "arch", "estimate", "schedule_bounds", "place_bounds"},
+    ),
     "costmodel config": (
-        lambda w: _edit(w / "config/test.yaml", "costmodel: {}", "costmodel: {glb_bandwidth_Bps: 9.0e+11}"),
-        {"estimate"}, {"trace", "arch"}),
+        lambda w: _edit(
+            w / "config/test.yaml", "costmodel: {}", "costmodel: {glb_bandwidth_Bps: 9.0e+11}"
+        ),
+        {"estimate"},
+        {"trace", "arch"},
+    ),
     "cost-model code": (
-        lambda w: _append_comment(w / "phaze/estimate/model.py"), {"estimate"}, {"trace", "arch"}),
+        lambda w: _append_comment(w / "phaze/estimate/model.py"),
+        {"estimate"},
+        {"trace", "arch"},
+    ),
     "schedule config": (
         lambda w: _edit(w / "config/test.yaml", "node_limit: 200\n", "node_limit: 300\n"),
-        {"schedule_bounds"}, {"trace", "arch", "estimate"}),
+        {"schedule_bounds"},
+        {"trace", "arch", "estimate"},
+    ),
     "placement config": (
         lambda w: _edit(w / "config/test.yaml", "optimizer: adam", "optimizer: sgd"),
-        {"place_bounds"}, {"trace", "arch", "estimate", "schedule_bounds"}),
+        {"place_bounds"},
+        {"trace", "arch", "estimate", "schedule_bounds"},
+    ),
     "placement code": (
         lambda w: _append_comment(w / "phaze/place/dp.py"),
-        {"place_bounds"}, {"trace", "arch", "estimate", "schedule_bounds"}),
+        {"place_bounds"},
+        {"trace", "arch", "estimate", "schedule_bounds"},
+    ),
 }
 
 
@@ -200,11 +250,23 @@ def test_incremental_reruns(run_dir, tmp_path, what):
 def test_snakemake_html_report_embeds_plots_with_captions(run_dir):
     assert run_dir["second"].returncode == 0
     work = run_dir["dir"]
-    out = subprocess.run([SNAKEMAKE, "--cores", "1", *CONFIG, "--report", "results/report.html"],
-                         cwd=work, capture_output=True, text=True, env=_env(), timeout=300)
+    out = subprocess.run(
+        [SNAKEMAKE, "--cores", "1", *CONFIG, "--report", "results/report.html"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     html = (work / "results" / "report.html").read_text(errors="replace")
-    for name in ("speedup.png", "convergence.png", "area_throughput.png", "arch_table.png",
-                 "pipeline.png"):
+    for name in (
+        "speedup.png",
+        "convergence.png",
+        "area_throughput.png",
+        "arch_table.png",
+        "pipeline.png",
+    ):
         assert name in html
     assert "Phaze-Per-Model" in html  # a caption from report/

@@ -13,6 +13,7 @@ All constants come from the ``arch.area`` config section; ``phaze/arch/calibrate
 the anchor areas upstream's Accelergy/CACTI flow produced (design.md) and says how well they fit.
 Every function broadcasts over numpy arrays.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,26 +29,31 @@ def local_buffer_bytes(width, depth, area_cfg: dict):
     """
     per_pe = area_cfg["local_buffer_bytes_per_pe"]
     floor = area_cfg["local_buffer_min_bytes"]
-    return np.maximum(np.asarray(width, dtype=np.int64) * np.asarray(depth, dtype=np.int64) * per_pe,
-                      floor)
+    return np.maximum(
+        np.asarray(width, dtype=np.int64) * np.asarray(depth, dtype=np.int64) * per_pe, floor
+    )
 
 
 def sram_area_mm2(capacity_bytes, area_cfg: dict):
     mib = np.asarray(capacity_bytes, dtype=np.float64) / MiB
-    return area_cfg["sram_macro_area_mm2"] + area_cfg["sram_area_coeff_mm2"] * mib ** area_cfg[
-        "sram_area_exponent"]
+    return (
+        area_cfg["sram_macro_area_mm2"]
+        + area_cfg["sram_area_coeff_mm2"] * mib ** area_cfg["sram_area_exponent"]
+    )
 
 
 def tensor_core_area_mm2(width, depth, area_cfg: dict):
     pes = np.asarray(width, dtype=np.float64) * np.asarray(depth, dtype=np.float64)
     return pes * area_cfg["tc_pe_area_mm2"] + sram_area_mm2(
-        local_buffer_bytes(width, depth, area_cfg), area_cfg)
+        local_buffer_bytes(width, depth, area_cfg), area_cfg
+    )
 
 
 def vector_core_area_mm2(width, area_cfg: dict):
     lanes = np.asarray(width, dtype=np.float64)
     return lanes * area_cfg["vc_lane_area_mm2"] + sram_area_mm2(
-        local_buffer_bytes(width, 1, area_cfg), area_cfg)
+        local_buffer_bytes(width, 1, area_cfg), area_cfg
+    )
 
 
 def glb_area_mm2(glb_bytes, area_cfg: dict):
@@ -56,12 +62,19 @@ def glb_area_mm2(glb_bytes, area_cfg: dict):
 
 def accelerator_area_mm2(n_tc, n_vc, tc_width, tc_depth, vc_width, glb_bytes, area_cfg: dict):
     """Total die area (mm²) of the compute and on-chip memory; HBM is off-die and not counted."""
-    return (np.asarray(n_tc) * tensor_core_area_mm2(tc_width, tc_depth, area_cfg)
-            + np.asarray(n_vc) * vector_core_area_mm2(vc_width, area_cfg)
-            + glb_area_mm2(glb_bytes, area_cfg))
+    return (
+        np.asarray(n_tc) * tensor_core_area_mm2(tc_width, tc_depth, area_cfg)
+        + np.asarray(n_vc) * vector_core_area_mm2(vc_width, area_cfg)
+        + glb_area_mm2(glb_bytes, area_cfg)
+    )
 
 
 def peak_flops(n_tc, tc_width, tc_depth, freq_hz):
     """Tensor-core peak: one multiply-add (2 FLOPs) per PE per cycle."""
-    return 2.0 * np.asarray(n_tc) * np.asarray(tc_width) * np.asarray(tc_depth) * np.asarray(
-        freq_hz, dtype=np.float64)
+    return (
+        2.0
+        * np.asarray(n_tc)
+        * np.asarray(tc_width)
+        * np.asarray(tc_depth)
+        * np.asarray(freq_hz, dtype=np.float64)
+    )

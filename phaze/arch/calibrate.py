@@ -7,6 +7,7 @@ least-squares solve on RELATIVE error that is iteratively re-weighted towards th
 (an approximate minimax fit). Constants must be non-negative (no negative periphery cost).
 The result is what config/schema.yaml carries as defaults; tests check every anchor within 5 %.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,7 +33,7 @@ def _design_matrix(exponent: float, lb_cfg: dict) -> tuple[np.ndarray, np.ndarra
         rows.append([0, w, 1, (float(local_buffer_bytes(w, 1, lb_cfg)) / MiB) ** exponent])
         target.append(area)
     for mib, area in GLB_ANCHORS_MM2.items():
-        rows.append([0, 0, 1, mib ** exponent])
+        rows.append([0, 0, 1, mib**exponent])
         target.append(area)
     # the whole TPUv4-like point (it sets the area budget A_max, so it is fitted too)
     tc = rows[list(TENSOR_CORE_ANCHORS_MM2).index(128)]
@@ -43,7 +44,10 @@ def _design_matrix(exponent: float, lb_cfg: dict) -> tuple[np.ndarray, np.ndarra
     return np.array(rows, dtype=float), np.array(target)
 
 
-def fit(exponents=np.linspace(0.80, 1.10, 301), lb_cfg: dict = LOCAL_BUFFER) -> dict:
+EXPONENTS = np.linspace(0.80, 1.10, 301)
+
+
+def fit(exponents=EXPONENTS, lb_cfg: dict = LOCAL_BUFFER) -> dict:
     best = None
     for exponent in exponents:
         a, y = _design_matrix(exponent, lb_cfg)
@@ -77,8 +81,13 @@ def anchor_errors(area_cfg: dict) -> list[tuple[str, float, float]]:
         out.append((f"vector core {w}", float(am.vector_core_area_mm2(w, area_cfg)), a))
     for mib, a in GLB_ANCHORS_MM2.items():
         out.append((f"GLB {mib} MiB", float(am.glb_area_mm2(mib * MiB, area_cfg)), a))
-    out.append(("tpuv4 point", float(am.accelerator_area_mm2(8, 2, 128, 128, 128, 128 * MiB, area_cfg)),
-                TPUV4_ANCHOR_MM2))
+    out.append(
+        (
+            "tpuv4 point",
+            float(am.accelerator_area_mm2(8, 2, 128, 128, 128, 128 * MiB, area_cfg)),
+            TPUV4_ANCHOR_MM2,
+        )
+    )
     return out
 
 
@@ -87,4 +96,6 @@ if __name__ == "__main__":
     for key, value in fitted.items():
         print(f"{key}: {value:.6g}")
     for name, model, anchor in anchor_errors(fitted):
-        print(f"{name:>20}: model {model:9.4f} mm2  anchor {anchor:9.4f}  err {model / anchor - 1:+.2%}")
+        print(
+            f"{name:>20}: model {model:9.4f} mm2  anchor {anchor:9.4f}  err {model / anchor - 1:+.2%}"
+        )

@@ -1,12 +1,16 @@
 """`python -m phaze arch`: write the architecture space table (space.parquet)."""
+
 from __future__ import annotations
 
 import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="workflow config (YAML/JSON); default: the schema's defaults, "
-                        "i.e. upstream's full grid")
+    parser.add_argument(
+        "--config",
+        help="workflow config (YAML/JSON); default: the schema's defaults, "
+        "i.e. upstream's full grid",
+    )
     parser.add_argument("--out", required=True, help="output space.parquet")
 
 
@@ -18,7 +22,9 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config) if args.config else validate_config({})
     space, summary = build_space(config)
     write_table(space, args.out, "space")
-    print(f"phaze arch: {summary['kept']} of {summary['grid_points']} grid points within "
-          f"[{summary['area_min_mm2']:.1f}, {summary['area_budget_mm2']:.1f}] mm2 "
-          f"(presets: {', '.join(summary['presets']) or 'none'}) -> {args.out}")
+    print(
+        f"phaze arch: {summary['kept']} of {summary['grid_points']} grid points within "
+        f"[{summary['area_min_mm2']:.1f}, {summary['area_budget_mm2']:.1f}] mm2 "
+        f"(presets: {', '.join(summary['presets']) or 'none'}) -> {args.out}"
+    )
     return 0

@@ -5,10 +5,10 @@ vc_width, glb_bytes, freq_hz), an optional ``costmodel:`` section (overrides of 
 costmodel constants for this architecture, e.g. its own ``hbm_bandwidth_Bps``) and ``sources:``
 (where each number comes from). Other top-level sections are for other stages and are ignored here.
 """
+
 from __future__ import annotations
 
-from functools import lru_cache
-from pathlib import Path
+from functools import cache
 
 import yaml
 
@@ -24,7 +24,7 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(name: str) -> dict:
     path = PRESET_DIR / f"{name}.yaml"
     if not path.exists():

@@ -4,6 +4,7 @@ Every point gets ``arch`` = a stable hash of its parameters (and of any cost-mod
 preset overrides), so an id means the same hardware in every run and on every machine. The table is
 sorted by ``area_mm2`` descending because the search visits the largest area first.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,9 +35,12 @@ def arch_id(params: dict, costmodel_overrides: dict | None = None) -> str:
 def _grid(arch_cfg: dict) -> pd.DataFrame:
     tied = arch_cfg["vc_width"] == "tc_width"
     axes = {
-        "n_tc": arch_cfg["n_tc"], "n_vc": arch_cfg["n_vc"], "tc_width": arch_cfg["tc_width"],
-        "tc_depth": arch_cfg["tc_depth"], "vc_width": [0] if tied else arch_cfg["vc_width"],
-        "glb_bytes": [int(round(m * MiB)) for m in arch_cfg["glb_mib"]],
+        "n_tc": arch_cfg["n_tc"],
+        "n_vc": arch_cfg["n_vc"],
+        "tc_width": arch_cfg["tc_width"],
+        "tc_depth": arch_cfg["tc_depth"],
+        "vc_width": [0] if tied else arch_cfg["vc_width"],
+        "glb_bytes": [round(m * MiB) for m in arch_cfg["glb_mib"]],
         "freq_hz": [float(f) for f in arch_cfg["freq_hz"]],
     }
     axes = {k: sorted(set(v)) for k, v in axes.items()}
@@ -51,12 +55,21 @@ def _grid(arch_cfg: dict) -> pd.DataFrame:
 
 def _with_model_columns(df: pd.DataFrame, area_cfg: dict) -> pd.DataFrame:
     df = df.copy()
-    df["area_mm2"] = am.accelerator_area_mm2(df.n_tc.values, df.n_vc.values, df.tc_width.values,
-                                             df.tc_depth.values, df.vc_width.values,
-                                             df.glb_bytes.values, area_cfg)
-    df["peak_flops"] = am.peak_flops(df.n_tc.values, df.tc_width.values, df.tc_depth.values,
-                                     df.freq_hz.values)
-    df["tc_local_buffer_bytes"] = am.local_buffer_bytes(df.tc_width.values, df.tc_depth.values, area_cfg)
+    df["area_mm2"] = am.accelerator_area_mm2(
+        df.n_tc.values,
+        df.n_vc.values,
+        df.tc_width.values,
+        df.tc_depth.values,
+        df.vc_width.values,
+        df.glb_bytes.values,
+        area_cfg,
+    )
+    df["peak_flops"] = am.peak_flops(
+        df.n_tc.values, df.tc_width.values, df.tc_depth.values, df.freq_hz.values
+    )
+    df["tc_local_buffer_bytes"] = am.local_buffer_bytes(
+        df.tc_width.values, df.tc_depth.values, area_cfg
+    )
     df["vc_local_buffer_bytes"] = am.local_buffer_bytes(df.vc_width.values, 1, area_cfg)
     return df
 
@@ -80,8 +93,17 @@ def preset_rows(names: list[str], costmodel_cfg: dict) -> pd.DataFrame:
 
 def area_budget_mm2(arch_cfg: dict) -> float:
     ref = load_preset(arch_cfg["area_budget"]["reference_preset"])["arch"]
-    a_ref = float(am.accelerator_area_mm2(ref["n_tc"], ref["n_vc"], ref["tc_width"], ref["tc_depth"],
-                                          ref["vc_width"], ref["glb_bytes"], arch_cfg["area"]))
+    a_ref = float(
+        am.accelerator_area_mm2(
+            ref["n_tc"],
+            ref["n_vc"],
+            ref["tc_width"],
+            ref["tc_depth"],
+            ref["vc_width"],
+            ref["glb_bytes"],
+            arch_cfg["area"],
+        )
+    )
     return a_ref * arch_cfg["area_budget"]["max_fraction"]
 
 
@@ -109,11 +131,26 @@ def build_space(config: dict) -> tuple[pd.DataFrame, dict]:
         presets = presets.drop_duplicates("arch")
         kept = pd.concat([kept, presets[kept.columns]], ignore_index=True)
 
-    columns = ["arch", *ARCH_KEYS, "area_mm2", "peak_flops", "preset", "costmodel_overrides",
-               "tc_local_buffer_bytes", "vc_local_buffer_bytes"]
-    space = (kept[columns].sort_values(["area_mm2", "arch"], ascending=[False, True])
-             .reset_index(drop=True))
-    summary = {"grid_points": int(len(grid)), "kept": int(len(space)),
-               "area_budget_mm2": a_max, "area_min_mm2": a_min,
-               "presets": list(presets.preset) if not presets.empty else []}
+    columns = [
+        "arch",
+        *ARCH_KEYS,
+        "area_mm2",
+        "peak_flops",
+        "preset",
+        "costmodel_overrides",
+        "tc_local_buffer_bytes",
+        "vc_local_buffer_bytes",
+    ]
+    space = (
+        kept[columns]
+        .sort_values(["area_mm2", "arch"], ascending=[False, True])
+        .reset_index(drop=True)
+    )
+    summary = {
+        "grid_points": len(grid),
+        "kept": len(space),
+        "area_budget_mm2": a_max,
+        "area_min_mm2": a_min,
+        "presets": list(presets.preset) if not presets.empty else [],
+    }
     return space, summary

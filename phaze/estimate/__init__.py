@@ -30,6 +30,7 @@ of 16×16 at 1.41 GHz with a 40 MB L2 as GLB::
     a100 = {"tc_width": 16, "tc_depth": 16, "glb_bytes": 40e6, "freq_hz": 1.41e9}
     seconds, bound = matmul_latency(4096, 4096, 4096, 1, a100, costmodel, n_cores=432)
 """
+
 from phaze.estimate.model import (  # noqa: F401
     collective_latency,
     core_time,

@@ -1,4 +1,5 @@
 """`python -m phaze estimate`: per-operator latency on each selected architecture."""
+
 from __future__ import annotations
 
 import argparse

@@ -33,6 +33,7 @@ bytes they move through the GLB ports and over HBM. Collectives: ring all-reduce
 ``2(t−1)/t · bytes / link_bandwidth_Bps + 2(t−1) · link_latency_s`` (all-gather/reduce-scatter:
 half of that). All times in seconds.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -54,7 +55,9 @@ def _cdiv(a, b):
 # ---------------------------------------------------------------------------------------------
 def _rows_per_chunk(d, local_buffer_bytes, costmodel):
     acc_bytes = costmodel["accumulator_fraction"] * _f(local_buffer_bytes)
-    return np.maximum(1.0, np.floor(acc_bytes / (_f(d) * costmodel["accumulator_bytes_per_element"])))
+    return np.maximum(
+        1.0, np.floor(acc_bytes / (_f(d) * costmodel["accumulator_bytes_per_element"]))
+    )
 
 
 def _one_core_oriented(m, n, k, batch, w, d, lb, costmodel):
@@ -81,7 +84,8 @@ def core_time(m, n, k, batch, w, d, local_buffer_bytes, freq_hz, costmodel, n_co
     Broadcasts over all arguments except ``costmodel``.
     """
     m, n, k, batch, w, d, lb, freq, p = np.broadcast_arrays(
-        *(_f(x) for x in (m, n, k, batch, w, d, local_buffer_bytes, freq_hz, n_cores)))
+        *(_f(x) for x in (m, n, k, batch, w, d, local_buffer_bytes, freq_hz, n_cores))
+    )
     glb_bw = costmodel["glb_bandwidth_Bps"]
     best = np.full(m.shape, np.inf)
     best_c = np.full(m.shape, np.inf)
@@ -120,8 +124,10 @@ def hbm_traffic_bytes(m, n, k, batch, glb_bytes, costmodel):
     elem = costmodel["bytes_per_element"]
     acc = costmodel["accumulator_bytes_per_element"]
     a_bytes, b_bytes, c_bytes = elem * m * k, elem * k * n, elem * m * n
-    levels = int(np.ceil(np.log2(max(float(np.max(np.maximum(np.maximum(m, n), k), initial=1.0)),
-                                     1.0)))) + 1
+    levels = (
+        int(np.ceil(np.log2(max(float(np.max(np.maximum(np.maximum(m, n), k), initial=1.0)), 1.0))))
+        + 1
+    )
     best = np.full(m.shape, np.inf)
     fallback = np.full(m.shape, np.inf)  # if nothing fits: the smallest blocks
     for i in range(levels):
@@ -135,8 +141,11 @@ def hbm_traffic_bytes(m, n, k, batch, glb_bytes, costmodel):
                 footprint = 2.0 * elem * tk * (tm + tn) + acc * tm * tn
                 a_once = (tm >= m) & (tk >= k)
                 b_once = (tn >= n) & (tk >= k)
-                traffic = batch * (a_bytes * np.where(a_once, 1.0, reread_a)
-                                   + b_bytes * np.where(b_once, 1.0, reread_b) + c_bytes)
+                traffic = batch * (
+                    a_bytes * np.where(a_once, 1.0, reread_a)
+                    + b_bytes * np.where(b_once, 1.0, reread_b)
+                    + c_bytes
+                )
                 best = np.where((footprint <= glb) & (traffic < best), traffic, best)
                 if i == j == q == levels - 1:
                     fallback = traffic
@@ -164,13 +173,29 @@ def tc_local_buffer_bytes(core: dict):
 
 def matmul_cost(m, n, k, batch, core: dict, costmodel: dict, n_cores=1) -> dict:
     """All terms of a GEMM's cost: compute_s, glb_s, hbm_s, hbm_bytes, latency_s, bound."""
-    t_core, comp_s, glb_s = core_time(m, n, k, batch, core["tc_width"], core["tc_depth"],
-                                      tc_local_buffer_bytes(core), core["freq_hz"], costmodel, n_cores)
+    _t_core, comp_s, glb_s = core_time(
+        m,
+        n,
+        k,
+        batch,
+        core["tc_width"],
+        core["tc_depth"],
+        tc_local_buffer_bytes(core),
+        core["freq_hz"],
+        costmodel,
+        n_cores,
+    )
     hbm_bytes = hbm_traffic_bytes(m, n, k, batch, core["glb_bytes"], costmodel)
     hbm_s = hbm_bytes / _f(costmodel["hbm_bandwidth_Bps"])
     terms = np.stack(np.broadcast_arrays(comp_s, glb_s, hbm_s))
-    return {"compute_s": terms[0], "glb_s": terms[1], "hbm_s": terms[2], "hbm_bytes": hbm_bytes,
-            "latency_s": terms.max(axis=0), "bound": BOUNDS[terms.argmax(axis=0)]}
+    return {
+        "compute_s": terms[0],
+        "glb_s": terms[1],
+        "hbm_s": terms[2],
+        "hbm_bytes": hbm_bytes,
+        "latency_s": terms.max(axis=0),
+        "bound": BOUNDS[terms.argmax(axis=0)],
+    }
 
 
 def matmul_latency(m, n, k, batch, core: dict, costmodel: dict, n_cores=1):
@@ -182,20 +207,38 @@ def matmul_latency(m, n, k, batch, core: dict, costmodel: dict, n_cores=1):
     return cost["latency_s"], cost["bound"]
 
 
-def vector_cost(elements, bytes_moved, cycles_per_element, core: dict, costmodel: dict,
-                n_cores=1) -> dict:
+def vector_cost(
+    elements, bytes_moved, cycles_per_element, core: dict, costmodel: dict, n_cores=1
+) -> dict:
     elements, bytes_moved, cpe, width, freq, p = np.broadcast_arrays(
-        *(_f(x) for x in (elements, bytes_moved, cycles_per_element, core["vc_width"],
-                          core["freq_hz"], n_cores)))
+        *(
+            _f(x)
+            for x in (
+                elements,
+                bytes_moved,
+                cycles_per_element,
+                core["vc_width"],
+                core["freq_hz"],
+                n_cores,
+            )
+        )
+    )
     comp_s = np.ceil(elements / (width * p)) * cpe / freq
     glb_s = bytes_moved / (costmodel["glb_bandwidth_Bps"] * p)
     hbm_s = bytes_moved / _f(costmodel["hbm_bandwidth_Bps"])
     terms = np.stack([comp_s, glb_s, hbm_s])
-    return {"compute_s": comp_s, "glb_s": glb_s, "hbm_s": hbm_s, "latency_s": terms.max(axis=0),
-            "bound": BOUNDS[terms.argmax(axis=0)]}
+    return {
+        "compute_s": comp_s,
+        "glb_s": glb_s,
+        "hbm_s": hbm_s,
+        "latency_s": terms.max(axis=0),
+        "bound": BOUNDS[terms.argmax(axis=0)],
+    }
 
 
-def vector_latency(elements, bytes_moved, cycles_per_element, core: dict, costmodel: dict, n_cores=1):
+def vector_latency(
+    elements, bytes_moved, cycles_per_element, core: dict, costmodel: dict, n_cores=1
+):
     """(seconds, bound) of an element-wise/reduction op on ``n_cores`` vector cores.
 
     ``core`` needs ``vc_width, freq_hz``; ``bytes_moved`` = bytes read + written.
@@ -216,6 +259,8 @@ def collective_latency(bytes_, group_size, costmodel: dict, kind="all_reduce"):
         raise ValueError(f"unknown collective {kind!r}; known: {sorted(steps)}")
     phases = steps[kind]
     tt = np.maximum(t, 1.0)
-    seconds = phases * ((tt - 1.0) / tt * b / costmodel["link_bandwidth_Bps"]
-                        + (tt - 1.0) * costmodel["link_latency_s"])
+    seconds = phases * (
+        (tt - 1.0) / tt * b / costmodel["link_bandwidth_Bps"]
+        + (tt - 1.0) * costmodel["link_latency_s"]
+    )
     return np.where(t > 1, seconds, 0.0)

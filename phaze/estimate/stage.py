@@ -5,6 +5,7 @@ Work is deduplicated before the model runs: unique GEMM shapes × unique tensor-
 workloads × unique vector-core configurations. Architectures whose preset overrides cost-model
 constants are estimated with those constants.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,25 @@ import pandas as pd
 from phaze.errors import PhazeError
 from phaze.estimate import model
 
-OPS_COLUMNS = ("signature", "layer", "pass", "op", "aten", "kind", "core", "m", "n", "k", "batch",
-               "elements", "bytes_in", "bytes_out", "fused_into", "collective", "group_size")
+OPS_COLUMNS = (
+    "signature",
+    "layer",
+    "pass",
+    "op",
+    "aten",
+    "kind",
+    "core",
+    "m",
+    "n",
+    "k",
+    "batch",
+    "elements",
+    "bytes_in",
+    "bytes_out",
+    "fused_into",
+    "collective",
+    "group_size",
+)
 KINDS = ("matmul", "vector", "collective", "nop")
 
 
@@ -24,8 +42,7 @@ def op_base_name(aten: str) -> str:
     """``aten._softmax.default`` / ``aten::_softmax`` -> ``_softmax``."""
     name = str(aten)
     for prefix in ("aten::", "aten."):
-        if name.startswith(prefix):
-            name = name[len(prefix):]
+        name = name.removeprefix(prefix)
     return name.split(".")[0]
 
 
@@ -46,8 +63,10 @@ def check_ops(ops: pd.DataFrame, source: str = "ops table") -> pd.DataFrame:
     dims = mm[["m", "n", "k", "batch"]]
     bad = dims.isna().any(axis=1) | (dims[["m", "n", "k"]] < 0).any(axis=1) | (dims["batch"] < 1)
     if bad.any():
-        raise PhazeError(f"{source}: matmul ops need m, n, k >= 0 and batch >= 1 "
-                         f"(bad ops {list(zip(mm.loc[bad, 'pass'], mm.loc[bad, 'op']))[:5]})")
+        raise PhazeError(
+            f"{source}: matmul ops need m, n, k >= 0 and batch >= 1 "
+            f"(bad ops {list(zip(mm.loc[bad, 'pass'], mm.loc[bad, 'op']))[:5]})"
+        )
     vec = ops[ops["kind"] == "vector"]
     if vec[["elements", "bytes_in", "bytes_out"]].isna().any().any():
         raise PhazeError(f"{source}: vector ops need elements, bytes_in, bytes_out")
@@ -85,18 +104,30 @@ def _estimate_group(ops: pd.DataFrame, space: pd.DataFrame, cm: dict) -> dict[st
     vec_compute_one = np.zeros((n_arch, n_ops))
     if is_vec.any():
         v = ops.loc[is_vec]
-        work = pd.DataFrame({"elements": v["elements"].to_numpy(np.float64),
-                             "bytes": (v["bytes_in"] + v["bytes_out"]).to_numpy(np.float64),
-                             "cpe": cycles_per_element(v["aten"], cm)})
+        work = pd.DataFrame(
+            {
+                "elements": v["elements"].to_numpy(np.float64),
+                "bytes": (v["bytes_in"] + v["bytes_out"]).to_numpy(np.float64),
+                "cpe": cycles_per_element(v["aten"], cm),
+            }
+        )
         uw, w_idx = _unique(work)
         vc, vc_idx = _unique(space[["vc_width", "freq_hz", "n_vc"]])
-        for n_cores, lat, bnd, comp_out in ((vc["n_vc"].to_numpy()[:, None], lat_all, bound_all,
-                                             vec_compute_all),
-                                            (1, lat_one, bound_one, vec_compute_one)):
-            cost = model.vector_cost(uw["elements"].to_numpy()[None, :], uw["bytes"].to_numpy()[None, :],
-                                     uw["cpe"].to_numpy()[None, :],
-                                     {"vc_width": vc["vc_width"].to_numpy()[:, None],
-                                      "freq_hz": vc["freq_hz"].to_numpy()[:, None]}, cm, n_cores)
+        for n_cores, lat, bnd, comp_out in (
+            (vc["n_vc"].to_numpy()[:, None], lat_all, bound_all, vec_compute_all),
+            (1, lat_one, bound_one, vec_compute_one),
+        ):
+            cost = model.vector_cost(
+                uw["elements"].to_numpy()[None, :],
+                uw["bytes"].to_numpy()[None, :],
+                uw["cpe"].to_numpy()[None, :],
+                {
+                    "vc_width": vc["vc_width"].to_numpy()[:, None],
+                    "freq_hz": vc["freq_hz"].to_numpy()[:, None],
+                },
+                cm,
+                n_cores,
+            )
             sel = np.ix_(vc_idx, w_idx)
             cols = np.flatnonzero(is_vec)
             lat[:, cols] = cost["latency_s"][sel]
@@ -109,16 +140,27 @@ def _estimate_group(ops: pd.DataFrame, space: pd.DataFrame, cm: dict) -> dict[st
     if is_mm.any():
         shapes, s_idx = _unique(ops.loc[is_mm, ["m", "n", "k", "batch"]].astype(np.float64))
         sm, sn, sk, sb = (shapes[c].to_numpy()[None, :] for c in ("m", "n", "k", "batch"))
-        tc, tc_idx = _unique(space[["tc_width", "tc_depth", "tc_local_buffer_bytes", "freq_hz", "n_tc"]])
+        tc, tc_idx = _unique(
+            space[["tc_width", "tc_depth", "tc_local_buffer_bytes", "freq_hz", "n_tc"]]
+        )
         glb, glb_idx = _unique(space[["glb_bytes"]])
         traffic = model.hbm_traffic_bytes(sm, sn, sk, sb, glb["glb_bytes"].to_numpy()[:, None], cm)
         hbm_s = traffic / cm["hbm_bandwidth_Bps"]
         cols = np.flatnonzero(is_mm)
         tcp = {c: tc[c].to_numpy()[:, None] for c in tc.columns}
         for n_cores, lat, bnd in ((tcp["n_tc"], lat_all, bound_all), (1, lat_one, bound_one)):
-            _, comp_s, glb_s = model.core_time(sm, sn, sk, sb, tcp["tc_width"], tcp["tc_depth"],
-                                               tcp["tc_local_buffer_bytes"], tcp["freq_hz"], cm,
-                                               n_cores)
+            _, comp_s, glb_s = model.core_time(
+                sm,
+                sn,
+                sk,
+                sb,
+                tcp["tc_width"],
+                tcp["tc_depth"],
+                tcp["tc_local_buffer_bytes"],
+                tcp["freq_hz"],
+                cm,
+                n_cores,
+            )
             c = comp_s[np.ix_(tc_idx, s_idx)]
             g = glb_s[np.ix_(tc_idx, s_idx)]
             h = hbm_s[np.ix_(glb_idx, s_idx)]
@@ -132,16 +174,21 @@ def _estimate_group(ops: pd.DataFrame, space: pd.DataFrame, cm: dict) -> dict[st
     fused = fused_into >= 0
     if fused.any():
         key = pd.MultiIndex.from_arrays([ops["signature"], ops["pass"], ops["op"]])
-        target = pd.MultiIndex.from_arrays([ops["signature"][fused], ops["pass"][fused],
-                                            fused_into[fused]])
+        target = pd.MultiIndex.from_arrays(
+            [ops["signature"][fused], ops["pass"][fused], fused_into[fused]]
+        )
         pos = key.get_indexer(target)
         if (pos < 0).any():
-            raise PhazeError("ops table: fused_into names op ids that are not in the same layer+pass")
+            raise PhazeError(
+                "ops table: fused_into names op ids that are not in the same layer+pass"
+            )
         if not is_mm[pos].all():
             raise PhazeError("ops table: fused_into must name a matmul op")
         src = np.flatnonzero(fused)
-        for lat, comp, bnd in ((lat_all, vec_compute_all, bound_all),
-                               (lat_one, vec_compute_one, bound_one)):
+        for lat, comp, bnd in (
+            (lat_all, vec_compute_all, bound_all),
+            (lat_one, vec_compute_one, bound_one),
+        ):
             np.add.at(lat.T, pos, comp[:, src].T)  # matmul pays the element-wise compute too
             lat[:, src] = 0.0
             bnd[:, src] = "fused"
@@ -154,15 +201,24 @@ def _estimate_group(ops: pd.DataFrame, space: pd.DataFrame, cm: dict) -> dict[st
         secs = np.zeros(len(c))
         for name, grp in c.groupby(c["collective"].fillna("all_reduce").replace("", "all_reduce")):
             at = c.index.get_indexer(grp.index)
-            secs[at] = model.collective_latency(grp["bytes_in"].to_numpy(np.float64),
-                                                grp["group_size"].to_numpy(np.float64), cm, name)
+            secs[at] = model.collective_latency(
+                grp["bytes_in"].to_numpy(np.float64),
+                grp["group_size"].to_numpy(np.float64),
+                cm,
+                name,
+            )
         cols = np.flatnonzero(is_coll)
         lat_all[:, cols] = secs[None, :]
         lat_one[:, cols] = secs[None, :]
         bound_all[:, cols] = "link"
         bound_one[:, cols] = "link"
-    return {"latency_allcores_s": lat_all, "latency_1core_s": lat_one, "bound": bound_all,
-            "bound_1core": bound_one, "hbm_bytes": hbm_bytes}
+    return {
+        "latency_allcores_s": lat_all,
+        "latency_1core_s": lat_one,
+        "bound": bound_all,
+        "bound_1core": bound_one,
+        "hbm_bytes": hbm_bytes,
+    }
 
 
 def estimate(ops: pd.DataFrame, space: pd.DataFrame, costmodel: dict) -> pd.DataFrame:
@@ -172,8 +228,11 @@ def estimate(ops: pd.DataFrame, space: pd.DataFrame, costmodel: dict) -> pd.Data
     if "costmodel_overrides" not in space.columns:
         space = space.assign(costmodel_overrides="")
     if "tc_local_buffer_bytes" not in space.columns:
-        space = space.assign(tc_local_buffer_bytes=model.tc_local_buffer_bytes(
-            {"tc_width": space.tc_width.to_numpy(), "tc_depth": space.tc_depth.to_numpy()}))
+        space = space.assign(
+            tc_local_buffer_bytes=model.tc_local_buffer_bytes(
+                {"tc_width": space.tc_width.to_numpy(), "tc_depth": space.tc_depth.to_numpy()}
+            )
+        )
     n_ops = len(ops)
     arrays: dict[str, np.ndarray] = {}
     for overrides, grp in space.groupby(space["costmodel_overrides"].fillna(""), sort=False):
@@ -190,14 +249,16 @@ def estimate(ops: pd.DataFrame, space: pd.DataFrame, costmodel: dict) -> pd.Data
                 arrays[name] = np.empty((len(space), n_ops), dtype=arr.dtype)
             arrays[name][grp.index.to_numpy()] = arr
     n_arch = len(space)
-    out = pd.DataFrame({
-        "arch": np.repeat(space["arch"].to_numpy(), n_ops),
-        "signature": np.tile(ops["signature"].to_numpy(), n_arch),
-        "pass": np.tile(ops["pass"].to_numpy(), n_arch),
-        "op": np.tile(ops["op"].to_numpy(np.int64), n_arch),
-        "kind": np.tile(ops["kind"].to_numpy(), n_arch),
-        "core": np.tile(ops["core"].to_numpy(), n_arch),
-    })
+    out = pd.DataFrame(
+        {
+            "arch": np.repeat(space["arch"].to_numpy(), n_ops),
+            "signature": np.tile(ops["signature"].to_numpy(), n_arch),
+            "pass": np.tile(ops["pass"].to_numpy(), n_arch),
+            "op": np.tile(ops["op"].to_numpy(np.int64), n_arch),
+            "kind": np.tile(ops["kind"].to_numpy(), n_arch),
+            "core": np.tile(ops["core"].to_numpy(), n_arch),
+        }
+    )
     for name in ("latency_1core_s", "latency_allcores_s", "bound", "bound_1core", "hbm_bytes"):
         out[name] = arrays[name].reshape(-1) if n_arch else np.empty(0)
     out["hbm_bytes"] = out["hbm_bytes"].astype(np.int64)

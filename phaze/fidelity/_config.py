@@ -1,4 +1,5 @@
 """Config loading shared by `phaze evaluate` and `phaze validate`."""
+
 from __future__ import annotations
 
 import json

@@ -20,6 +20,7 @@ two shared stages, each a statement about how GPU training runs rather than a tu
 * **Core attention** (for selective recomputation): forward ops with an s×s operand or result —
   QKᵀ, scale, mask, softmax, dropout, ×V.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -35,11 +36,11 @@ from phaze.errors import PhazeError
 # ---------------------------------------------------------------------------------------------
 @dataclass
 class LayerWork:
-    fwd_s: float = 0.0                 # forward kernels (no communication)
-    bwd_s: float = 0.0                 # backward kernels
+    fwd_s: float = 0.0  # forward kernels (no communication)
+    bwd_s: float = 0.0  # backward kernels
     attention_core_fwd_s: float = 0.0  # forward kernels of core attention (selective recompute)
-    replicated_s: float = 0.0          # fwd + bwd kernels outside the tensor-parallel region, on
-                                       # all s tokens (what sequence parallelism divides by t)
+    replicated_s: float = 0.0  # fwd + bwd kernels outside the tensor-parallel region, on
+    # all s tokens (what sequence parallelism divides by t)
     fwd_flops: float = 0.0
     bwd_flops: float = 0.0
     fwd_collectives: list = field(default_factory=list)  # (kind, bytes) in execution order
@@ -47,7 +48,7 @@ class LayerWork:
     param_bytes: int = 0
     kernels_fwd: int = 0
     kernels_bwd: int = 0
-    bound_s: dict = field(default_factory=dict)         # seconds per bound (compute/glb/hbm)
+    bound_s: dict = field(default_factory=dict)  # seconds per bound (compute/glb/hbm)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,8 +120,9 @@ def fusion_groups(ops: pd.DataFrame, edges: pd.DataFrame, fuse: bool) -> np.ndar
     return group
 
 
-def kernel_latencies(ops: pd.DataFrame, edges: pd.DataFrame, core: dict, cm: dict, n_tc: int,
-                     n_vc: int, fuse: bool) -> pd.DataFrame:
+def kernel_latencies(
+    ops: pd.DataFrame, edges: pd.DataFrame, core: dict, cm: dict, n_tc: int, n_vc: int, fuse: bool
+) -> pd.DataFrame:
     """One row per kernel of one layer+pass: ``group`` (first op id), ``latency_s``, ``bound``,
     ``ops`` (op ids). Matmuls via ``phaze.estimate.matmul_cost``, element-wise kernels via
     ``phaze.estimate.vector_cost``; collectives and allocations are not kernels here."""
@@ -137,9 +139,15 @@ def kernel_latencies(ops: pd.DataFrame, edges: pd.DataFrame, core: dict, cm: dic
     mm = np.flatnonzero(kind == "matmul")
     if len(mm):
         sub = ops.iloc[mm]
-        cost = matmul_cost(sub["m"].to_numpy(float), sub["n"].to_numpy(float),
-                           sub["k"].to_numpy(float), np.maximum(sub["batch"].to_numpy(float), 1.0),
-                           core, cm, n_tc)
+        cost = matmul_cost(
+            sub["m"].to_numpy(float),
+            sub["n"].to_numpy(float),
+            sub["k"].to_numpy(float),
+            np.maximum(sub["batch"].to_numpy(float), 1.0),
+            core,
+            cm,
+            n_tc,
+        )
         for j, i in enumerate(mm):
             rows.append((i, float(cost["latency_s"][j]), str(cost["bound"][j]), [i]))
 
@@ -154,7 +162,9 @@ def kernel_latencies(ops: pd.DataFrame, edges: pd.DataFrame, core: dict, cm: dic
         internal_in = np.zeros(len(ops))
         consumed_outside = np.zeros(len(ops), dtype=bool)
         has_consumer = np.zeros(len(ops), dtype=bool)
-        for s, d, b in zip(edges["src"].to_numpy(), edges["dst"].to_numpy(), edges["bytes"].to_numpy()):
+        for s, d, b in zip(
+            edges["src"].to_numpy(), edges["dst"].to_numpy(), edges["bytes"].to_numpy()
+        ):
             s, d = int(s), int(d)
             has_consumer[s] = True
             if group[s] == group[d] or s in nop:
@@ -182,9 +192,22 @@ def kernel_latencies(ops: pd.DataFrame, edges: pd.DataFrame, core: dict, cm: dic
 # ---------------------------------------------------------------------------------------------
 # a whole layer
 # ---------------------------------------------------------------------------------------------
-def layer_work(ops: pd.DataFrame, edges: pd.DataFrame, *, core: dict, cm: dict, n_tc: int,
-               n_vc: int, fuse: bool, tp: int, sequence_parallel: bool, microbatch: int, seq: int,
-               hidden: int, param_bytes: int) -> LayerWork:
+def layer_work(
+    ops: pd.DataFrame,
+    edges: pd.DataFrame,
+    *,
+    core: dict,
+    cm: dict,
+    n_tc: int,
+    n_vc: int,
+    fuse: bool,
+    tp: int,
+    sequence_parallel: bool,
+    microbatch: int,
+    seq: int,
+    hidden: int,
+    param_bytes: int,
+) -> LayerWork:
     """Per-microbatch work of one layer on one tensor-parallel rank (ops/edges of that layer)."""
     work = LayerWork(param_bytes=int(param_bytes))
     token_shape = (microbatch, seq, hidden)
@@ -194,10 +217,13 @@ def layer_work(ops: pd.DataFrame, edges: pd.DataFrame, *, core: dict, cm: dict, 
         if o.empty:
             continue
         kernels = kernel_latencies(o, e, core, cm, n_tc, n_vc, fuse)
-        replicated = (o["out_shapes"].map(lambda s: _first_out(s) == token_shape).to_numpy(bool)
-                      & (o["kind"] == "vector").to_numpy(bool))
-        square = [(_has_square_tail(_parse_shapes(a) + _parse_shapes(b), seq))
-                  for a, b in zip(o["in_shapes"], o["out_shapes"])]
+        replicated = o["out_shapes"].map(lambda s: _first_out(s) == token_shape).to_numpy(bool) & (
+            o["kind"] == "vector"
+        ).to_numpy(bool)
+        square = [
+            (_has_square_tail(_parse_shapes(a) + _parse_shapes(b), seq))
+            for a, b in zip(o["in_shapes"], o["out_shapes"])
+        ]
         total = 0.0
         attention = 0.0
         for _, k in kernels.iterrows():
@@ -229,8 +255,15 @@ def layer_work(ops: pd.DataFrame, edges: pd.DataFrame, *, core: dict, cm: dict, 
     return work
 
 
-def megatron_edge_collectives(embedding: LayerWork, head: LayerWork, *, tp: int, microbatch: int,
-                              seq: int, sequence_parallel: bool) -> None:
+def megatron_edge_collectives(
+    embedding: LayerWork,
+    head: LayerWork,
+    *,
+    tp: int,
+    microbatch: int,
+    seq: int,
+    sequence_parallel: bool,
+) -> None:
     """Embedding/head communication as Megatron runs it, on top of the trace's vocab-parallel
     all-reduces (embedding output in forward, head-input gradient in backward)."""
     if tp == 1:
@@ -238,8 +271,9 @@ def megatron_edge_collectives(embedding: LayerWork, head: LayerWork, *, tp: int,
     if sequence_parallel:
         # the embedding output is reduce-scattered into the sequence-parallel region; the head
         # all-gathers its input in forward and reduce-scatters the input gradient in backward
-        embedding.fwd_collectives = [("reduce_scatter", size) for _, size in
-                                     embedding.fwd_collectives[::2]]
+        embedding.fwd_collectives = [
+            ("reduce_scatter", size) for _, size in embedding.fwd_collectives[::2]
+        ]
         head.bwd_collectives = [("reduce_scatter", size) for _, size in head.bwd_collectives[::2]]
         head.fwd_collectives = [("all_gather", size) for _, size in head.bwd_collectives]
     # vocab-parallel cross-entropy: max, sum of exp, target logit (fp32 per token)

@@ -12,6 +12,7 @@ microbatch's backward cannot hide for PyTorch DDP), plus the tied-embedding all-
 the first and last stage; OPT_j = the optimizer step, HBM-bound (bytes per parameter counted per
 kernel in config). The breakdown reports the terms of the critical device, summing to T.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,10 +20,14 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 
-
 from phaze.errors import PhazeError
-from phaze.fidelity.compute import (LayerWork, gpu_core, layer_work, megatron_edge_collectives,
-                                    preset_costmodel)
+from phaze.fidelity.compute import (
+    LayerWork,
+    gpu_core,
+    layer_work,
+    megatron_edge_collectives,
+    preset_costmodel,
+)
 from phaze.fidelity.memory import BlockShape, block_activation_bytes, block_working_bytes
 from phaze.fidelity.network import HierarchicalNetwork
 from phaze.fidelity.strategy import Strategy
@@ -34,8 +39,20 @@ ELEM_BYTES = 2  # fp16/bf16 activations and weights (the trace's convention)
 # trace (cached: one trace per distinct block shape)
 # ---------------------------------------------------------------------------------------------
 def _spec_key(spec) -> str:
-    payload = {k: getattr(spec, k) for k in ("name", "family", "num_blocks", "hidden", "heads",
-                                              "ffn", "vocab", "seq", "kv_heads")}
+    payload = {
+        k: getattr(spec, k)
+        for k in (
+            "name",
+            "family",
+            "num_blocks",
+            "hidden",
+            "heads",
+            "ffn",
+            "vocab",
+            "seq",
+            "kv_heads",
+        )
+    }
     payload["kwargs"] = spec.config_kwargs
     payload["path"] = spec.config_path
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
@@ -68,14 +85,15 @@ class Workload:
     embedding: LayerWork
     head: LayerWork
     num_blocks: int
-    word_embedding_params: int   # one rank's share of a tied word embedding (0 if untied)
+    word_embedding_params: int  # one rank's share of a tied word embedding (0 if untied)
     head_activation_bytes: float
     embedding_activation_bytes: float
     tied_embeddings: bool = True  # the head reuses the word embedding (GPT, BERT, OPT)
 
 
-def build_workload(spec, strategy: Strategy, seq: int, preset: dict, costmodel: dict,
-                   fidelity: dict) -> Workload:
+def build_workload(
+    spec, strategy: Strategy, seq: int, preset: dict, costmodel: dict, fidelity: dict
+) -> Workload:
     tp, b = strategy.tp, strategy.microbatch
     trace = trace_for(spec, b, tp, seq)
     ops = trace.ops
@@ -83,25 +101,47 @@ def build_workload(spec, strategy: Strategy, seq: int, preset: dict, costmodel: 
     core = gpu_core(preset)
     cm = preset_costmodel(preset, costmodel)
     arch = preset["arch"]
-    common = dict(core=core, cm=cm, n_tc=int(arch["n_tc"]), n_vc=int(arch["n_vc"]),
-                  fuse=bool(fidelity["fuse_elementwise"]), tp=tp,
-                  sequence_parallel=strategy.sequence_parallel, microbatch=b, seq=seq,
-                  hidden=spec.hidden)
+    common = {
+        "core": core,
+        "cm": cm,
+        "n_tc": int(arch["n_tc"]),
+        "n_vc": int(arch["n_vc"]),
+        "fuse": bool(fidelity["fuse_elementwise"]),
+        "tp": tp,
+        "sequence_parallel": strategy.sequence_parallel,
+        "microbatch": b,
+        "seq": seq,
+        "hidden": spec.hidden,
+    }
 
     def work(name: str) -> LayerWork:
-        return layer_work(ops[ops["layer"] == name], trace.edges[trace.edges["layer"] == name],
-                          param_bytes=int(layers.loc[name, "param_bytes"]), **common)
+        return layer_work(
+            ops[ops["layer"] == name],
+            trace.edges[trace.edges["layer"] == name],
+            param_bytes=int(layers.loc[name, "param_bytes"]),
+            **common,
+        )
 
     block_name = "block.0"
     block, embedding, head = work(block_name), work("embedding"), work("head")
-    megatron_edge_collectives(embedding, head, tp=tp, microbatch=b, seq=seq,
-                              sequence_parallel=strategy.sequence_parallel)
+    megatron_edge_collectives(
+        embedding, head, tp=tp, microbatch=b, seq=seq, sequence_parallel=strategy.sequence_parallel
+    )
     # a tied LM head (GPT-2's) is counted once, in the embedding; a last pipeline stage without
     # the embedding keeps its own copy (the trace's tied_param_bytes), as Megatron does
-    tied_bytes = int(layers["tied_param_bytes"].get("head", 0)) if "tied_param_bytes" in layers else 0
-    return Workload(block, embedding, head, spec.num_blocks, tied_bytes // ELEM_BYTES,
-                    float(layers.loc["head", "activation_bytes"]),
-                    float(layers.loc["embedding", "activation_bytes"]), tied_bytes > 0)
+    tied_bytes = (
+        int(layers["tied_param_bytes"].get("head", 0)) if "tied_param_bytes" in layers else 0
+    )
+    return Workload(
+        block,
+        embedding,
+        head,
+        spec.num_blocks,
+        tied_bytes // ELEM_BYTES,
+        float(layers.loc["head", "activation_bytes"]),
+        float(layers.loc["embedding", "activation_bytes"]),
+        tied_bytes > 0,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,11 +166,21 @@ def peak_flops(preset: dict) -> float:
     return 2.0 * a["n_tc"] * a["tc_width"] * a["tc_depth"] * a["freq_hz"]
 
 
-def evaluate_strategy(spec, strategy: Strategy, preset: dict, *, seq: int, costmodel: dict,
-                      fidelity: dict, workload: Workload | None = None) -> dict:
+def evaluate_strategy(
+    spec,
+    strategy: Strategy,
+    preset: dict,
+    *,
+    seq: int,
+    costmodel: dict,
+    fidelity: dict,
+    workload: Workload | None = None,
+) -> dict:
     if "network" not in preset:
-        raise PhazeError("the preset has no `network:` section (devices_per_node, intra_node, "
-                         "inter_node); `evaluate` needs one")
+        raise PhazeError(
+            "the preset has no `network:` section (devices_per_node, intra_node, "
+            "inter_node); `evaluate` needs one"
+        )
     net = HierarchicalNetwork.from_preset(preset["network"])
     spec.check_tmp(strategy.tp)
     sched = strategy.schedule
@@ -138,12 +188,20 @@ def evaluate_strategy(spec, strategy: Strategy, preset: dict, *, seq: int, costm
     if workload is None:
         workload = build_workload(spec, strategy, seq, preset, costmodel, fidelity)
     w = workload
-    p, v, m, t, b = strategy.pp, strategy.interleave, strategy.microbatches, strategy.tp, strategy.microbatch
+    p, v, m, t, b = (
+        strategy.pp,
+        strategy.interleave,
+        strategy.microbatches,
+        strategy.tp,
+        strategy.microbatch,
+    )
     blocks_per_device = spec.num_blocks // p
     cm = preset_costmodel(preset, costmodel)
 
     blk = w.block
-    recompute_s = {"full": blk.fwd_s, "selective": blk.attention_core_fwd_s, "none": 0.0}[strategy.recompute]
+    recompute_s = {"full": blk.fwd_s, "selective": blk.attention_core_fwd_s, "none": 0.0}[
+        strategy.recompute
+    ]
     # what crosses a stage boundary: b·s·h; with sequence parallelism each rank holds s/t of it
     act_bytes = float(b * seq * spec.hidden * ELEM_BYTES)
     devices = []
@@ -152,12 +210,20 @@ def evaluate_strategy(spec, strategy: Strategy, preset: dict, *, seq: int, costm
         first, last = j == 0, j == p - 1
         compute = blocks_per_device * (blk.fwd_s + blk.bwd_s)
         tp_comm = blocks_per_device * (
-            _coll_time(net, blk.fwd_collectives, tp_ranks) * (2 if strategy.recompute == "full" else 1)
-            + _coll_time(net, blk.bwd_collectives, tp_ranks))
-        bwd_part = blocks_per_device * (blk.bwd_s + recompute_s
-                                        + _coll_time(net, blk.bwd_collectives, tp_ranks)
-                                        + (_coll_time(net, blk.fwd_collectives, tp_ranks)
-                                           if strategy.recompute == "full" else 0.0))
+            _coll_time(net, blk.fwd_collectives, tp_ranks)
+            * (2 if strategy.recompute == "full" else 1)
+            + _coll_time(net, blk.bwd_collectives, tp_ranks)
+        )
+        bwd_part = blocks_per_device * (
+            blk.bwd_s
+            + recompute_s
+            + _coll_time(net, blk.bwd_collectives, tp_ranks)
+            + (
+                _coll_time(net, blk.fwd_collectives, tp_ranks)
+                if strategy.recompute == "full"
+                else 0.0
+            )
+        )
         for layer, here in ((w.embedding, first), (w.head, last)):
             if here:
                 compute += layer.fwd_s + layer.bwd_s
@@ -168,9 +234,14 @@ def evaluate_strategy(spec, strategy: Strategy, preset: dict, *, seq: int, costm
             nxt = strategy.tp_group(0, (j + 1) % p)
             prv = strategy.tp_group(0, (j - 1) % p)
             if strategy.sequence_parallel:
-                send = lambda dst: max(net.p2p(act_bytes / t, a, d) for a, d in zip(tp_ranks, dst))
+
+                def send(dst, tp_ranks=tp_ranks):
+                    return max(net.p2p(act_bytes / t, a, d) for a, d in zip(tp_ranks, dst))
             else:
-                send = lambda dst: net.stage_transfer(act_bytes, tp_ranks, dst, fidelity["scatter_gather"])
+
+                def send(dst, tp_ranks=tp_ranks):
+                    return net.stage_transfer(act_bytes, tp_ranks, dst, fidelity["scatter_gather"])
+
             pp_comm = (v - (1 if last else 0)) * send(nxt) + (v - (1 if first else 0)) * send(prv)
         recompute = blocks_per_device * recompute_s
         per_mb = compute + recompute + tp_comm + pp_comm
@@ -181,7 +252,8 @@ def evaluate_strategy(spec, strategy: Strategy, preset: dict, *, seq: int, costm
         if last:
             # with tied embeddings the last stage keeps its own copy of the word embedding
             params += w.head.param_bytes / ELEM_BYTES + (
-                w.word_embedding_params if p > 1 and w.tied_embeddings else 0)
+                w.word_embedding_params if p > 1 and w.tied_embeddings else 0
+            )
         dp_ranks = strategy.dp_group(0, j)
         grads = params * fidelity["grad_bytes_per_param"]
         ar = net.all_reduce(grads, dp_ranks)
@@ -192,8 +264,10 @@ def evaluate_strategy(spec, strategy: Strategy, preset: dict, *, seq: int, costm
             dp = ar
         if p > 1 and (first or last) and w.tied_embeddings:
             # Megatron all-reduces the tied word-embedding gradient between first and last stage
-            dp += net.all_reduce(w.word_embedding_params * fidelity["grad_bytes_per_param"],
-                                 [strategy.rank(0, 0, 0), strategy.rank(0, 0, p - 1)])
+            dp += net.all_reduce(
+                w.word_embedding_params * fidelity["grad_bytes_per_param"],
+                [strategy.rank(0, 0, 0), strategy.rank(0, 0, p - 1)],
+            )
         opt = params * fidelity["optimizer_bytes_per_param"] / cm["hbm_bandwidth_Bps"]
 
         # memory
@@ -201,13 +275,28 @@ def evaluate_strategy(spec, strategy: Strategy, preset: dict, *, seq: int, costm
         stash = block_activation_bytes(shape, t, strategy.sequence_parallel, strategy.recompute)
         working = block_working_bytes(shape, t, strategy.sequence_parallel, strategy.recompute)
         inflight = sched.inflight_microbatch_stages(j)
-        extra = (inflight * w.embedding_activation_bytes if first else 0.0) + \
-                (w.head_activation_bytes if last else 0.0)
-        mem = (params * fidelity["state_bytes_per_param"] + inflight * blocks_per_device * stash
-               + working + extra)
-        devices.append(dict(per_microbatch_s=per_mb, compute_s=compute, recompute_s=recompute,
-                            tp_comm_s=tp_comm, pp_comm_s=pp_comm, dp_comm_s=dp, optimizer_s=opt,
-                            params=params, memory_bytes=mem))
+        extra = (inflight * w.embedding_activation_bytes if first else 0.0) + (
+            w.head_activation_bytes if last else 0.0
+        )
+        mem = (
+            params * fidelity["state_bytes_per_param"]
+            + inflight * blocks_per_device * stash
+            + working
+            + extra
+        )
+        devices.append(
+            {
+                "per_microbatch_s": per_mb,
+                "compute_s": compute,
+                "recompute_s": recompute,
+                "tp_comm_s": tp_comm,
+                "pp_comm_s": pp_comm,
+                "dp_comm_s": dp,
+                "optimizer_s": opt,
+                "params": params,
+                "memory_bytes": mem,
+            }
+        )
 
     pipe, bubble = sched.iteration_time([d["per_microbatch_s"] for d in devices])
     crit = max(range(p), key=lambda j: devices[j]["per_microbatch_s"])
@@ -243,15 +332,30 @@ def evaluate_strategy(spec, strategy: Strategy, preset: dict, *, seq: int, costm
         "hbm_bytes": capacity,
         "fits_memory": None if capacity is None else bool(peak_memory <= capacity),
         "breakdown": breakdown,
-        "strategy": {"devices": n, "tp": t, "pp": p, "dp": strategy.dp, "microbatch": b,
-                     "global_batch": strategy.global_batch, "microbatches": m, "interleave": v,
-                     "recompute": strategy.recompute,
-                     "sequence_parallel": strategy.sequence_parallel, "ddp": strategy.ddp,
-                     "seq": seq},
+        "strategy": {
+            "devices": n,
+            "tp": t,
+            "pp": p,
+            "dp": strategy.dp,
+            "microbatch": b,
+            "global_batch": strategy.global_batch,
+            "microbatches": m,
+            "interleave": v,
+            "recompute": strategy.recompute,
+            "sequence_parallel": strategy.sequence_parallel,
+            "ddp": strategy.ddp,
+            "seq": seq,
+        },
         "critical_stage": crit,
-        "per_stage": [{"stage": j, "per_microbatch_s": d["per_microbatch_s"],
-                       "memory_bytes": d["memory_bytes"], "params": d["params"]}
-                      for j, d in enumerate(devices)],
+        "per_stage": [
+            {
+                "stage": j,
+                "per_microbatch_s": d["per_microbatch_s"],
+                "memory_bytes": d["memory_bytes"],
+                "params": d["params"],
+            }
+            for j, d in enumerate(devices)
+        ],
         "block_kernel_bounds_s": dict(sorted(blk.bound_s.items())),
         "peak_flops_per_device": peak,
     }

@@ -16,6 +16,7 @@ With f = 4h this is s·b·h·(10 + 24/t + 5·a·s/(h·t)), their Eq. (2). Sequen
 first term by t as well; selective recomputation drops the core-attention term; full
 recomputation keeps only the block's input, 2·s·b·h (split by t under sequence parallelism).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,8 +46,9 @@ class BlockShape:
         return 5 * self.heads * self.seq * self.seq * self.microbatch
 
 
-def block_activation_bytes(shape: BlockShape, tp: int, sequence_parallel: bool,
-                           recompute: str) -> float:
+def block_activation_bytes(
+    shape: BlockShape, tp: int, sequence_parallel: bool, recompute: str
+) -> float:
     """Bytes one block keeps per microbatch for its backward pass, per tensor-parallel rank."""
     rep_div = tp if sequence_parallel else 1
     if recompute == "full":
@@ -54,12 +56,17 @@ def block_activation_bytes(shape: BlockShape, tp: int, sequence_parallel: bool,
     if recompute == "selective":
         return shape.replicated_bytes() / rep_div + shape.split_bytes() / tp
     if recompute == "none":
-        return (shape.replicated_bytes() / rep_div + shape.split_bytes() / tp
-                + shape.core_attention_bytes() / tp)
+        return (
+            shape.replicated_bytes() / rep_div
+            + shape.split_bytes() / tp
+            + shape.core_attention_bytes() / tp
+        )
     raise PhazeError(f"unknown recompute mode {recompute!r}")
 
 
-def block_working_bytes(shape: BlockShape, tp: int, sequence_parallel: bool, recompute: str) -> float:
+def block_working_bytes(
+    shape: BlockShape, tp: int, sequence_parallel: bool, recompute: str
+) -> float:
     """Extra bytes live while one block's backward runs: with recomputation, the block's
     recomputed activations (all of them for full, the core attention for selective)."""
     full = block_activation_bytes(shape, tp, sequence_parallel, "none")
@@ -68,12 +75,21 @@ def block_working_bytes(shape: BlockShape, tp: int, sequence_parallel: bool, rec
     return full - block_activation_bytes(shape, tp, sequence_parallel, recompute)
 
 
-def device_peak_bytes(*, param_count: float, state_bytes_per_param: float,
-                      inflight_microbatch_stages: float, layers_on_device: int,
-                      stash_bytes_per_layer: float, working_bytes: float,
-                      extra_bytes: float = 0.0) -> float:
+def device_peak_bytes(
+    *,
+    param_count: float,
+    state_bytes_per_param: float,
+    inflight_microbatch_stages: float,
+    layers_on_device: int,
+    stash_bytes_per_layer: float,
+    working_bytes: float,
+    extra_bytes: float = 0.0,
+) -> float:
     """Parameter state + activations held by the in-flight microbatches + the transient working
     set of the block in backward + stage-specific extras (embedding output, logits)."""
-    return (param_count * state_bytes_per_param
-            + inflight_microbatch_stages * layers_on_device * stash_bytes_per_layer
-            + working_bytes + extra_bytes)
+    return (
+        param_count * state_bytes_per_param
+        + inflight_microbatch_stages * layers_on_device * stash_bytes_per_layer
+        + working_bytes
+        + extra_bytes
+    )

@@ -21,10 +21,11 @@ Consequences a user can check by hand:
 Sizes are bytes; ``all_reduce(S)`` / ``reduce_scatter(S)`` take S = the full buffer each rank
 holds before the collective, ``all_gather(S)`` S = the full buffer after it.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from phaze.errors import PhazeError
 
@@ -50,11 +51,15 @@ class LinkLevel:
         return self.bandwidth_Bps * self.efficiency
 
     @classmethod
-    def from_dict(cls, d: dict, where: str) -> "LinkLevel":
+    def from_dict(cls, d: dict, where: str) -> LinkLevel:
         try:
-            return cls(float(d["bandwidth_Bps"]), float(d["latency_s"]), float(d.get("efficiency", 1.0)))
+            return cls(
+                float(d["bandwidth_Bps"]), float(d["latency_s"]), float(d.get("efficiency", 1.0))
+            )
         except KeyError as exc:
-            raise PhazeError(f"{where}: missing key {exc.args[0]!r} (need bandwidth_Bps, latency_s)") from None
+            raise PhazeError(
+                f"{where}: missing key {exc.args[0]!r} (need bandwidth_Bps, latency_s)"
+            ) from None
         except (TypeError, ValueError) as exc:
             raise PhazeError(f"{where}: {exc}") from None
 
@@ -80,10 +85,12 @@ class HierarchicalNetwork:
 
     # --- construction -------------------------------------------------------------------------
     @classmethod
-    def from_preset(cls, network: dict, where: str = "preset network") -> "HierarchicalNetwork":
+    def from_preset(cls, network: dict, where: str = "preset network") -> HierarchicalNetwork:
         """``network:`` section of a preset: devices_per_node, intra_node{...}, inter_node{...}."""
         if not isinstance(network, dict):
-            raise PhazeError(f"{where}: expected a mapping with devices_per_node, intra_node, inter_node")
+            raise PhazeError(
+                f"{where}: expected a mapping with devices_per_node, intra_node, inter_node"
+            )
         for key in ("devices_per_node", "intra_node", "inter_node"):
             if key not in network:
                 raise PhazeError(f"{where}: missing key {key!r}")
@@ -94,7 +101,7 @@ class HierarchicalNetwork:
         )
 
     @classmethod
-    def flat(cls, level: LinkLevel, devices: int) -> "HierarchicalNetwork":
+    def flat(cls, level: LinkLevel, devices: int) -> HierarchicalNetwork:
         """One level only: every device in one 'node'."""
         return cls(max(1, devices), level, level)
 
@@ -148,8 +155,13 @@ class HierarchicalNetwork:
         level = self.intra if self.node_of(src) == self.node_of(dst) else self.inter
         return size_bytes / level.effective_Bps + level.latency_s
 
-    def stage_transfer(self, size_bytes: float, src_group: Sequence[int], dst_group: Sequence[int],
-                       scatter_gather: bool = True) -> float:
+    def stage_transfer(
+        self,
+        size_bytes: float,
+        src_group: Sequence[int],
+        dst_group: Sequence[int],
+        scatter_gather: bool = True,
+    ) -> float:
         """Send one activation (or its gradient) from a tensor-parallel group to the next stage's.
 
         Every rank of a tensor-parallel group holds the same activation. Without the optimisation

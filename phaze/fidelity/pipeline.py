@@ -11,19 +11,20 @@ V model chunks per device and m microbatches per pipeline per iteration:
 
 Interleaving needs m divisible by p and the layer count divisible by p·V (Megatron asserts both).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from phaze.errors import PhazeError
 
 
 @dataclass(frozen=True)
 class PipelineSchedule:
-    stages: int          # p: devices in a pipeline
-    chunks: int          # V: model chunks per device (1 = plain 1F1B)
-    microbatches: int    # m: microbatches per pipeline per iteration
+    stages: int  # p: devices in a pipeline
+    chunks: int  # V: model chunks per device (1 = plain 1F1B)
+    microbatches: int  # m: microbatches per pipeline per iteration
 
     def __post_init__(self) -> None:
         for name in ("stages", "chunks", "microbatches"):
@@ -35,7 +36,8 @@ class PipelineSchedule:
             if self.microbatches % self.stages:
                 raise PhazeError(
                     f"interleaved schedule needs the microbatch count ({self.microbatches}) "
-                    f"divisible by the pipeline stages ({self.stages})")
+                    f"divisible by the pipeline stages ({self.stages})"
+                )
 
     @property
     def interleaved(self) -> bool:
@@ -45,8 +47,12 @@ class PipelineSchedule:
         """Megatron's uniform split: layers divisible by p (1F1B) or by p·V (interleaved)."""
         need = self.stages * self.chunks
         if layers % need:
-            what = f"pp·V = {self.stages}·{self.chunks}" if self.interleaved else f"pp = {self.stages}"
-            raise PhazeError(f"{layers} layers cannot be split evenly over {what} = {need} model chunks")
+            what = (
+                f"pp·V = {self.stages}·{self.chunks}" if self.interleaved else f"pp = {self.stages}"
+            )
+            raise PhazeError(
+                f"{layers} layers cannot be split evenly over {what} = {need} model chunks"
+            )
 
     # --- time ---------------------------------------------------------------------------------
     @property

@@ -4,6 +4,7 @@ Megatron's layout: tensor-parallel ranks are consecutive (so a tensor-parallel g
 a node when t ≤ devices per node), data-parallel next, pipeline outermost:
 ``rank = tp_rank + t·(dp_rank + d·pp_rank)``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,15 +37,18 @@ class Strategy:
         if self.ddp not in DDP_MODES:
             raise PhazeError(f"ddp must be one of {DDP_MODES}, got {self.ddp!r}")
         if self.devices % (self.tp * self.pp):
-            raise PhazeError(f"devices ({self.devices}) must be divisible by tp·pp = "
-                             f"{self.tp}·{self.pp} = {self.tp * self.pp}")
+            raise PhazeError(
+                f"devices ({self.devices}) must be divisible by tp·pp = "
+                f"{self.tp}·{self.pp} = {self.tp * self.pp}"
+            )
         if self.global_batch % (self.microbatch * self.dp):
             raise PhazeError(
                 f"global batch ({self.global_batch}) must be divisible by microbatch·dp = "
-                f"{self.microbatch}·{self.dp} = {self.microbatch * self.dp}")
+                f"{self.microbatch}·{self.dp} = {self.microbatch * self.dp}"
+            )
         if self.sequence_parallel and self.tp == 1:
             raise PhazeError("sequence parallelism needs tensor parallelism (tp > 1)")
-        self.schedule  # validates interleaving against the microbatch count
+        _ = self.schedule  # validates interleaving against the microbatch count
 
     @property
     def dp(self) -> int:

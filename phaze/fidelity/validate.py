@@ -6,6 +6,7 @@ The published iteration time is F / (gpus × achieved FLOP/s), with F from their
 F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)). We predict the iteration time with ``evaluate`` on
 the ``a100-80gb`` preset and compare. Nothing in the model is fitted to these rows.
 """
+
 from __future__ import annotations
 
 import csv
@@ -18,9 +19,20 @@ REFERENCE = Path(__file__).resolve().parent / "data" / "megatron_narayanan2021_t
 SEQ = 2048
 VOCAB = 51200
 PRESET = "a100-80gb"
-REQUIRED = ("params_billion", "attention_heads", "hidden_size", "layers", "tensor_parallel",
-            "pipeline_parallel", "gpus", "global_batch", "microbatch", "interleave", "ddp",
-            "achieved_tflops_per_gpu")
+REQUIRED = (
+    "params_billion",
+    "attention_heads",
+    "hidden_size",
+    "layers",
+    "tensor_parallel",
+    "pipeline_parallel",
+    "gpus",
+    "global_batch",
+    "microbatch",
+    "interleave",
+    "ddp",
+    "achieved_tflops_per_gpu",
+)
 
 
 def read_reference(path: Path | str = REFERENCE) -> list[dict]:
@@ -37,8 +49,11 @@ def read_reference(path: Path | str = REFERENCE) -> list[dict]:
     out = []
     for i, r in enumerate(rows, 1):
         try:
-            row = {k: int(r[k]) for k in REQUIRED if k not in ("params_billion", "ddp",
-                                                               "achieved_tflops_per_gpu")}
+            row = {
+                k: int(r[k])
+                for k in REQUIRED
+                if k not in ("params_billion", "ddp", "achieved_tflops_per_gpu")
+            }
             row["params_billion"] = float(r["params_billion"])
             row["achieved_tflops_per_gpu"] = float(r["achieved_tflops_per_gpu"])
         except ValueError as exc:
@@ -52,22 +67,36 @@ def read_reference(path: Path | str = REFERENCE) -> list[dict]:
 
 def eq3_flops(global_batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
     """Narayanan et al. 2021, Eq. (3): FLOPs per iteration, recomputation pass included."""
-    return 96.0 * global_batch * seq * layers * hidden**2 * (
-        1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
+    return (
+        96.0
+        * global_batch
+        * seq
+        * layers
+        * hidden**2
+        * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
+    )
 
 
 def gpt_spec(row: dict):
     from phaze.trace.models import ModelSpec
 
     h, a, l = row["hidden_size"], row["attention_heads"], row["layers"]
-    kwargs = dict(n_layer=l, n_embd=h, n_head=a, n_inner=4 * h, vocab_size=VOCAB,
-                  n_positions=SEQ)
-    return ModelSpec(f"gpt-{row['params_billion']:g}b", "gpt2", l, h, a, 4 * h, VOCAB, SEQ, a,
-                     kwargs)
+    kwargs = {
+        "n_layer": l,
+        "n_embd": h,
+        "n_head": a,
+        "n_inner": 4 * h,
+        "vocab_size": VOCAB,
+        "n_positions": SEQ,
+    }
+    return ModelSpec(
+        f"gpt-{row['params_billion']:g}b", "gpt2", l, h, a, 4 * h, VOCAB, SEQ, a, kwargs
+    )
 
 
 def spearman(x: list[float], y: list[float]) -> float:
     """Spearman's rank correlation (average ranks for ties)."""
+
     def ranks(v):
         order = sorted(range(len(v)), key=lambda i: v[i])
         r = [0.0] * len(v)
@@ -80,6 +109,7 @@ def spearman(x: list[float], y: list[float]) -> float:
                 r[order[k]] = (i + j) / 2 + 1
             i = j + 1
         return r
+
     rx, ry = ranks(x), ranks(y)
     mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
     cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
@@ -99,43 +129,67 @@ def validate(config: dict, reference: Path | str = REFERENCE) -> dict:
     rows = []
     for ref in read_reference(reference):
         spec = gpt_spec(ref)
-        strategy = Strategy(devices=ref["gpus"], tp=ref["tensor_parallel"],
-                            pp=ref["pipeline_parallel"], microbatch=ref["microbatch"],
-                            global_batch=ref["global_batch"], interleave=ref["interleave"],
-                            recompute="full", sequence_parallel=False,
-                            ddp="overlap" if ref["ddp"] == "torch" else "after")
-        result = evaluate_strategy(spec, strategy, preset, seq=SEQ, costmodel=config["costmodel"],
-                                   fidelity=config["fidelity"])
+        strategy = Strategy(
+            devices=ref["gpus"],
+            tp=ref["tensor_parallel"],
+            pp=ref["pipeline_parallel"],
+            microbatch=ref["microbatch"],
+            global_batch=ref["global_batch"],
+            interleave=ref["interleave"],
+            recompute="full",
+            sequence_parallel=False,
+            ddp="overlap" if ref["ddp"] == "torch" else "after",
+        )
+        result = evaluate_strategy(
+            spec,
+            strategy,
+            preset,
+            seq=SEQ,
+            costmodel=config["costmodel"],
+            fidelity=config["fidelity"],
+        )
         flops = eq3_flops(ref["global_batch"], SEQ, ref["layers"], ref["hidden_size"], VOCAB)
         published_s = flops / (ref["gpus"] * ref["achieved_tflops_per_gpu"] * 1e12)
         predicted_s = result["iteration_time_s"]
-        rows.append({
-            "params_billion": ref["params_billion"], "tp": ref["tensor_parallel"],
-            "pp": ref["pipeline_parallel"], "dp": strategy.dp, "gpus": ref["gpus"],
-            "microbatch": ref["microbatch"], "interleave": ref["interleave"], "ddp": ref["ddp"],
-            "published_time_s": published_s, "predicted_time_s": predicted_s,
-            "error": predicted_s / published_s - 1.0,
-            "published_tflops_per_gpu": ref["achieved_tflops_per_gpu"],
-            "predicted_tflops_per_gpu": flops / (ref["gpus"] * predicted_s) / 1e12,
-            "breakdown": result["breakdown"],
-            "peak_memory_bytes": result["peak_memory_bytes"],
-            "fits_memory": result["fits_memory"],
-        })
+        rows.append(
+            {
+                "params_billion": ref["params_billion"],
+                "tp": ref["tensor_parallel"],
+                "pp": ref["pipeline_parallel"],
+                "dp": strategy.dp,
+                "gpus": ref["gpus"],
+                "microbatch": ref["microbatch"],
+                "interleave": ref["interleave"],
+                "ddp": ref["ddp"],
+                "published_time_s": published_s,
+                "predicted_time_s": predicted_s,
+                "error": predicted_s / published_s - 1.0,
+                "published_tflops_per_gpu": ref["achieved_tflops_per_gpu"],
+                "predicted_tflops_per_gpu": flops / (ref["gpus"] * predicted_s) / 1e12,
+                "breakdown": result["breakdown"],
+                "peak_memory_bytes": result["peak_memory_bytes"],
+                "fits_memory": result["fits_memory"],
+            }
+        )
     errors = [abs(r["error"]) for r in rows]
     return {
         "preset": PRESET,
         "rows": rows,
         "mean_abs_error": sum(errors) / len(errors),
         "max_abs_error": max(errors),
-        "spearman": spearman([r["predicted_tflops_per_gpu"] for r in rows],
-                             [r["published_tflops_per_gpu"] for r in rows]),
+        "spearman": spearman(
+            [r["predicted_tflops_per_gpu"] for r in rows],
+            [r["published_tflops_per_gpu"] for r in rows],
+        ),
     }
 
 
 def format_table(report: dict) -> str:
-    head = (f"{'model':>7} {'t':>2} {'p':>3} {'d':>3} {'gpus':>5} {'b':>3} {'V':>2} {'ddp':>5} "
-            f"{'published_s':>11} {'predicted_s':>11} {'error':>7} {'pub_TF':>6} {'pred_TF':>7}  "
-            f"largest non-compute terms (s)")
+    head = (
+        f"{'model':>7} {'t':>2} {'p':>3} {'d':>3} {'gpus':>5} {'b':>3} {'V':>2} {'ddp':>5} "
+        f"{'published_s':>11} {'predicted_s':>11} {'error':>7} {'pub_TF':>6} {'pred_TF':>7}  "
+        f"largest non-compute terms (s)"
+    )
     lines = [head]
     for r in report["rows"]:
         bd = {k: v for k, v in r["breakdown"].items() if k not in ("compute_s", "recompute_s")}
@@ -146,8 +200,11 @@ def format_table(report: dict) -> str:
             f"{r['microbatch']:>3} {r['interleave']:>2} {r['ddp']:>5} "
             f"{r['published_time_s']:>11.3f} {r['predicted_time_s']:>11.3f} "
             f"{r['error'] * 100:>+6.1f}% {r['published_tflops_per_gpu']:>6.0f} "
-            f"{r['predicted_tflops_per_gpu']:>7.1f}  {terms}")
-    lines.append(f"mean |error| {report['mean_abs_error'] * 100:.1f} %   max |error| "
-                 f"{report['max_abs_error'] * 100:.1f} %   Spearman (TFLOP/s per GPU) "
-                 f"{report['spearman']:.2f}")
+            f"{r['predicted_tflops_per_gpu']:>7.1f}  {terms}"
+        )
+    lines.append(
+        f"mean |error| {report['mean_abs_error'] * 100:.1f} %   max |error| "
+        f"{report['max_abs_error'] * 100:.1f} %   Spearman (TFLOP/s per GPU) "
+        f"{report['spearman']:.2f}"
+    )
     return "\n".join(lines)

@@ -3,14 +3,15 @@
 A crash or an interrupt therefore never leaves a half-written file under the final name, which
 Snakemake (or a later stage) would take for done.
 """
+
 from __future__ import annotations
 
 import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 @contextlib.contextmanager
@@ -42,7 +43,9 @@ def write_text_atomic(target: str | os.PathLike, text: str) -> None:
 
 
 def write_json_atomic(target: str | os.PathLike, obj) -> None:
-    write_text_atomic(target, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+    write_text_atomic(
+        target, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n"
+    )
 
 
 def _json_default(obj):

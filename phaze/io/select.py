@@ -3,6 +3,7 @@
 Chunks are how the workflow splits per-architecture work into Snakemake jobs. A chunk table
 (columns ``arch``, ``chunk``) is written by the workflow; ``--chunk N`` selects its rows.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -12,9 +12,20 @@ Public API:
   ``AllReduce(mode="max", ..., network=...)`` and the same ``solve``/``evaluate`` cost pipeline
   transfers and all-reduces on the level they cross (Megatron's rank layout).
 """
+
 from phaze.place.dp import AllReduce, Placement, data_parallel_degrees, evaluate, solve, solve_width
 from phaze.place.graph import LayerGraph, StageRule, chain_graph
 from phaze.place.network import PlaceNetwork
 
-__all__ = ["AllReduce", "LayerGraph", "Placement", "PlaceNetwork", "StageRule", "chain_graph",
-           "data_parallel_degrees", "evaluate", "solve", "solve_width"]
+__all__ = [
+    "AllReduce",
+    "LayerGraph",
+    "PlaceNetwork",
+    "Placement",
+    "StageRule",
+    "chain_graph",
+    "data_parallel_degrees",
+    "evaluate",
+    "solve",
+    "solve_width",
+]

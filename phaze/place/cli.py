@@ -12,6 +12,7 @@ The network: one flat link (config ``costmodel``) unless the architecture's pres
 ``network:`` section or config ``place.network`` is set (phaze/place/network.py); ``--instance``
 is always flat, as upstream.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,25 +24,42 @@ from phaze.errors import PhazeError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instance", help="solve an upstream-format placement instance (JSON)")
     parser.add_argument("--model", help="model name (recorded in the output)")
-    parser.add_argument("--tmp", type=int, nargs="+", help="tensor-parallel widths, one per trace dir")
-    parser.add_argument("--trace-dirs", nargs="+", help="trace output dir per t (holds layers.parquet)")
-    parser.add_argument("--schedules", nargs="+",
-                        help="schedule table(s) per t; comma-join several chunk files of one t")
+    parser.add_argument(
+        "--tmp", type=int, nargs="+", help="tensor-parallel widths, one per trace dir"
+    )
+    parser.add_argument(
+        "--trace-dirs", nargs="+", help="trace output dir per t (holds layers.parquet)"
+    )
+    parser.add_argument(
+        "--schedules",
+        nargs="+",
+        help="schedule table(s) per t; comma-join several chunk files of one t",
+    )
     parser.add_argument("--space", help="architecture space (space.parquet)")
-    parser.add_argument("--archs", help="comma-separated arch ids to place (default: all scheduled)")
+    parser.add_argument(
+        "--archs", help="comma-separated arch ids to place (default: all scheduled)"
+    )
     parser.add_argument("--hbm-gib", type=float, help="HBM capacity per device, GiB")
     parser.add_argument("--microbatch", type=int, help="microbatch size (sequences)")
     parser.add_argument("--recompute", choices=["on", "off"], help="activation recomputation")
-    parser.add_argument("--latency-column", default="makespan_s",
-                        choices=["makespan_s", "lower_bound_s"],
-                        help="schedule column used as layer latency (lower_bound_s gives a "
-                             "throughput upper bound)")
-    parser.add_argument("--devices", type=int, nargs="+",
-                        help="cluster sizes (default: config place.devices)")
+    parser.add_argument(
+        "--latency-column",
+        default="makespan_s",
+        choices=["makespan_s", "lower_bound_s"],
+        help="schedule column used as layer latency (lower_bound_s gives a throughput upper bound)",
+    )
+    parser.add_argument(
+        "--devices", type=int, nargs="+", help="cluster sizes (default: config place.devices)"
+    )
     parser.add_argument("--config", help="config file (YAML or the workflow's JSON snapshot)")
-    parser.add_argument("--export-instance", metavar="FILE",
-                        help="write upstream's instance JSON for one architecture instead of solving")
-    parser.add_argument("--out", help="output: place.parquet (tables mode) or result JSON (--instance)")
+    parser.add_argument(
+        "--export-instance",
+        metavar="FILE",
+        help="write upstream's instance JSON for one architecture instead of solving",
+    )
+    parser.add_argument(
+        "--out", help="output: place.parquet (tables mode) or result JSON (--instance)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,13 +92,24 @@ def _run_tables(args) -> int:
     from phaze.io import read_table, write_json_atomic, write_table
     from phaze.place.tables import PlaceSettings, export_instance, place_architectures
 
-    _require(args, "model", "tmp", "trace_dirs", "schedules", "space", "hbm_gib", "microbatch",
-             "recompute")
+    _require(
+        args,
+        "model",
+        "tmp",
+        "trace_dirs",
+        "schedules",
+        "space",
+        "hbm_gib",
+        "microbatch",
+        "recompute",
+    )
     if not args.out and not args.export_instance:
         raise PhazeError("give --out (placement table) or --export-instance FILE")
     if len(args.tmp) != len(args.trace_dirs) or len(args.tmp) != len(args.schedules):
-        raise PhazeError(f"--tmp ({len(args.tmp)}), --trace-dirs ({len(args.trace_dirs)}) and "
-                         f"--schedules ({len(args.schedules)}) need one entry per t")
+        raise PhazeError(
+            f"--tmp ({len(args.tmp)}), --trace-dirs ({len(args.trace_dirs)}) and "
+            f"--schedules ({len(args.schedules)}) need one entry per t"
+        )
     if len(set(args.tmp)) != len(args.tmp):
         raise PhazeError(f"--tmp lists a width twice: {args.tmp}")
     if args.hbm_gib <= 0 or args.microbatch < 1:
@@ -91,14 +120,20 @@ def _run_tables(args) -> int:
     pc = config.get("place") or {}
     expert = (pc.get("expert") or {}).get(args.model)
     settings = PlaceSettings(
-        model=args.model, hbm_bytes=int(round(args.hbm_gib * 2**30)), microbatch=args.microbatch,
-        recompute=args.recompute == "on", global_batch=int(pc.get("global_batch", 4096)),
-        optimizer=pc.get("optimizer", "adam"), bytes_per_element=int(pc.get("bytes_per_element", 2)),
+        model=args.model,
+        hbm_bytes=round(args.hbm_gib * 2**30),
+        microbatch=args.microbatch,
+        recompute=args.recompute == "on",
+        global_batch=int(pc.get("global_batch", 4096)),
+        optimizer=pc.get("optimizer", "adam"),
+        bytes_per_element=int(pc.get("bytes_per_element", 2)),
         dp_must_divide_batch=bool(pc.get("dp_must_divide_batch", False)),
         dp_must_divide_devices=bool(pc.get("dp_must_divide_devices", False)),
-        expert=expert, network=pc.get("network"),
+        expert=expert,
+        network=pc.get("network"),
         preset_networks=bool(pc.get("preset_networks", True)),
-        scatter_gather=bool(pc.get("scatter_gather", True)))
+        scatter_gather=bool(pc.get("scatter_gather", True)),
+    )
     devices_list = args.devices or list(pc.get("devices", [1024]))
     if any(d < 1 for d in devices_list):
         raise PhazeError(f"cluster sizes must be >= 1, got {devices_list}")
@@ -125,22 +160,42 @@ def _run_tables(args) -> int:
     costmodel = config.get("costmodel") or {}
 
     if args.export_instance:
-        archs = sorted(set(space["arch"]) & set.intersection(*[set(df["arch"]) for df in schedules_by_t.values()]))
+        archs = sorted(
+            set(space["arch"])
+            & set.intersection(*[set(df["arch"]) for df in schedules_by_t.values()])
+        )
         if len(archs) != 1:
-            raise PhazeError(f"--export-instance needs exactly one scheduled architecture "
-                             f"(use --archs ID); found {len(archs)}")
+            raise PhazeError(
+                f"--export-instance needs exactly one scheduled architecture "
+                f"(use --archs ID); found {len(archs)}"
+            )
         row = space[space["arch"] == archs[0]].iloc[0]
-        preset = row["preset"] if "preset" in row.index and isinstance(row["preset"], str) and row["preset"] else None
-        inst = export_instance(settings, layers_by_t, schedules_by_t, archs[0], costmodel, preset,
-                               devices_list[0], args.latency_column)
+        preset = (
+            row["preset"]
+            if "preset" in row.index and isinstance(row["preset"], str) and row["preset"]
+            else None
+        )
+        inst = export_instance(
+            settings,
+            layers_by_t,
+            schedules_by_t,
+            archs[0],
+            costmodel,
+            preset,
+            devices_list[0],
+            args.latency_column,
+        )
         write_json_atomic(args.export_instance, inst)
-        print(f"wrote {args.export_instance} (arch {archs[0]}, t in {sorted(layers_by_t)})",
-              file=sys.stderr)
+        print(
+            f"wrote {args.export_instance} (arch {archs[0]}, t in {sorted(layers_by_t)})",
+            file=sys.stderr,
+        )
         if not args.out:
             return 0
 
-    df = place_architectures(settings, layers_by_t, schedules_by_t, space, costmodel,
-                             devices_list, args.latency_column)
+    df = place_architectures(
+        settings, layers_by_t, schedules_by_t, space, costmodel, devices_list, args.latency_column
+    )
     if df.empty:
         raise PhazeError("no architecture is scheduled for every t in the given schedule files")
     write_table(df, args.out, "place")

@@ -27,11 +27,12 @@ are priced on the level each boundary crosses, which depends on the stage's posi
 all d with ``t·d ≥ devices_per_node`` (every boundary crosses nodes) and once per smaller d with
 that d's per-position loads. The all-reduce stays a function of (d, stages, largest stage).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 import numpy as np
 
@@ -64,10 +65,12 @@ class AllReduce:
 
     def __post_init__(self):
         if self.network is not None and self.mode != "max":
-            raise PhazeError("a hierarchical network needs the all-reduce mode 'max' (ours); "
-                             "upstream's mode 'first' is flat by definition")
+            raise PhazeError(
+                "a hierarchical network needs the all-reduce mode 'max' (ours); "
+                "upstream's mode 'first' is flat by definition"
+            )
 
-    def for_width(self, t: int) -> "AllReduce":
+    def for_width(self, t: int) -> AllReduce:
         return self if t == self.t else replace(self, t=int(t))
 
     def __call__(self, d: np.ndarray, params: np.ndarray, stages=None) -> np.ndarray:
@@ -83,15 +86,16 @@ class AllReduce:
         p = np.asarray(params, dtype=float)[None, :]
         if self.mode == "first":
             return 4.0 * (d - 1) * p / self.bandwidth / d
-        return (2.0 * (d - 1) / d * self.grad_factor * p / self.bandwidth
-                + 2.0 * (d - 1) * self.latency)
+        return (
+            2.0 * (d - 1) / d * self.grad_factor * p / self.bandwidth + 2.0 * (d - 1) * self.latency
+        )
 
 
 @dataclass
 class Placement:
     t: int
     d: int
-    stages: list                 # layer positions of each stage, first stage first
+    stages: list  # layer positions of each stage, first stage first
     devices_per_stage: list
     time_per_batch: float
     max_load: float
@@ -110,7 +114,9 @@ class Placement:
         return int(sum(self.devices_per_stage)) * self.d
 
 
-def data_parallel_degrees(devices: int, microbatches: int, divide_batch: bool, divide_devices: bool):
+def data_parallel_degrees(
+    devices: int, microbatches: int, divide_batch: bool, divide_devices: bool
+):
     d = np.arange(1, min(devices, microbatches) + 1)
     if divide_batch:
         d = d[microbatches % d == 0]
@@ -122,9 +128,19 @@ def data_parallel_degrees(devices: int, microbatches: int, divide_batch: bool, d
 class _WidthDP:
     """DP tables for one t (and one parameter cap π)."""
 
-    def __init__(self, table: StageTable, t: int, recompute: bool, bound_s: int,
-                 allowed: np.ndarray, n_tp_layers: int, n_layers: int, track_path: bool = False,
-                 pos_loads: np.ndarray | None = None, uniform_width: bool = False):
+    def __init__(
+        self,
+        table: StageTable,
+        t: int,
+        recompute: bool,
+        bound_s: int,
+        allowed: np.ndarray,
+        n_tp_layers: int,
+        n_layers: int,
+        track_path: bool = False,
+        pos_loads: np.ndarray | None = None,
+        uniform_width: bool = False,
+    ):
         self.table, self.t, self.recompute, self.S = table, t, recompute, bound_s
         self.allowed = allowed
         # pos_loads (pairs, S): the load of each stage at positions 1..S when transfer costs
@@ -135,7 +151,9 @@ class _WidthDP:
             n_tp_layers = n_layers
         # track_path: remember each state's argmin pair and the largest stage parameters along
         # that path (our all-reduce needs the concrete solution's largest stage)
-        self.a = (np.full(len(table.tp), t) if uniform_width else np.where(table.tp, t, 1)).astype(np.int64)
+        self.a = (np.full(len(table.tp), t) if uniform_width else np.where(table.tp, t, 1)).astype(
+            np.int64
+        )
         n_plain = n_layers - n_tp_layers
         if t == 1 or n_tp_layers == 0 or n_plain == 0:
             self.C = 0
@@ -174,7 +192,9 @@ class _WidthDP:
         if self.pos_loads is not None:
             return float(self.pos_loads[k, position - 1])
         tb = self.table
-        return float(tb.load_recompute[k] if (self.recompute and position > 1) else tb.load_plain[k])
+        return float(
+            tb.load_recompute[k] if (self.recompute and position > 1) else tb.load_plain[k]
+        )
 
     def _pairs(self, q: int) -> np.ndarray:
         k = np.arange(self.table.offsets[q], self.table.offsets[q + 1])
@@ -243,7 +263,9 @@ class _WidthDP:
             m[a > K] = INF
             if not with_params:
                 return m
-            rest_p = np.take_along_axis(self.path_params[self.table.sub[k], : self.S, :], c, 2)[..., 0]
+            rest_p = np.take_along_axis(self.path_params[self.table.sub[k], : self.S, :], c, 2)[
+                ..., 0
+            ]
             return m, np.maximum(rest_p, self.table.params[k][:, None]), c[..., 0]
 
         return k, a, max_load
@@ -307,7 +329,7 @@ def _final_round(w: _WidthDP, d_values, devices, microbatches, allreduce: AllRed
     K) with upstream's preference on ties: smaller d, then shorter first stage, then fewer stages."""
     if len(d_values) == 0:
         return None
-    k, a, max_load = w.first_stage_loads()
+    k, _a, max_load = w.first_stage_loads()
     if len(k) == 0:
         return None
     params = w.table.params[k]
@@ -325,8 +347,15 @@ def _final_round(w: _WidthDP, d_values, devices, microbatches, allreduce: AllRed
     return best
 
 
-def _final_round_max(w: _WidthDP, d_values, devices, microbatches, allreduce: AllReduce,
-                     params_floor: np.ndarray, incumbent: float):
+def _final_round_max(
+    w: _WidthDP,
+    d_values,
+    devices,
+    microbatches,
+    allreduce: AllReduce,
+    params_floor: np.ndarray,
+    incumbent: float,
+):
     """Our objective (largest stage synchronised) at the current parameter cap.
 
     For every (d, s) the DP gives the optimal max load L and a concrete solution with largest
@@ -336,7 +365,7 @@ def _final_round_max(w: _WidthDP, d_values, devices, microbatches, allreduce: Al
     A solution better than the best must, for its (d, s), have a largest stage < that (d, s)'s
     P (otherwise the concrete solution is at least as good), so caps in [limit, current) change
     nothing and the next cap is the largest candidate below `limit`."""
-    k, a, max_load = w.first_stage_loads()
+    k, _a, max_load = w.first_stage_loads()
     if len(k) == 0 or len(d_values) == 0:
         return None, -INF
     best = None
@@ -350,8 +379,11 @@ def _final_round_max(w: _WidthDP, d_values, devices, microbatches, allreduce: Al
             continue
         steps = (mp[:, None] + w.svec[None, :] - 1).astype(float)
         finite = np.isfinite(mmin)
-        total = np.where(finite[None, :], mmin[None, :] * steps
-                         + allreduce(ds, np.where(finite, pbest, 0.0), w.svec), INF)
+        total = np.where(
+            finite[None, :],
+            mmin[None, :] * steps + allreduce(ds, np.where(finite, pbest, 0.0), w.svec),
+            INF,
+        )
         di, si = np.unravel_index(int(np.argmin(total)), total.shape)
         value = float(total[di, si])
         if math.isfinite(value) and (best is None or value < best[0]):
@@ -360,8 +392,9 @@ def _final_round_max(w: _WidthDP, d_values, devices, microbatches, allreduce: Al
     bound = min(incumbent, best[0] if best else INF)
     limit = -INF
     for ds, steps, mmin, pbest, finite in groups:
-        lower = np.where(finite[None, :], mmin[None, :] * steps
-                         + allreduce(ds, params_floor, w.svec), INF)
+        lower = np.where(
+            finite[None, :], mmin[None, :] * steps + allreduce(ds, params_floor, w.svec), INF
+        )
         alive = (lower < bound) & finite[None, :]
         if alive.any():
             limit = max(limit, float(np.max(np.where(alive, pbest[None, :], -INF))))
@@ -382,8 +415,16 @@ def min_max_stage_params(table: StageTable, bound_s: int) -> np.ndarray:
     return dp[table.full, 1:]
 
 
-def evaluate(g: LayerGraph, rule: StageRule, t: int, stages: list, d: int, devices: int,
-             microbatches: int, allreduce: AllReduce) -> tuple[Placement | None, str]:
+def evaluate(
+    g: LayerGraph,
+    rule: StageRule,
+    t: int,
+    stages: list,
+    d: int,
+    devices: int,
+    microbatches: int,
+    allreduce: AllReduce,
+) -> tuple[Placement | None, str]:
     """Time and memory of a given placement by walking its stages (the reference the DP is
     checked against, also used for fixed expert placements). Returns (placement, '') or
     (None, reason)."""
@@ -401,7 +442,10 @@ def evaluate(g: LayerGraph, rule: StageRule, t: int, stages: list, d: int, devic
     if np.any(where[g.src] > where[g.dst]):
         return None, "stages are not contiguous (an edge goes backwards)"
     if d < 1 or d > min(devices, microbatches):
-        return None, f"data-parallel degree {d} outside 1..min(devices {devices}, microbatches {microbatches})"
+        return (
+            None,
+            f"data-parallel degree {d} outside 1..min(devices {devices}, microbatches {microbatches})",
+        )
     allreduce = allreduce.for_width(t)
     net = allreduce.network
     if net is None:
@@ -415,13 +459,19 @@ def evaluate(g: LayerGraph, rule: StageRule, t: int, stages: list, d: int, devic
             raise PhazeError("a hierarchical network is costed for layer chains only")
         # the level each boundary crosses depends on the stage positions (phaze.place.network)
         cls = net.boundary_classes(t, d, pp)
-        price = lambda c, k: float(net.transfer_times(np.array([c]), t)[k, 0])  # noqa: E731
+        price = lambda c, k: float(net.transfer_times(np.array([c]), t)[k, 0])
         costs = []
         for i, nodes in enumerate(stages):
             pos = pp - i
-            costs.append(stage_costs(g, rule, nodes,
-                                     transfer_in=lambda c, k=cls[pos]: price(c, k),
-                                     transfer_out=lambda c, k=cls[pos - 1]: price(c, k)))
+            costs.append(
+                stage_costs(
+                    g,
+                    rule,
+                    nodes,
+                    transfer_in=lambda c, k=cls[pos]: price(c, k),
+                    transfer_out=lambda c, k=cls[pos - 1]: price(c, k),
+                )
+            )
         a = [t] * pp  # Megatron's layout: every stage on t devices
     if sum(a) * d > devices:
         return None, f"needs {sum(a) * d} devices, more than the {devices} available"
@@ -431,8 +481,10 @@ def evaluate(g: LayerGraph, rule: StageRule, t: int, stages: list, d: int, devic
         mem = c[3] + (pos - 1) * c[4]
         mems.append(mem)
         if mem > rule.memory_capacity:
-            return None, (f"stage {i} needs {mem / 2**30:.2f} GiB per device, more than "
-                          f"{rule.memory_capacity / 2**30:.2f} GiB")
+            return None, (
+                f"stage {i} needs {mem / 2**30:.2f} GiB per device, more than "
+                f"{rule.memory_capacity / 2**30:.2f} GiB"
+            )
         loads.append(c[1] if (rule.recompute and pos > 1) else c[0])
     params = [c[2] for c in costs]
     mp = -(-microbatches // d)
@@ -440,25 +492,35 @@ def evaluate(g: LayerGraph, rule: StageRule, t: int, stages: list, d: int, devic
     max_load = max(loads)
     sync_s = float(allreduce(np.array([d]), np.array([p_sync]), [pp])[0, 0])
     time = max_load * (mp + pp - 1) + sync_s
-    return Placement(t=t, d=d, stages=[s.tolist() for s in stages], devices_per_stage=a,
-                     time_per_batch=time, max_load=max_load, stage_loads=loads, stage_mem=mems,
-                     stage_params=params, microbatches_per_pipeline=mp,
-                     extra={"allreduce_s": sync_s}), ""
+    return Placement(
+        t=t,
+        d=d,
+        stages=[s.tolist() for s in stages],
+        devices_per_stage=a,
+        time_per_batch=time,
+        max_load=max_load,
+        stage_loads=loads,
+        stage_mem=mems,
+        stage_params=params,
+        microbatches_per_pipeline=mp,
+        extra={"allreduce_s": sync_s},
+    ), ""
 
 
-def position_loads(table: StageTable, net: PlaceNetwork, t: int, classes: np.ndarray,
-                   bound_s: int, recompute: bool) -> np.ndarray:
+def position_loads(
+    table: StageTable, net: PlaceNetwork, t: int, classes: np.ndarray, bound_s: int, recompute: bool
+) -> np.ndarray:
     """(pairs, S) load of every chain stage at positions 1..S when boundary s (between the
     stages at positions s+1 and s) is of class classes[s] (phaze.place.network)."""
     if table.edge_in_bytes is None:
         raise PhazeError("a hierarchical network is costed for layer chains only")
     n = len(table.edge_in_bytes) - 1
-    times = net.transfer_times(table.edge_in_bytes, t)   # (3, n+1): into layer i
-    times[:, 0] = 0.0   # nothing enters the first layer ...
-    times[:, n] = 0.0   # ... and no gradient comes back after the last
+    times = net.transfer_times(table.edge_in_bytes, t)  # (3, n+1): into layer i
+    times[:, 0] = 0.0  # nothing enters the first layer ...
+    times[:, n] = 0.0  # ... and no gradient comes back after the last
     i, j = table.first_layer, table.end_layer
-    t_in = times[classes[1:bound_s + 1]][:, i].T   # activation from the stage in front
-    t_out = times[classes[:bound_s]][:, j].T       # gradient from the stage behind
+    t_in = times[classes[1 : bound_s + 1]][:, i].T  # activation from the stage in front
+    t_out = times[classes[:bound_s]][:, j].T  # gradient from the stage behind
     f, b = table.sum_fw[:, None], table.sum_bw[:, None]
     load = t_in + f + t_out + b
     if recompute and bound_s > 1:
@@ -483,8 +545,9 @@ def _regimes(net: PlaceNetwork | None, t: int, d_values: np.ndarray, bound_s: in
     return out
 
 
-def _regime_lower_bound(g: LayerGraph, ds: np.ndarray, t: int, devices: int, microbatches: int,
-                        bound_s: int) -> float:
+def _regime_lower_bound(
+    g: LayerGraph, ds: np.ndarray, t: int, devices: int, microbatches: int, bound_s: int
+) -> float:
     """No placement with d in ds beats this: with S stages the largest load is at least the
     average, Σ(fw + bw)/S (transfers, recomputation and the all-reduce only add), so time ≥
     Σ(fw + bw) · (⌈M/d⌉ + S − 1)/S, smallest at the most stages that fit (t devices each)."""
@@ -499,9 +562,16 @@ def _regime_lower_bound(g: LayerGraph, ds: np.ndarray, t: int, devices: int, mic
     return best
 
 
-def solve_width(g: LayerGraph, rule: StageRule, t: int, devices: int, microbatches: int,
-                d_values: np.ndarray, allreduce: AllReduce,
-                table: StageTable | None = None) -> Placement | None:
+def solve_width(
+    g: LayerGraph,
+    rule: StageRule,
+    t: int,
+    devices: int,
+    microbatches: int,
+    d_values: np.ndarray,
+    allreduce: AllReduce,
+    table: StageTable | None = None,
+) -> Placement | None:
     """The optimal placement for one t, or None when nothing fits (or, on a hierarchical
     network, when t does not divide the devices per node)."""
     table = table if table is not None else build_stage_table(g, rule)
@@ -515,8 +585,18 @@ def solve_width(g: LayerGraph, rule: StageRule, t: int, devices: int, microbatch
         return None
 
     def dp_for(allowed, track_path=False, pos_loads=None):
-        return _WidthDP(table, t, rule.recompute, bound_s, allowed, n_tp, g.n, track_path,
-                        pos_loads=pos_loads, uniform_width=net is not None)
+        return _WidthDP(
+            table,
+            t,
+            rule.recompute,
+            bound_s,
+            allowed,
+            n_tp,
+            g.n,
+            track_path,
+            pos_loads=pos_loads,
+            uniform_width=net is not None,
+        )
 
     if allreduce.mode == "first":
         w = dp_for(np.ones(len(table.sub), dtype=bool))
@@ -525,30 +605,41 @@ def solve_width(g: LayerGraph, rule: StageRule, t: int, devices: int, microbatch
             return None
         _, d, k_first, s, K = found
         pairs = w.reconstruct(k_first, s, K)
-        return _placement_from_pairs(g, rule, t, table, pairs, d, devices, microbatches, allreduce, w)
+        return _placement_from_pairs(
+            g, rule, t, table, pairs, d, devices, microbatches, allreduce, w
+        )
 
     # mode max: exact over the largest stage's parameters by descending caps (see _final_round_max)
     caps = np.unique(table.params[table.max_position > 0])
     params_floor = min_max_stage_params(table, bound_s)
     best, best_time = None, INF
     for ds, classes in _regimes(net, t, np.asarray(d_values), bound_s):
-        if classes is not None and _regime_lower_bound(g, ds, t, devices, microbatches,
-                                                       bound_s) >= best_time:
+        if (
+            classes is not None
+            and _regime_lower_bound(g, ds, t, devices, microbatches, bound_s) >= best_time
+        ):
             continue
-        pos = (None if classes is None else
-               position_loads(table, net, t, classes, bound_s, rule.recompute))
+        pos = (
+            None
+            if classes is None
+            else position_loads(table, net, t, classes, bound_s, rule.recompute)
+        )
         cap_index = len(caps) - 1
         while cap_index >= 0:
             w = dp_for(table.params <= caps[cap_index], track_path=True, pos_loads=pos)
-            found, limit = _final_round_max(w, ds, devices, microbatches, allreduce,
-                                            params_floor, best_time)
+            found, limit = _final_round_max(
+                w, ds, devices, microbatches, allreduce, params_floor, best_time
+            )
             if found is not None and found[0] < best_time:
                 _, d, k_first, s, c_rest = found
                 pairs = w.reconstruct_path(k_first, s, c_rest)
-                best = _placement_from_pairs(g, rule, t, table, pairs, d, devices, microbatches,
-                                             allreduce, w)
+                best = _placement_from_pairs(
+                    g, rule, t, table, pairs, d, devices, microbatches, allreduce, w
+                )
                 if not math.isclose(best.time_per_batch, found[0], rel_tol=1e-9):
-                    raise PhazeError("internal error: placement DP path does not reproduce its value")
+                    raise PhazeError(
+                        "internal error: placement DP path does not reproduce its value"
+                    )
                 best_time = found[0]
             if found is None or not math.isfinite(limit):
                 break
@@ -571,15 +662,29 @@ def _placement_from_pairs(g, rule, t, table, pairs, d, devices, microbatches, al
     sync_s = float(allreduce(np.array([d]), np.array([p_sync]), [pp])[0, 0])
     time = max_load * (mp + pp - 1) + sync_s
     return Placement(
-        t=t, d=d, stages=[table.members(k).tolist() for k in pairs],
-        devices_per_stage=[int(w.a[k]) for k in pairs], time_per_batch=time, max_load=max_load,
-        stage_loads=loads, stage_mem=mems, stage_params=params, microbatches_per_pipeline=mp,
-        extra={"allreduce_s": sync_s})
+        t=t,
+        d=d,
+        stages=[table.members(k).tolist() for k in pairs],
+        devices_per_stage=[int(w.a[k]) for k in pairs],
+        time_per_batch=time,
+        max_load=max_load,
+        stage_loads=loads,
+        stage_mem=mems,
+        stage_params=params,
+        microbatches_per_pipeline=mp,
+        extra={"allreduce_s": sync_s},
+    )
 
 
-def solve(graphs: dict[int, LayerGraph], rule: StageRule, devices: int, microbatches: int,
-          d_values: np.ndarray, allreduce: AllReduce,
-          on_width: Callable[[int, Placement | None], None] | None = None) -> Placement | None:
+def solve(
+    graphs: dict[int, LayerGraph],
+    rule: StageRule,
+    devices: int,
+    microbatches: int,
+    d_values: np.ndarray,
+    allreduce: AllReduce,
+    on_width: Callable[[int, Placement | None], None] | None = None,
+) -> Placement | None:
     """Best placement over the tensor-parallel widths (ascending t; a tie keeps the smaller t)."""
     best = None
     for t in sorted(graphs):

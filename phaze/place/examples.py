@@ -7,11 +7,19 @@ Megatron-style activation bytes s h (34 + 5 a s / h) per block; tensor-parallel 
 parameters, FLOPs and activations by t. The numbers are plausible, not measured: the instance
 exists to time the solver on the paper's problem size.
 """
+
 from __future__ import annotations
 
 
-def gpt3_like_instance(widths=(4, 8), devices=1024, microbatches=4096, recompute=True,
-                       memory_gib=32.0, bandwidth_Bps=44.8e9, optimizer="Adam") -> dict:
+def gpt3_like_instance(
+    widths=(4, 8),
+    devices=1024,
+    microbatches=4096,
+    recompute=True,
+    memory_gib=32.0,
+    bandwidth_Bps=44.8e9,
+    optimizer="Adam",
+) -> dict:
     h, s, heads, vocab, blocks = 12288, 2048, 96, 50257, 96
     flops_per_s = 0.5 * 275e12
     block_params = 12 * h * h * 2.0
@@ -24,22 +32,55 @@ def gpt3_like_instance(widths=(4, 8), devices=1024, microbatches=4096, recompute
     for t in widths:
         tp = t > 1
         layer = []
-        layer.append(dict(id=0, parameterSize=emb_params, activationSize=boundary,
-                          optimalLatencyFw=s * h * 2.0 / 1.2e12, optimalLatencyBw=2 * s * h * 2.0 / 1.2e12,
-                          isTensorParallelized=False))
+        layer.append(
+            {
+                "id": 0,
+                "parameterSize": emb_params,
+                "activationSize": boundary,
+                "optimalLatencyFw": s * h * 2.0 / 1.2e12,
+                "optimalLatencyBw": 2 * s * h * 2.0 / 1.2e12,
+                "isTensorParallelized": False,
+            }
+        )
         for b in range(blocks):
             fw = block_fw_flops / t / flops_per_s
-            layer.append(dict(id=1 + b, parameterSize=block_params / t, activationSize=block_acts / t,
-                              optimalLatencyFw=fw, optimalLatencyBw=2 * fw, isTensorParallelized=tp))
+            layer.append(
+                {
+                    "id": 1 + b,
+                    "parameterSize": block_params / t,
+                    "activationSize": block_acts / t,
+                    "optimalLatencyFw": fw,
+                    "optimalLatencyBw": 2 * fw,
+                    "isTensorParallelized": tp,
+                }
+            )
         fw = head_fw_flops / flops_per_s
-        layer.append(dict(id=blocks + 1, parameterSize=emb_params, activationSize=s * vocab * 4.0,
-                          optimalLatencyFw=fw, optimalLatencyBw=2 * fw, isTensorParallelized=False))
+        layer.append(
+            {
+                "id": blocks + 1,
+                "parameterSize": emb_params,
+                "activationSize": s * vocab * 4.0,
+                "optimalLatencyFw": fw,
+                "optimalLatencyBw": 2 * fw,
+                "isTensorParallelized": False,
+            }
+        )
         nodes[str(t)] = layer
-        edges[str(t)] = [dict(sourceId=i, destId=i + 1, communicationCost=boundary)
-                         for i in range(blocks + 1)]
+        edges[str(t)] = [
+            {"sourceId": i, "destId": i + 1, "communicationCost": boundary}
+            for i in range(blocks + 1)
+        ]
     return {
-        "maxMemoryPerDevice": memory_gib * 2**30, "maxDevices": devices,
-        "bandwidth": bandwidth_Bps, "mbsInBatch": microbatches, "nodes": nodes, "edges": edges,
-        "activationRecomputation": recompute, "optimizerAlgorithm": optimizer,
-        "fixedPP": 32, "fixedTMPC": 4, "fixedDP": 8, "numTransformerLayers": blocks,
+        "maxMemoryPerDevice": memory_gib * 2**30,
+        "maxDevices": devices,
+        "bandwidth": bandwidth_Bps,
+        "mbsInBatch": microbatches,
+        "nodes": nodes,
+        "edges": edges,
+        "activationRecomputation": recompute,
+        "optimizerAlgorithm": optimizer,
+        "fixedPP": 32,
+        "fixedTMPC": 4,
+        "fixedDP": 8,
+        "numTransformerLayers": blocks,
     }

@@ -20,6 +20,7 @@ Stage rules (shared by our mode and upstream's ``--instance`` mode; parameters i
   ``param_state_factor · params + activations + (s − 1) · stash`` where stash is all activations
   without recompute and the stage's input boundary with it. `max_position` is the largest feasible s.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -37,12 +38,12 @@ class StageRule:
     """How a stage's time and memory are computed (units are whatever the caller uses
     consistently: seconds and bytes in our mode, the instance's own units in --instance mode)."""
 
-    bandwidth: float          # bytes per time unit of one accelerator link
-    latency: float            # per-transfer latency (0 in upstream's model)
+    bandwidth: float  # bytes per time unit of one accelerator link
+    latency: float  # per-transfer latency (0 in upstream's model)
     param_state_factor: float  # memory per parameter byte: weights + gradients + optimizer state
     recompute: bool
-    memory_capacity: float    # bytes per device
-    max_positions: int        # cap on the feasible position from the end (upstream: maxDevices)
+    memory_capacity: float  # bytes per device
+    max_positions: int  # cap on the feasible position from the end (upstream: maxDevices)
     strict_upstream: bool = False  # upstream fails on layers that are not connected in order
 
     def transfer(self, nbytes):
@@ -54,13 +55,13 @@ class LayerGraph:
     """Layers in a topological order (index = position) with per-layer costs for ONE tensor-
     parallel width t. `ids` are the caller's names for the layers (upstream node ids, layer names)."""
 
-    fw: np.ndarray            # forward latency per layer
-    bw: np.ndarray            # backward latency per layer
-    params: np.ndarray        # parameter bytes per device
-    acts: np.ndarray          # activation bytes kept for backward (one microbatch)
-    ext_stash: np.ndarray     # recompute stash of inputs that come from outside the graph
-    tp: np.ndarray            # bool: layer is tensor-parallel (stage needs t devices)
-    src: np.ndarray           # edges, in topological numbering
+    fw: np.ndarray  # forward latency per layer
+    bw: np.ndarray  # backward latency per layer
+    params: np.ndarray  # parameter bytes per device
+    acts: np.ndarray  # activation bytes kept for backward (one microbatch)
+    ext_stash: np.ndarray  # recompute stash of inputs that come from outside the graph
+    tp: np.ndarray  # bool: layer is tensor-parallel (stage needs t devices)
+    src: np.ndarray  # edges, in topological numbering
     dst: np.ndarray
     edge_bytes: np.ndarray
     ids: list = field(default_factory=list)
@@ -69,7 +70,9 @@ class LayerGraph:
         n = len(self.fw)
         for name in ("bw", "params", "acts", "ext_stash", "tp"):
             if len(getattr(self, name)) != n:
-                raise PhazeError(f"layer graph: {name} has {len(getattr(self, name))} entries, expected {n}")
+                raise PhazeError(
+                    f"layer graph: {name} has {len(getattr(self, name))} entries, expected {n}"
+                )
         if n == 0:
             raise PhazeError("layer graph has no layers")
         if np.any(self.src >= self.dst):
@@ -83,19 +86,28 @@ class LayerGraph:
 
     def is_chain(self) -> bool:
         n = self.n
-        return (len(self.src) == n - 1 and np.array_equal(np.sort(self.src), np.arange(n - 1))
-                and np.array_equal(self.dst[np.argsort(self.src)], np.arange(1, n)))
+        return (
+            len(self.src) == n - 1
+            and np.array_equal(np.sort(self.src), np.arange(n - 1))
+            and np.array_equal(self.dst[np.argsort(self.src)], np.arange(1, n))
+        )
 
 
 def chain_graph(fw, bw, params, acts, boundary_bytes, tp, ext_stash=None, ids=None) -> LayerGraph:
     """A chain: layer i feeds layer i+1 with boundary_bytes[i] (the last entry is unused)."""
     n = len(fw)
-    f = lambda x: np.asarray(x, dtype=float)  # noqa: E731
+    f = lambda x: np.asarray(x, dtype=float)
     return LayerGraph(
-        fw=f(fw), bw=f(bw), params=f(params), acts=f(acts),
+        fw=f(fw),
+        bw=f(bw),
+        params=f(params),
+        acts=f(acts),
         ext_stash=f(ext_stash) if ext_stash is not None else np.zeros(n),
-        tp=np.asarray(tp, dtype=bool), src=np.arange(n - 1), dst=np.arange(1, n),
-        edge_bytes=f(boundary_bytes)[: n - 1], ids=list(ids) if ids is not None else [],
+        tp=np.asarray(tp, dtype=bool),
+        src=np.arange(n - 1),
+        dst=np.arange(1, n),
+        edge_bytes=f(boundary_bytes)[: n - 1],
+        ids=list(ids) if ids is not None else [],
     )
 
 
@@ -110,14 +122,14 @@ class StageTable:
     order: np.ndarray
     offsets: np.ndarray
     sub: np.ndarray
-    load_plain: np.ndarray     # fw + bw (last stage, or no recompute)
+    load_plain: np.ndarray  # fw + bw (last stage, or no recompute)
     load_recompute: np.ndarray  # with forward recomputation (non-last stages)
-    tp: np.ndarray             # stage holds a tensor-parallel layer
-    max_position: np.ndarray   # largest memory-feasible position from the end (0 = none)
-    params: np.ndarray         # parameter bytes per device
-    const_mem: np.ndarray      # memory at position 1
-    stash: np.ndarray          # extra memory per further in-flight microbatch
-    members: object            # callable (pair index) -> array of layer positions
+    tp: np.ndarray  # stage holds a tensor-parallel layer
+    max_position: np.ndarray  # largest memory-feasible position from the end (0 = none)
+    params: np.ndarray  # parameter bytes per device
+    const_mem: np.ndarray  # memory at position 1
+    stash: np.ndarray  # extra memory per further in-flight microbatch
+    members: object  # callable (pair index) -> array of layer positions
     # chain tables only (None otherwise): the stage's layer range i..j-1, Σ fw, Σ bw and the
     # bytes entering each layer from its predecessor (edge_in[0] = 0), so that transfer costs
     # can be re-priced per network level (phaze.place.network)
@@ -151,10 +163,10 @@ def build_chain_table(g: LayerGraph, rule: StageRule) -> StageTable:
     Downset q is the suffix of the last q layers; its sub-downsets are listed largest first
     (shortest stage first), which is the order upstream's enumeration visits them."""
     n = g.n
-    cum = lambda x: np.concatenate(([0.0], np.cumsum(x)))  # noqa: E731
+    cum = lambda x: np.concatenate(([0.0], np.cumsum(x)))
     F, B, P, A, X = cum(g.fw), cum(g.bw), cum(g.params), cum(g.acts), cum(g.ext_stash)
     T = np.concatenate(([0], np.cumsum(g.tp.astype(np.int64))))
-    eb = np.zeros(n + 1)       # eb[i] = bytes entering layer i from layer i-1 (0 for i = 0, n)
+    eb = np.zeros(n + 1)  # eb[i] = bytes entering layer i from layer i-1 (0 for i = 0, n)
     eb[g.src + 1] = g.edge_bytes  # edges may come in any order
     t_in = np.where(np.arange(n + 1) > 0, rule.transfer(eb), 0.0)
     t_in[0] = 0.0
@@ -182,12 +194,24 @@ def build_chain_table(g: LayerGraph, rule: StageRule) -> StageTable:
         stash = acts
     offsets = np.concatenate(([0], np.cumsum(np.arange(0, n + 1))))
     return StageTable(
-        n_downsets=n + 1, full=n, order=np.arange(1, n + 1), offsets=offsets, sub=n - j,
-        load_plain=load_plain, load_recompute=load_rc, tp=(T[j] - T[i]) > 0,
+        n_downsets=n + 1,
+        full=n,
+        order=np.arange(1, n + 1),
+        offsets=offsets,
+        sub=n - j,
+        load_plain=load_plain,
+        load_recompute=load_rc,
+        tp=(T[j] - T[i]) > 0,
         max_position=_max_position(const, stash, rule.memory_capacity, rule.max_positions),
-        params=params, const_mem=const, stash=stash,
+        params=params,
+        const_mem=const,
+        stash=stash,
         members=lambda k, i=i, j=j: np.arange(i[k], j[k]),
-        first_layer=i, end_layer=j, sum_fw=sum_fw, sum_bw=sum_bw, edge_in_bytes=eb,
+        first_layer=i,
+        end_layer=j,
+        sum_fw=sum_fw,
+        sum_bw=sum_bw,
+        edge_in_bytes=eb,
     )
 
 
@@ -215,7 +239,8 @@ def _enumerate_downsets(g: LayerGraph):
                     if len(masks) > MAX_DOWNSETS:
                         raise PhazeError(
                             f"the layer graph has more than {MAX_DOWNSETS} downsets; "
-                            "its pipeline partitions cannot be enumerated")
+                            "its pipeline partitions cannot be enumerated"
+                        )
                     immediate[ids[new]].append(my_id)
                     stack.append((mask, my_id, v + 1))  # resume here after the child
                     stack.append((new, ids[new], 0))
@@ -239,8 +264,9 @@ def _closure_order(immediate, q):
     return out
 
 
-def stage_costs(g: LayerGraph, rule: StageRule, nodes: np.ndarray, transfer_in=None,
-                transfer_out=None):
+def stage_costs(
+    g: LayerGraph, rule: StageRule, nodes: np.ndarray, transfer_in=None, transfer_out=None
+):
     """(load_plain, load_recompute, params, const_mem, stash, tp) of one stage by walking it.
     `transfer_in` / `transfer_out` (bytes -> seconds) price the activations entering the stage and
     the gradients of its outputs; default `rule.transfer` for both (one flat link)."""
@@ -263,8 +289,10 @@ def stage_costs(g: LayerGraph, rule: StageRule, nodes: np.ndarray, transfer_in=N
             start = max(start, finish[u] if u in finish else transfer_in(c))
         if prev != -1:
             if rule.strict_upstream and not seen:
-                raise PhazeError("branching in the layer graph: upstream's stage rule needs each "
-                                 "layer of a stage to consume the previous one (device_placement.cpp fails here too)")
+                raise PhazeError(
+                    "branching in the layer graph: upstream's stage rule needs each "
+                    "layer of a stage to consume the previous one (device_placement.cpp fails here too)"
+                )
             start = max(start, finish[prev])  # one device runs the stage's layers in order
         finish[v] = start + g.fw[v]
         fw_pass = finish[v]
@@ -299,20 +327,28 @@ def stage_costs(g: LayerGraph, rule: StageRule, nodes: np.ndarray, transfer_in=N
     params = float(sum(g.params[v] for v in order))
     acts = float(sum(g.acts[v] for v in order))
     if rule.recompute:
-        stash = float(sum(c for v in order for u, c in inc[v] if u not in members)
-                      + sum(g.ext_stash[v] for v in order))
+        stash = float(
+            sum(c for v in order for u, c in inc[v] if u not in members)
+            + sum(g.ext_stash[v] for v in order)
+        )
     else:
         stash = acts
     tp = bool(any(g.tp[v] for v in order))
-    return (fw_pass + bw_pass, fw_pass + rc_tail, params,
-            rule.param_state_factor * params + acts, stash, tp)
+    return (
+        fw_pass + bw_pass,
+        fw_pass + rc_tail,
+        params,
+        rule.param_state_factor * params + acts,
+        stash,
+        tp,
+    )
 
 
 def build_generic_table(g: LayerGraph, rule: StageRule) -> StageTable:
     masks, immediate = _enumerate_downsets(g)
     full_mask = (1 << g.n) - 1
     full = masks.index(full_mask)
-    sizes = [bin(m).count("1") for m in masks]
+    sizes = [(m).bit_count() for m in masks]
     order = np.array(sorted(range(1, len(masks)), key=lambda q: (sizes[q], q)), dtype=np.int64)
     offsets = np.zeros(len(masks) + 1, dtype=np.int64)
     subs, rows = [], []
@@ -332,11 +368,18 @@ def build_generic_table(g: LayerGraph, rule: StageRule) -> StageTable:
     const = np.array(cols[3])
     stash = np.array(cols[4])
     return StageTable(
-        n_downsets=len(masks), full=full, order=order, offsets=offsets,
-        sub=np.array(subs, dtype=np.int64), load_plain=np.array(cols[0]),
-        load_recompute=np.array(cols[1]), tp=np.array(cols[5], dtype=bool),
+        n_downsets=len(masks),
+        full=full,
+        order=order,
+        offsets=offsets,
+        sub=np.array(subs, dtype=np.int64),
+        load_plain=np.array(cols[0]),
+        load_recompute=np.array(cols[1]),
+        tp=np.array(cols[5], dtype=bool),
         max_position=_max_position(const, stash, rule.memory_capacity, rule.max_positions),
-        params=np.array(cols[2]), const_mem=const, stash=stash,
+        params=np.array(cols[2]),
+        const_mem=const,
+        stash=stash,
         members=lambda k: members[k],
     )
 

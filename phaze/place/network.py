@@ -37,6 +37,7 @@ Consequences (all derived from that layout, nothing is a free choice):
 
 When both levels are equal, every cost here equals the flat link's (tested).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -62,11 +63,13 @@ class PlaceNetwork:
         return self.net.devices_per_node
 
     @classmethod
-    def from_dict(cls, network: dict, where: str, scatter_gather: bool = True) -> "PlaceNetwork":
+    def from_dict(cls, network: dict, where: str, scatter_gather: bool = True) -> PlaceNetwork:
         return cls(HierarchicalNetwork.from_preset(network, where), scatter_gather)
 
     @classmethod
-    def flat_equivalent(cls, bandwidth_Bps: float, latency_s: float, devices_per_node: int) -> "PlaceNetwork":
+    def flat_equivalent(
+        cls, bandwidth_Bps: float, latency_s: float, devices_per_node: int
+    ) -> PlaceNetwork:
         """Both levels equal to one flat link (for checking that the hierarchy reduces to it)."""
         level = LinkLevel(bandwidth_Bps, latency_s, 1.0)
         return cls(HierarchicalNetwork(devices_per_node, level, level))
@@ -75,8 +78,10 @@ class PlaceNetwork:
         """'' when tensor width t can be placed (t divides devices_per_node), else why not."""
         n = self.devices_per_node
         if n % t:
-            return (f"tensor-parallel width {t} does not divide the {n} devices per node "
-                    "(tensor parallelism stays inside a node)")
+            return (
+                f"tensor-parallel width {t} does not divide the {n} devices per node "
+                "(tensor parallelism stays inside a node)"
+            )
         return ""
 
     # --- pipeline transfers ------------------------------------------------------------------
@@ -88,8 +93,12 @@ class PlaceNetwork:
         t_inter = b / inter.effective_Bps + inter.latency_s
         if t > 1 and self.scatter_gather:
             # 1/t per rank over its own NIC, then a ring all-gather of the whole tensor in the node
-            sg = (b / t / inter.effective_Bps + inter.latency_s
-                  + (t - 1) / t * b / intra.effective_Bps + (t - 1) * intra.latency_s)
+            sg = (
+                b / t / inter.effective_Bps
+                + inter.latency_s
+                + (t - 1) / t * b / intra.effective_Bps
+                + (t - 1) * intra.latency_s
+            )
             t_inter = np.minimum(t_inter, sg)
         return np.stack([t_intra, t_inter, np.maximum(t_intra, t_inter)])
 
@@ -102,10 +111,12 @@ class PlaceNetwork:
             return cls
         s = np.arange(1, stages)[:, None]
         r = np.arange(d)[None, :]
-        behind = t * (r + d * (s - 1))   # replica r of the stage at position s
-        ahead = behind + t * d           # its counterpart at position s + 1
+        behind = t * (r + d * (s - 1))  # replica r of the stage at position s
+        ahead = behind + t * d  # its counterpart at position s + 1
         crosses = (behind // n) != (ahead // n)
-        cls[1:stages] = np.where(crosses.all(axis=1), INTER, np.where(crosses.any(axis=1), MIXED, INTRA))
+        cls[1:stages] = np.where(
+            crosses.all(axis=1), INTER, np.where(crosses.any(axis=1), MIXED, INTRA)
+        )
         return cls
 
     def uniform_inter(self, t: int, d: int) -> bool:
@@ -113,7 +124,9 @@ class PlaceNetwork:
         return t * d >= self.devices_per_node
 
     # --- data-parallel all-reduce --------------------------------------------------------------
-    def ring_worst(self, t: int, d: np.ndarray, stages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def ring_worst(
+        self, t: int, d: np.ndarray, stages: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(bandwidth B/s, per-step latency s) of the worst data-parallel ring over positions
         1..stages, for every pair (d[i], stages[j]); arrays of shape (len(d), len(stages))."""
         n = self.devices_per_node
@@ -122,8 +135,8 @@ class PlaceNetwork:
         s_max = int(stages.max()) if stages.size else 0
         intra, inter = self.net.intra, self.net.inter
         pos = np.arange(1, s_max + 1)[None, :]
-        first = t * d[:, None] * (pos - 1)          # the stage block's first rank
-        end = first + t * d[:, None]                # one past its last rank
+        first = t * d[:, None] * (pos - 1)  # the stage block's first rank
+        end = first + t * d[:, None]  # one past its last rank
         n_first, n_last = first // n, (end - 1) // n
         spans = n_last > n_first
         # ranks of the ring on the block's first and last node (stride t; t divides n)
@@ -131,8 +144,11 @@ class PlaceNetwork:
         in_last = (end - n_last * n) // t
         per_node = np.minimum(in_first, in_last)
         per_node = np.where(n_last - n_first >= 2, np.minimum(per_node, n // t), per_node)
-        bw = np.where(spans, np.minimum(intra.effective_Bps, per_node * inter.effective_Bps),
-                      intra.effective_Bps)
+        bw = np.where(
+            spans,
+            np.minimum(intra.effective_Bps, per_node * inter.effective_Bps),
+            intra.effective_Bps,
+        )
         lat = np.where(spans, max(intra.latency_s, inter.latency_s), intra.latency_s)
         # worst over positions 1..S: running minimum of the bandwidth, maximum of the latency
         bw_run = np.minimum.accumulate(bw, axis=1)
@@ -147,7 +163,9 @@ class PlaceNetwork:
         params = np.asarray(params, dtype=float)
         stages = np.asarray(stages, dtype=np.int64)
         if params.shape != stages.shape:
-            raise PhazeError("internal error: all-reduce parameters and stage counts differ in shape")
+            raise PhazeError(
+                "internal error: all-reduce parameters and stage counts differ in shape"
+            )
         if d.size == 0 or params.size == 0:
             return np.zeros((d.size, params.size))
         bw, lat = self.ring_worst(t, d, stages)

@@ -16,6 +16,7 @@ upper bound). Our rules (see README, section place):
   (``param_bytes``): ``2 (d−1)/d · P / bw + 2 (d−1) · latency``;
 * the expert placement is evaluated with the same rules, reported on its own, never a filter.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,28 +46,40 @@ class PlaceSettings:
     bytes_per_element: int
     dp_must_divide_batch: bool
     dp_must_divide_devices: bool
-    expert: dict | None            # {"pp", "dp", "tp"} or None
-    network: dict | None = None    # config place.network (two levels) or None = flat link
-    preset_networks: bool = True   # a preset's own network: section wins for its architecture
-    scatter_gather: bool = True    # Megatron's scatter/gather for inter-node stage transfers
+    expert: dict | None  # {"pp", "dp", "tp"} or None
+    network: dict | None = None  # config place.network (two levels) or None = flat link
+    preset_networks: bool = True  # a preset's own network: section wins for its architecture
+    scatter_gather: bool = True  # Megatron's scatter/gather for inter-node stage transfers
 
     @property
     def microbatches(self) -> int:
         if self.global_batch % self.microbatch:
-            raise PhazeError(f"global batch {self.global_batch} is not a multiple of the "
-                             f"microbatch size {self.microbatch}")
+            raise PhazeError(
+                f"global batch {self.global_batch} is not a multiple of the "
+                f"microbatch size {self.microbatch}"
+            )
         return self.global_batch // self.microbatch
 
     @property
     def param_state_factor(self) -> float:
         if self.optimizer not in STATE_BYTES_PER_PARAM:
-            raise PhazeError(f"optimizer must be one of {sorted(STATE_BYTES_PER_PARAM)}, got {self.optimizer!r}")
+            raise PhazeError(
+                f"optimizer must be one of {sorted(STATE_BYTES_PER_PARAM)}, got {self.optimizer!r}"
+            )
         return STATE_BYTES_PER_PARAM[self.optimizer] / self.bytes_per_element
 
 
 def check_layers(layers: pd.DataFrame, where: str) -> pd.DataFrame:
-    need = ["layer", "kind", "signature", "param_bytes", "activation_bytes",
-            "stash_recompute_bytes", "boundary_bytes", "tensor_parallel"]
+    need = [
+        "layer",
+        "kind",
+        "signature",
+        "param_bytes",
+        "activation_bytes",
+        "stash_recompute_bytes",
+        "boundary_bytes",
+        "tensor_parallel",
+    ]
     missing = [c for c in need if c not in layers.columns]
     if missing:
         raise PhazeError(f"{where}: layers table lacks columns {missing}")
@@ -88,7 +101,9 @@ def latency_lookup(schedule: pd.DataFrame, column: str, where: str) -> dict:
     vals = schedule[column].to_numpy(dtype=float)
     if np.any(~np.isfinite(vals)) or np.any(vals < 0):
         bad = schedule.loc[~np.isfinite(vals) | (vals < 0), ["arch", "signature", "pass"]].head(3)
-        raise PhazeError(f"{where}: {column} must be finite and >= 0; e.g. {bad.to_dict('records')}")
+        raise PhazeError(
+            f"{where}: {column} must be finite and >= 0; e.g. {bad.to_dict('records')}"
+        )
     return dict(zip(zip(schedule["arch"], schedule["signature"], schedule["pass"]), vals))
 
 
@@ -99,14 +114,22 @@ def layer_graph(layers: pd.DataFrame, lookup: dict, arch: str, where: str) -> La
             fw.append(lookup[(arch, sig, "fwd")])
             bw.append(lookup[(arch, sig, "bwd")])
         except KeyError as exc:
-            raise PhazeError(f"{where}: no schedule for arch {arch} signature {sig} pass "
-                             f"{exc.args[0][2]}") from None
+            raise PhazeError(
+                f"{where}: no schedule for arch {arch} signature {sig} pass {exc.args[0][2]}"
+            ) from None
     n = len(layers)
     ext = np.zeros(n)
     ext[0] = float(layers["stash_recompute_bytes"].iloc[0])  # the model input (token ids)
-    return chain_graph(fw, bw, layers["param_bytes"], layers["activation_bytes"],
-                       layers["boundary_bytes"], layers["tensor_parallel"], ext_stash=ext,
-                       ids=list(layers["layer"]))
+    return chain_graph(
+        fw,
+        bw,
+        layers["param_bytes"],
+        layers["activation_bytes"],
+        layers["boundary_bytes"],
+        layers["tensor_parallel"],
+        ext_stash=ext,
+        ids=list(layers["layer"]),
+    )
 
 
 def expert_stages(layers: pd.DataFrame, pp: int) -> list[list[int]]:
@@ -121,9 +144,9 @@ def expert_stages(layers: pd.DataFrame, pp: int) -> list[list[int]]:
     sizes = [base + (1 if i < extra else 0) for i in range(pp)]
     stages, start = [], 0
     for size in sizes:
-        stages.append(blocks[start:start + size].tolist())
+        stages.append(blocks[start : start + size].tolist())
         start += size
-    stages[0] = list(range(0, blocks[0])) + stages[0]
+    stages[0] = list(range(blocks[0])) + stages[0]
     stages[-1] = stages[-1] + list(range(blocks[-1] + 1, len(layers)))
     return stages
 
@@ -141,25 +164,39 @@ def model_flops_per_sequence(layers_by_t: dict[int, pd.DataFrame], microbatch: i
 
 
 def _stage_json(p: Placement, names: list[str]) -> str:
-    return json.dumps([{"first": names[s[0]], "last": names[s[-1]], "layers": len(s),
-                        "devices": int(a)} for s, a in zip(p.stages, p.devices_per_stage)])
+    return json.dumps(
+        [
+            {"first": names[s[0]], "last": names[s[-1]], "layers": len(s), "devices": int(a)}
+            for s, a in zip(p.stages, p.devices_per_stage)
+        ]
+    )
 
 
 def _result_columns(prefix: str, p: Placement | None, names, settings, devices, peak, flops_seq):
     if p is None:
-        return {f"{prefix}throughput_seq_s": math.nan, f"{prefix}time_per_batch_s": math.nan,
-                f"{prefix}mfu": math.nan, f"{prefix}pp": 0, f"{prefix}tp": 0, f"{prefix}dp": 0,
-                f"{prefix}stages": "[]", f"{prefix}stage_mem_bytes": "[]",
-                f"{prefix}devices_used": 0, f"{prefix}max_stage_load_s": math.nan,
-                f"{prefix}allreduce_s": math.nan}
+        return {
+            f"{prefix}throughput_seq_s": math.nan,
+            f"{prefix}time_per_batch_s": math.nan,
+            f"{prefix}mfu": math.nan,
+            f"{prefix}pp": 0,
+            f"{prefix}tp": 0,
+            f"{prefix}dp": 0,
+            f"{prefix}stages": "[]",
+            f"{prefix}stage_mem_bytes": "[]",
+            f"{prefix}devices_used": 0,
+            f"{prefix}max_stage_load_s": math.nan,
+            f"{prefix}allreduce_s": math.nan,
+        }
     t = p.time_per_batch
     return {
         f"{prefix}throughput_seq_s": settings.global_batch / t,
         f"{prefix}time_per_batch_s": t,
         f"{prefix}mfu": flops_seq * settings.global_batch / (t * devices * peak),
-        f"{prefix}pp": p.pp, f"{prefix}tp": p.t, f"{prefix}dp": p.d,
+        f"{prefix}pp": p.pp,
+        f"{prefix}tp": p.t,
+        f"{prefix}dp": p.d,
         f"{prefix}stages": _stage_json(p, names),
-        f"{prefix}stage_mem_bytes": json.dumps([int(round(m)) for m in p.stage_mem]),
+        f"{prefix}stage_mem_bytes": json.dumps([round(m) for m in p.stage_mem]),
         f"{prefix}devices_used": p.devices_used,
         f"{prefix}max_stage_load_s": p.max_load,
         # the data-parallel gradient all-reduce's share of the time per batch
@@ -171,6 +208,7 @@ def link_parameters(costmodel: dict, preset_name: str | None) -> tuple[float, fl
     cm = dict(costmodel)
     if preset_name:
         from phaze.arch.presets import load_preset
+
         cm.update(load_preset(preset_name).get("costmodel") or {})
     try:
         bw, lat = float(cm["link_bandwidth_Bps"]), float(cm["link_latency_s"])
@@ -181,29 +219,47 @@ def link_parameters(costmodel: dict, preset_name: str | None) -> tuple[float, fl
     return bw, lat
 
 
-def network_for(settings: PlaceSettings, preset_name: str | None) -> tuple[PlaceNetwork | None, str]:
+def network_for(
+    settings: PlaceSettings, preset_name: str | None
+) -> tuple[PlaceNetwork | None, str]:
     """The network an architecture is placed on and its label for the output: the preset's
     ``network:`` section, else ``place.network``, else None (the flat costmodel link)."""
     if preset_name and settings.preset_networks:
         from phaze.arch.presets import load_preset
+
         net = load_preset(preset_name).get("network")
         if net is not None:
-            return (PlaceNetwork.from_dict(net, f"preset {preset_name} network",
-                                           settings.scatter_gather), f"preset:{preset_name}")
+            return (
+                PlaceNetwork.from_dict(
+                    net, f"preset {preset_name} network", settings.scatter_gather
+                ),
+                f"preset:{preset_name}",
+            )
     if settings.network is not None:
-        return (PlaceNetwork.from_dict(settings.network, "config place.network",
-                                       settings.scatter_gather), "config")
+        return (
+            PlaceNetwork.from_dict(
+                settings.network, "config place.network", settings.scatter_gather
+            ),
+            "config",
+        )
     return None, "flat"
 
 
-def place_architectures(settings: PlaceSettings, layers_by_t: dict[int, pd.DataFrame],
-                        schedules_by_t: dict[int, pd.DataFrame], space: pd.DataFrame,
-                        costmodel: dict, devices_list: list[int],
-                        latency_column: str = "makespan_s") -> pd.DataFrame:
+def place_architectures(
+    settings: PlaceSettings,
+    layers_by_t: dict[int, pd.DataFrame],
+    schedules_by_t: dict[int, pd.DataFrame],
+    space: pd.DataFrame,
+    costmodel: dict,
+    devices_list: list[int],
+    latency_column: str = "makespan_s",
+) -> pd.DataFrame:
     """One row per architecture (those scheduled for every t) × cluster size."""
     layers_by_t = {t: check_layers(df, f"layers (t={t})") for t, df in layers_by_t.items()}
-    lookups = {t: latency_lookup(df, latency_column, f"schedule (t={t})")
-               for t, df in schedules_by_t.items()}
+    lookups = {
+        t: latency_lookup(df, latency_column, f"schedule (t={t})")
+        for t, df in schedules_by_t.items()
+    }
     arch_sets = [set(df["arch"]) for df in schedules_by_t.values()]
     common = set.intersection(*arch_sets)
     if set.union(*arch_sets) != common:
@@ -227,29 +283,48 @@ def place_architectures(settings: PlaceSettings, layers_by_t: dict[int, pd.DataF
         unplaceable = {t: net.width_reason(t) for t in graphs if net and net.width_reason(t)}
         peak = float(arch_row["peak_flops"])
         for devices in devices_list:
-            rule = StageRule(bandwidth=bw, latency=lat, param_state_factor=settings.param_state_factor,
-                             recompute=settings.recompute, memory_capacity=float(settings.hbm_bytes),
-                             max_positions=int(devices))
+            rule = StageRule(
+                bandwidth=bw,
+                latency=lat,
+                param_state_factor=settings.param_state_factor,
+                recompute=settings.recompute,
+                memory_capacity=float(settings.hbm_bytes),
+                max_positions=int(devices),
+            )
             ar = AllReduce(mode="max", bandwidth=bw, latency=lat, network=net)
-            d_values = data_parallel_degrees(devices, M, settings.dp_must_divide_batch,
-                                             settings.dp_must_divide_devices)
+            d_values = data_parallel_degrees(
+                devices, M, settings.dp_must_divide_batch, settings.dp_must_divide_devices
+            )
             best = solve(graphs, rule, devices, M, d_values, ar)
             reason = ""
             if best is None:
                 reason = f"no placement fits in {settings.hbm_bytes / GIB:g} GiB per device on {devices} devices"
                 if unplaceable:
                     reason += "; " + "; ".join(unplaceable.values())
-            row = {"arch": arch, "model": settings.model, "devices": int(devices),
-                   "hbm_bytes": int(settings.hbm_bytes), "microbatch": settings.microbatch,
-                   "recompute": settings.recompute, "feasible": best is not None,
-                   "reason": reason, "network": net_label}
-            row.update(_result_columns("", best, names[best.t] if best else [], settings,
-                                       devices, peak, flops_seq))
+            row = {
+                "arch": arch,
+                "model": settings.model,
+                "devices": int(devices),
+                "hbm_bytes": int(settings.hbm_bytes),
+                "microbatch": settings.microbatch,
+                "recompute": settings.recompute,
+                "feasible": best is not None,
+                "reason": reason,
+                "network": net_label,
+            }
+            row.update(
+                _result_columns(
+                    "", best, names[best.t] if best else [], settings, devices, peak, flops_seq
+                )
+            )
             ep, reason = evaluate_expert(settings, layers_by_t, graphs, rule, ar, devices, M)
             row["expert_feasible"] = ep is not None
             row["expert_reason"] = reason
-            row.update(_result_columns("expert_", ep, names[ep.t] if ep else [], settings,
-                                       devices, peak, flops_seq))
+            row.update(
+                _result_columns(
+                    "expert_", ep, names[ep.t] if ep else [], settings, devices, peak, flops_seq
+                )
+            )
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -270,9 +345,16 @@ def evaluate_expert(settings, layers_by_t, graphs, rule, ar, devices, M):
     return evaluate(graphs[tp], rule, tp, stages, dp, devices, M, ar)
 
 
-def export_instance(settings: PlaceSettings, layers_by_t, schedules_by_t, arch: str,
-                    costmodel: dict, preset: str | None, devices: int,
-                    latency_column: str = "makespan_s") -> dict:
+def export_instance(
+    settings: PlaceSettings,
+    layers_by_t,
+    schedules_by_t,
+    arch: str,
+    costmodel: dict,
+    preset: str | None,
+    devices: int,
+    latency_column: str = "makespan_s",
+) -> dict:
     """Upstream's instance format from our tables for one architecture (seconds and bytes)."""
     bw, _ = link_parameters(costmodel, preset)
     nodes, edges = {}, {}
@@ -282,18 +364,33 @@ def export_instance(settings: PlaceSettings, layers_by_t, schedules_by_t, arch: 
         lookup = latency_lookup(schedules_by_t[t], latency_column, f"schedule (t={t})")
         g = layer_graph(layers, lookup, arch, f"t={t}")
         nodes[str(t)] = [
-            {"id": i, "parameterSize": float(g.params[i]), "activationSize": float(g.acts[i]),
-             "optimalLatencyFw": float(g.fw[i]), "optimalLatencyBw": float(g.bw[i]),
-             "isTensorParallelized": bool(g.tp[i])} for i in range(g.n)]
-        edges[str(t)] = [{"sourceId": int(s), "destId": int(d), "communicationCost": float(c)}
-                         for s, d, c in zip(g.src, g.dst, g.edge_bytes)]
+            {
+                "id": i,
+                "parameterSize": float(g.params[i]),
+                "activationSize": float(g.acts[i]),
+                "optimalLatencyFw": float(g.fw[i]),
+                "optimalLatencyBw": float(g.bw[i]),
+                "isTensorParallelized": bool(g.tp[i]),
+            }
+            for i in range(g.n)
+        ]
+        edges[str(t)] = [
+            {"sourceId": int(s), "destId": int(d), "communicationCost": float(c)}
+            for s, d, c in zip(g.src, g.dst, g.edge_bytes)
+        ]
         n_blocks = int((layers["kind"] == "block").sum())
     e = settings.expert or {}
     return {
-        "maxMemoryPerDevice": float(settings.hbm_bytes), "maxDevices": int(devices),
-        "bandwidth": bw, "mbsInBatch": settings.microbatches, "nodes": nodes, "edges": edges,
+        "maxMemoryPerDevice": float(settings.hbm_bytes),
+        "maxDevices": int(devices),
+        "bandwidth": bw,
+        "mbsInBatch": settings.microbatches,
+        "nodes": nodes,
+        "edges": edges,
         "activationRecomputation": settings.recompute,
         "optimizerAlgorithm": "Adam" if settings.optimizer == "adam" else "SGD",
-        "fixedPP": int(e.get("pp", 1)), "fixedTMPC": int(e.get("tp", min(layers_by_t))),
-        "fixedDP": int(e.get("dp", 1)), "numTransformerLayers": n_blocks,
+        "fixedPP": int(e.get("pp", 1)),
+        "fixedTMPC": int(e.get("tp", min(layers_by_t))),
+        "fixedDP": int(e.get("dp", 1)),
+        "numTransformerLayers": n_blocks,
     }

@@ -17,6 +17,7 @@ Semantics reproduced (our own code; units are whatever the file uses — upstrea
 Where upstream aborts (memory of the fixed strategy, nothing feasible) we report ``null`` and a
 reason instead; the searched result does not depend on the fixed strategy.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,11 +31,28 @@ from phaze.errors import PhazeError
 from phaze.place.dp import AllReduce, Placement, data_parallel_degrees, solve
 from phaze.place.graph import LayerGraph, StageRule, _max_position, stage_costs
 
-REQUIRED = ("maxMemoryPerDevice", "maxDevices", "bandwidth", "mbsInBatch", "nodes", "edges",
-            "activationRecomputation", "optimizerAlgorithm", "fixedPP", "fixedTMPC", "fixedDP",
-            "numTransformerLayers")
-NODE_FIELDS = ("id", "parameterSize", "activationSize", "optimalLatencyFw", "optimalLatencyBw",
-               "isTensorParallelized")
+REQUIRED = (
+    "maxMemoryPerDevice",
+    "maxDevices",
+    "bandwidth",
+    "mbsInBatch",
+    "nodes",
+    "edges",
+    "activationRecomputation",
+    "optimizerAlgorithm",
+    "fixedPP",
+    "fixedTMPC",
+    "fixedDP",
+    "numTransformerLayers",
+)
+NODE_FIELDS = (
+    "id",
+    "parameterSize",
+    "activationSize",
+    "optimalLatencyFw",
+    "optimalLatencyBw",
+    "isTensorParallelized",
+)
 DEVICES_LIMIT = 10_000
 
 
@@ -57,6 +75,7 @@ def load_instance(path: str | Path) -> dict:
 
 def check_instance(ins: dict) -> None:
     """Upstream's input checks, as errors naming the problem."""
+
     def bad(msg):
         raise PhazeError(f"instance: {msg}")
 
@@ -154,8 +173,10 @@ def instance_graphs(ins: dict) -> tuple[dict[int, LayerGraph], list[int]]:
     for key, nodes in ins["nodes"].items():
         t = int(key)
         by_new = sorted(nodes, key=lambda n: new[int(n["id"])])
-        es = [(new[int(e["sourceId"])], new[int(e["destId"])], float(e["communicationCost"]))
-              for e in ins["edges"][key]]
+        es = [
+            (new[int(e["sourceId"])], new[int(e["destId"])], float(e["communicationCost"]))
+            for e in ins["edges"][key]
+        ]
         graphs[t] = LayerGraph(
             fw=np.array([float(n["optimalLatencyFw"]) for n in by_new]),
             bw=np.array([float(n["optimalLatencyBw"]) for n in by_new]),
@@ -173,11 +194,14 @@ def instance_graphs(ins: dict) -> tuple[dict[int, LayerGraph], list[int]]:
 
 def instance_rule(ins: dict) -> tuple[StageRule, AllReduce]:
     rule = StageRule(
-        bandwidth=float(ins["bandwidth"]), latency=0.0,
+        bandwidth=float(ins["bandwidth"]),
+        latency=0.0,
         param_state_factor=3.0 if ins["optimizerAlgorithm"] == "Adam" else 2.0,
         recompute=bool(ins["activationRecomputation"]),
         memory_capacity=float(ins["maxMemoryPerDevice"]),
-        max_positions=int(ins["maxDevices"]), strict_upstream=True)
+        max_positions=int(ins["maxDevices"]),
+        strict_upstream=True,
+    )
     return rule, AllReduce(mode="first", bandwidth=float(ins["bandwidth"]))
 
 
@@ -206,16 +230,23 @@ def solve_instance(ins: dict) -> dict:
     solve_s = time.perf_counter() - t0
     out: dict = {}
     if best is None:
-        out.update(finalTimePerBatch=None, stages=[], dataParallelDegree=None,
-                   tensorParallelDegree=None,
-                   reason="no placement fits in maxMemoryPerDevice for any TMPC width")
+        out.update(
+            finalTimePerBatch=None,
+            stages=[],
+            dataParallelDegree=None,
+            tensorParallelDegree=None,
+            reason="no placement fits in maxMemoryPerDevice for any TMPC width",
+        )
     else:
         out.update(
             finalTimePerBatch=best.time_per_batch,
-            stages=[{"nodes": [old[v] for v in st],
-                     "devicesForStage": a}
-                    for st, a in zip(best.stages, best.devices_per_stage)],
-            dataParallelDegree=best.d, tensorParallelDegree=best.t)
+            stages=[
+                {"nodes": [old[v] for v in st], "devicesForStage": a}
+                for st, a in zip(best.stages, best.devices_per_stage)
+            ],
+            dataParallelDegree=best.d,
+            tensorParallelDegree=best.t,
+        )
     fixed, reason = fixed_strategy(ins, graphs, rule, allreduce)
     out["fixedStrategyTimePerBatch"] = fixed.time_per_batch if fixed else None
     if fixed is None:
@@ -257,19 +288,34 @@ def fixed_strategy(ins, graphs, rule, allreduce) -> tuple[Placement | None, str]
             c = stage_costs(g, rule, np.asarray(st, dtype=np.int64))
         except PhazeError as exc:
             return None, str(exc)
-        if pos > _max_position(np.array([c[3]]), np.array([c[4]]), rule.memory_capacity,
-                               rule.max_positions)[0]:
-            return None, (f"stage {i} (position {pos} from the end) needs "
-                          f"{c[3] + (pos - 1) * c[4]:.6g} > maxMemoryPerDevice")
+        if (
+            pos
+            > _max_position(
+                np.array([c[3]]), np.array([c[4]]), rule.memory_capacity, rule.max_positions
+            )[0]
+        ):
+            return None, (
+                f"stage {i} (position {pos} from the end) needs "
+                f"{c[3] + (pos - 1) * c[4]:.6g} > maxMemoryPerDevice"
+            )
         loads.append(c[1] if (rule.recompute and pos > 1) else c[0])
         mems.append(c[3] + (pos - 1) * c[4])
         params.append(c[2])
     mp = -(-mbs // d)
     max_load = max(loads)
     tpb = max_load * (mp + pp - 1) + float(allreduce(np.array([d]), np.array([params[0]]))[0, 0])
-    return Placement(t=t, d=d, stages=stages, devices_per_stage=[t] * pp, time_per_batch=tpb,
-                     max_load=max_load, stage_loads=loads, stage_mem=mems, stage_params=params,
-                     microbatches_per_pipeline=mp), ""
+    return Placement(
+        t=t,
+        d=d,
+        stages=stages,
+        devices_per_stage=[t] * pp,
+        time_per_batch=tpb,
+        max_load=max_load,
+        stage_loads=loads,
+        stage_mem=mems,
+        stage_params=params,
+        microbatches_per_pipeline=mp,
+    ), ""
 
 
 def dumps_result(out: dict) -> str:
@@ -277,4 +323,5 @@ def dumps_result(out: dict) -> str:
         if isinstance(x, float) and not math.isfinite(x):
             return None
         return x
+
     return json.dumps({k: clean(v) for k, v in out.items()}, indent=2)

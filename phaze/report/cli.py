@@ -1,11 +1,14 @@
 """`python -m phaze report`: the plots from results/summary/*.parquet (PNG + PDF)."""
+
 from __future__ import annotations
 
 import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--summary", required=True, help="directory with best/comparison/explored.parquet")
+    parser.add_argument(
+        "--summary", required=True, help="directory with best/comparison/explored.parquet"
+    )
     parser.add_argument("--config")
     parser.add_argument("--out-dir", required=True, help="plot directory")
 

@@ -1,6 +1,7 @@
 """One function per figure; each takes the summary tables and returns a matplotlib Figure.
 
 Units are converted only here (mm², GiB, sequences/s stay as they are; bytes -> GiB for memory)."""
+
 from __future__ import annotations
 
 import json
@@ -8,21 +9,27 @@ import json
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
 GIB = 2**30
-BASELINES = [("tpuv4_expert", "TPUv4 + expert placement"), ("tpuv4_phaze", "TPUv4 + our placement"),
-             ("placement_blind", "placement-blind arch + our placement")]
-PHAZE = [("phaze-per-model", "Phaze-Per-Model", "#1f77b4"), ("phaze-common", "Phaze-Common", "#ff7f0e")]
+BASELINES = [
+    ("tpuv4_expert", "TPUv4 + expert placement"),
+    ("tpuv4_phaze", "TPUv4 + our placement"),
+    ("placement_blind", "placement-blind arch + our placement"),
+]
+PHAZE = [
+    ("phaze-per-model", "Phaze-Per-Model", "#1f77b4"),
+    ("phaze-common", "Phaze-Common", "#ff7f0e"),
+]
 
 
 def pick_hbm(df: pd.DataFrame, hbm_gib: float | None) -> int:
     hbms = sorted(df["hbm_bytes"].unique())
     if hbm_gib is None:
         return int(hbms[-1])
-    want = int(round(hbm_gib * GIB))
+    want = round(hbm_gib * GIB)
     return int(min(hbms, key=lambda h: abs(h - want)))
 
 
@@ -39,20 +46,30 @@ def speedup_bars(comparison: pd.DataFrame, hbm_bytes: int):
     for ax, (base, title) in zip(np.atleast_1d(axes), BASELINES):
         col = f"speedup_vs_{base}"
         for i, (strategy, label, color) in enumerate(PHAZE):
-            vals = [cmp.loc[(cmp["model"] == m) & (cmp["strategy"] == strategy), col].max()
-                    for m in models]
+            vals = [
+                cmp.loc[(cmp["model"] == m) & (cmp["strategy"] == strategy), col].max()
+                for m in models
+            ]
             bars = ax.bar(x + (i - 0.5) * w, vals, w, label=label, color=color)
             for b, v in zip(bars, vals):
                 if np.isfinite(v):
-                    ax.annotate(f"{v:.2f}", (b.get_x() + b.get_width() / 2, v), ha="center",
-                                va="bottom", fontsize=7)
+                    ax.annotate(
+                        f"{v:.2f}",
+                        (b.get_x() + b.get_width() / 2, v),
+                        ha="center",
+                        va="bottom",
+                        fontsize=7,
+                    )
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
         ax.set_xticks(x, models, rotation=20)
         ax.set_title(f"vs {title}", fontsize=9)
         ax.set_ylabel("throughput speedup")
     np.atleast_1d(axes)[0].legend(fontsize=8)
-    fig.suptitle(f"Speedup per model, HBM {hbm_bytes / GIB:g} GiB, "
-                 f"{int(cmp['devices'].max()) if len(cmp) else 0} accelerators", fontsize=10)
+    fig.suptitle(
+        f"Speedup per model, HBM {hbm_bytes / GIB:g} GiB, "
+        f"{int(cmp['devices'].max()) if len(cmp) else 0} accelerators",
+        fontsize=10,
+    )
     fig.tight_layout()
     return fig
 
@@ -61,15 +78,25 @@ def convergence(explored: pd.DataFrame, hbm_bytes: int):
     ex = _one_devices(explored[explored["hbm_bytes"] == hbm_bytes])
     ex = ex[ex["strategy"] == "phaze-per-model"]
     models = sorted(ex["model"].unique())
-    fig, axes = plt.subplots(1, max(1, len(models)), figsize=(4.5 * max(1, len(models)), 3.4), squeeze=False)
+    fig, axes = plt.subplots(
+        1, max(1, len(models)), figsize=(4.5 * max(1, len(models)), 3.4), squeeze=False
+    )
     for ax, model in zip(axes[0], models):
         sub = ex[ex["model"] == model]
         for (b, r), grp in sub.groupby(["microbatch", "recompute"]):
-            per_bucket = grp.groupby("bucket").agg(area=("area_mm2", "max"),
-                                                   best=("throughput_seq_s", "max")).sort_index()
+            per_bucket = (
+                grp.groupby("bucket")
+                .agg(area=("area_mm2", "max"), best=("throughput_seq_s", "max"))
+                .sort_index()
+            )
             running = per_bucket["best"].fillna(-np.inf).cummax().replace(-np.inf, np.nan)
-            line, = ax.plot(per_bucket.index, running, marker=".", lw=1,
-                            label=f"b={b}, recompute={'on' if r else 'off'}")
+            (line,) = ax.plot(
+                per_bucket.index,
+                running,
+                marker=".",
+                lw=1,
+                label=f"b={b}, recompute={'on' if r else 'off'}",
+            )
             stop = grp.loc[~grp["visited"], "bucket"]
             if len(stop):
                 last = grp.loc[grp["visited"], "bucket"].max()
@@ -78,7 +105,9 @@ def convergence(explored: pd.DataFrame, hbm_bytes: int):
         ax.set_xlabel("area bucket visited (0 = largest area)")
         ax.set_ylabel("best throughput so far (seq/s)")
         ax.legend(fontsize=7)
-    fig.suptitle(f"Search convergence (dotted: early stop), HBM {hbm_bytes / GIB:g} GiB", fontsize=10)
+    fig.suptitle(
+        f"Search convergence (dotted: early stop), HBM {hbm_bytes / GIB:g} GiB", fontsize=10
+    )
     fig.tight_layout()
     return fig
 
@@ -101,22 +130,40 @@ def area_throughput(explored: pd.DataFrame, best: pd.DataFrame, hbm_bytes: int):
     ex = _one_devices(explored[explored["hbm_bytes"] == hbm_bytes])
     ex = ex[ex["strategy"] == "phaze-per-model"]
     models = sorted(ex["model"].unique())
-    fig, axes = plt.subplots(1, max(1, len(models)), figsize=(4.5 * max(1, len(models)), 3.4), squeeze=False)
+    fig, axes = plt.subplots(
+        1, max(1, len(models)), figsize=(4.5 * max(1, len(models)), 3.4), squeeze=False
+    )
     for ax, model in zip(axes[0], models):
-        per_arch = (ex[ex["model"] == model].groupby("arch")
-                    .agg(area=("area_mm2", "first"), thr=("throughput_seq_s", "max"),
-                         preset=("preset", "first")))
+        per_arch = (
+            ex[ex["model"] == model]
+            .groupby("arch")
+            .agg(
+                area=("area_mm2", "first"),
+                thr=("throughput_seq_s", "max"),
+                preset=("preset", "first"),
+            )
+        )
         ax.scatter(per_arch["area"], per_arch["thr"], s=10, color="0.6", label="architectures")
         fa, ft = pareto_front(per_arch["area"].to_numpy(float), per_arch["thr"].to_numpy(float))
         ax.step(fa, ft, where="post", color="C3", lw=1.2, label="Pareto front")
         tpu = per_arch[per_arch["preset"] != ""]
         ax.scatter(tpu["area"], tpu["thr"], marker="s", color="k", s=25, label="tpuv4")
-        chosen = best[(best["model"] == model) & (best["strategy"] == "phaze-per-model")
-                      & (best["hbm_bytes"] == hbm_bytes) & (best["mode"] == "early_stop")]
+        chosen = best[
+            (best["model"] == model)
+            & (best["strategy"] == "phaze-per-model")
+            & (best["hbm_bytes"] == hbm_bytes)
+            & (best["mode"] == "early_stop")
+        ]
         chosen = chosen[chosen["arch"].isin(per_arch.index)]
         if len(chosen):
-            ax.scatter(per_arch.loc[chosen["arch"], "area"], chosen["throughput_seq_s"],
-                       marker="*", s=120, color="C0", label="Phaze-Per-Model")
+            ax.scatter(
+                per_arch.loc[chosen["arch"], "area"],
+                chosen["throughput_seq_s"],
+                marker="*",
+                s=120,
+                color="C0",
+                label="Phaze-Per-Model",
+            )
         ax.set_title(model, fontsize=9)
         ax.set_xlabel("accelerator area (mm²)")
         ax.set_ylabel("throughput (seq/s)")
@@ -128,17 +175,44 @@ def area_throughput(explored: pd.DataFrame, best: pd.DataFrame, hbm_bytes: int):
 
 def arch_table(best: pd.DataFrame, comparison: pd.DataFrame, hbm_bytes: int):
     rows = _one_devices(best[(best["hbm_bytes"] == hbm_bytes) & (best["mode"] == "early_stop")])
-    tpu = _one_devices(comparison[(comparison["hbm_bytes"] == hbm_bytes)
-                                  & (comparison["strategy"] == "tpuv4-phaze")])
+    tpu = _one_devices(
+        comparison[
+            (comparison["hbm_bytes"] == hbm_bytes) & (comparison["strategy"] == "tpuv4-phaze")
+        ]
+    )
     rows = pd.concat([rows, tpu], ignore_index=True)
-    header = ["model", "strategy", "TCs", "array", "VCs", "GLB MiB", "area mm²", "mb", "recomp",
-              "pp/tp/dp", "seq/s", "× TPUv4-exp"]
+    header = [
+        "model",
+        "strategy",
+        "TCs",
+        "array",
+        "VCs",
+        "GLB MiB",
+        "area mm²",
+        "mb",
+        "recomp",
+        "pp/tp/dp",
+        "seq/s",
+        "× TPUv4-exp",
+    ]
     cells = []
     for r in rows.sort_values(["model", "strategy"]).itertuples(index=False):
-        cells.append([r.model, r.strategy, f"{r.n_tc:g}", f"{r.tc_width:g}×{r.tc_depth:g}",
-                      f"{r.n_vc:g}", f"{r.glb_bytes / 2**20:g}", f"{r.area_mm2:.1f}",
-                      f"{r.microbatch}", "on" if r.recompute else "off", f"{r.pp}/{r.tp}/{r.dp}",
-                      f"{r.throughput_seq_s:.4g}", f"{r.speedup_vs_tpuv4_expert:.2f}"])
+        cells.append(
+            [
+                r.model,
+                r.strategy,
+                f"{r.n_tc:g}",
+                f"{r.tc_width:g}×{r.tc_depth:g}",
+                f"{r.n_vc:g}",
+                f"{r.glb_bytes / 2**20:g}",
+                f"{r.area_mm2:.1f}",
+                f"{r.microbatch}",
+                "on" if r.recompute else "off",
+                f"{r.pp}/{r.tp}/{r.dp}",
+                f"{r.throughput_seq_s:.4g}",
+                f"{r.speedup_vs_tpuv4_expert:.2f}",
+            ]
+        )
     fig, ax = plt.subplots(figsize=(11, 0.6 + 0.28 * (len(cells) + 1)))
     ax.axis("off")
     if cells:
@@ -152,10 +226,17 @@ def arch_table(best: pd.DataFrame, comparison: pd.DataFrame, hbm_bytes: int):
 
 
 def pipeline_stages(best: pd.DataFrame, hbm_bytes: int):
-    rows = _one_devices(best[(best["hbm_bytes"] == hbm_bytes) & (best["mode"] == "early_stop")
-                             & (best["strategy"] == "phaze-per-model")])
+    rows = _one_devices(
+        best[
+            (best["hbm_bytes"] == hbm_bytes)
+            & (best["mode"] == "early_stop")
+            & (best["strategy"] == "phaze-per-model")
+        ]
+    )
     rows = rows.sort_values("model")
-    fig, axes = plt.subplots(1, max(1, len(rows)), figsize=(4.5 * max(1, len(rows)), 3.4), squeeze=False)
+    fig, axes = plt.subplots(
+        1, max(1, len(rows)), figsize=(4.5 * max(1, len(rows)), 3.4), squeeze=False
+    )
     for ax, r in zip(axes[0], rows.itertuples(index=False)):
         stages = json.loads(r.stages or "[]")
         mem = np.array(json.loads(r.stage_mem_bytes or "[]"), dtype=float) / GIB
@@ -170,8 +251,11 @@ def pipeline_stages(best: pd.DataFrame, hbm_bytes: int):
         ax2.axhline(hbm_bytes / GIB, color="C3", ls="--", lw=0.8)
         ax2.set_ylabel("memory per device (GiB; dashed: HBM)", color="C3")
         ax2.set_ylim(0, hbm_bytes / GIB * 1.1)
-        ax.set_title(f"{r.model}: pp={r.pp} tp={r.tp} dp={r.dp}, b={r.microbatch}, "
-                     f"recompute {'on' if r.recompute else 'off'}", fontsize=8)
+        ax.set_title(
+            f"{r.model}: pp={r.pp} tp={r.tp} dp={r.dp}, b={r.microbatch}, "
+            f"recompute {'on' if r.recompute else 'off'}",
+            fontsize=8,
+        )
     fig.suptitle(f"Phaze-Per-Model placements, HBM {hbm_bytes / GIB:g} GiB", fontsize=10)
     fig.tight_layout()
     return fig

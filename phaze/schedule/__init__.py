@@ -7,5 +7,6 @@ watchdog-guarded worker), ``solve`` (decomposition, cache, the pipeline: ``Sched
 ``tables`` (instances from trace/estimate tables and from JSON), ``stage`` and ``cli``. See the
 README's schedule section.
 """
+
 from phaze.schedule.instance import Instance, make_instance  # noqa: F401
 from phaze.schedule.solve import Options, Result, Scheduler  # noqa: F401

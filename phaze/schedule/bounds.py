@@ -17,6 +17,7 @@
 * op exclusion — op i either runs on one core (nothing comparable overlaps it: r_i + L1_i + d_i)
   or intra-op, alone (L_all_i + the energy of every other op); the smaller of the two bounds T.
 """
+
 from __future__ import annotations
 
 from phaze.schedule.instance import Instance
@@ -68,15 +69,19 @@ def core_limits(inst: Instance) -> dict[str, int]:
     out = {}
     for c in ("tc", "vc"):
         mem = [i for i in range(inst.n) if inst.uses(i, c) and inst.l1[i] > 0]
-        out[c] = max(1, min(inst.n_cores(c), antichain_width(inst, mem))) if mem else inst.n_cores(c)
+        out[c] = (
+            max(1, min(inst.n_cores(c), antichain_width(inst, mem))) if mem else inst.n_cores(c)
+        )
     return out
 
 
 def _weights(inst: Instance, k: dict[str, int]) -> dict[str, list[float]]:
     """Least time per op that a set's execution must cover, per core type: min(L_all, L_1 / k_c)
     for ops holding a type-c core, else 0 (they may run beside type-c work)."""
-    return {c: [min(inst.la[i], inst.l1[i] / k[c]) if inst.uses(i, c) else 0.0
-                for i in range(inst.n)] for c in ("tc", "vc")}
+    return {
+        c: [min(inst.la[i], inst.l1[i] / k[c]) if inst.uses(i, c) else 0.0 for i in range(inst.n)]
+        for c in ("tc", "vc")
+    }
 
 
 def _bits(m: int):
@@ -89,19 +94,22 @@ def _bits(m: int):
 def _energy_heads(inst: Instance, before, after, order, w) -> list[float]:
     """Lower bounds on each op's start (or, mirrored, on the time after its end): ``before`` /
     ``after`` are ancestor / descendant bitsets (swapped for tails)."""
+
     def e(m: int) -> float:
         return max(sum(w[c][j] for j in _bits(m)) for c in w) if m else 0.0
 
     r = [0.0] * inst.n
     for i in order:
-        v = e(before[i])                          # every ancestor runs before i starts
-        for j in _bits(before[i]):                # j, then the ops between j and i, then i
+        v = e(before[i])  # every ancestor runs before i starts
+        for j in _bits(before[i]):  # j, then the ops between j and i, then i
             v = max(v, r[j] + inst.q[j] + e(after[j] & before[i]))
         r[i] = v
     return r
 
 
-def energy_heads_tails(inst: Instance, k: dict[str, int] | None = None) -> tuple[list[float], list[float]]:
+def energy_heads_tails(
+    inst: Instance, k: dict[str, int] | None = None
+) -> tuple[list[float], list[float]]:
     """(r, d): r_i <= start of op i and d_i <= makespan - end of op i in every schedule; at least
     the critical-path heads/tails."""
     w = _weights(inst, k or core_limits(inst))
@@ -155,8 +163,11 @@ def forced_intra(inst: Instance, t: float) -> list[int]:
     """Ops that cannot run on one core in any schedule shorter than ``t``: head + L_1 + tail > t
     (and intra-op is faster). In every schedule of makespan < t they are intra-op, alone."""
     hd, tl = heads(inst), tails(inst)
-    return [i for i in range(inst.n)
-            if inst.la[i] < inst.l1[i] and hd[i] + inst.l1[i] + tl[i] > t * (1 + 1e-12)]
+    return [
+        i
+        for i in range(inst.n)
+        if inst.la[i] < inst.l1[i] and hd[i] + inst.l1[i] + tl[i] > t * (1 + 1e-12)
+    ]
 
 
 def forced_energy(inst: Instance, ub: float, r=None, d=None, k=None) -> float:
@@ -176,13 +187,20 @@ def forced_energy(inst: Instance, ub: float, r=None, d=None, k=None) -> float:
         out = base
         for c in ("tc", "vc"):
             n_c = k[c]
-            out = max(out, base + sum(min(inst.la[i], inst.l1[i] / n_c)
-                                      for i in range(n) if i not in forced and inst.uses(i, c)))
+            out = max(
+                out,
+                base
+                + sum(
+                    min(inst.la[i], inst.l1[i] / n_c)
+                    for i in range(n)
+                    if i not in forced and inst.uses(i, c)
+                ),
+            )
         return out
 
     lo = 0.0
     for b in sorted({v for v in bp if 0.0 < v < ub} | {ub}):
-        val = g({i for i in range(n) if bp[i] >= b})   # g on [lo, b): forced = bp >= b
+        val = g({i for i in range(n) if bp[i] >= b})  # g on [lo, b): forced = bp >= b
         if val <= b:
             return min(max(lo, val), ub)
         lo = b
@@ -194,10 +212,14 @@ def lower_bound(inst: Instance, ub: float | None = None) -> tuple[float, str]:
     forced-mode energy bound."""
     k = core_limits(inst)
     r, d = energy_heads_tails(inst, k)
-    cands = [(critical_path(inst), "critical_path"), (energy(inst, "tc", k), "energy_tc"),
-             (energy(inst, "vc", k), "energy_vc"), (windowed_energy(inst, "tc", r, d, k), "window_tc"),
-             (windowed_energy(inst, "vc", r, d, k), "window_vc"),
-             (exclusion_bound(inst, r, d, k), "exclusion")]
+    cands = [
+        (critical_path(inst), "critical_path"),
+        (energy(inst, "tc", k), "energy_tc"),
+        (energy(inst, "vc", k), "energy_vc"),
+        (windowed_energy(inst, "tc", r, d, k), "window_tc"),
+        (windowed_energy(inst, "vc", r, d, k), "window_vc"),
+        (exclusion_bound(inst, r, d, k), "exclusion"),
+    ]
     if ub is not None:
         cands.append((forced_energy(inst, ub, r, d, k), "forced_energy"))
     return max(cands)

@@ -1,5 +1,6 @@
 """``python -m phaze schedule``: per-layer operator scheduling for a chunk of architectures, or one
 instance given as JSON (``--instance``)."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,10 @@ from phaze.errors import PhazeError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--instance", help="solve one instance given as JSON (see README); "
-                        "prints the result as JSON")
+    parser.add_argument(
+        "--instance",
+        help="solve one instance given as JSON (see README); prints the result as JSON",
+    )
     parser.add_argument("--trace", help="trace directory (ops.parquet, edges.parquet)")
     parser.add_argument("--latency", help="latency table from the estimate stage")
     # the architecture selection of phaze.io.select, with --space optional for --instance
@@ -20,9 +23,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunks", help="chunk table (columns arch, chunk); default: one chunk")
     parser.add_argument("--chunk", type=int, help="chunk index to work on (needs --chunks)")
     parser.add_argument("--archs", help="comma-separated arch ids (alternative to --chunk)")
-    parser.add_argument("--tier", choices=("ilp", "bounds"), default="ilp",
-                        help="ilp: exact ILP within the limits (default); bounds: list-schedule "
-                             "upper bound and cheap lower bounds only, no solver")
+    parser.add_argument(
+        "--tier",
+        choices=("ilp", "bounds"),
+        default="ilp",
+        help="ilp: exact ILP within the limits (default); bounds: list-schedule "
+        "upper bound and cheap lower bounds only, no solver",
+    )
     parser.add_argument("--config", help="workflow config (YAML/JSON); section `schedule`")
     parser.add_argument("--out", help="output table (schedule schema)")
 
@@ -33,10 +40,16 @@ def _options(args, overrides: dict | None = None):
 
     cfg = dict(load_config(args.config)["schedule"])
     cfg.update(overrides or {})
-    return Options(tier=args.tier, time_limit_s=float(cfg["time_limit_s"]), gap=float(cfg["gap"]),
-                   threads=int(cfg["threads"]), cache=bool(cfg["cache"]),
-                   watchdog_s=float(cfg["watchdog_s"]), decompose=bool(cfg["decompose"]),
-                   node_limit=int(cfg["node_limit"]))
+    return Options(
+        tier=args.tier,
+        time_limit_s=float(cfg["time_limit_s"]),
+        gap=float(cfg["gap"]),
+        threads=int(cfg["threads"]),
+        cache=bool(cfg["cache"]),
+        watchdog_s=float(cfg["watchdog_s"]),
+        decompose=bool(cfg["decompose"]),
+        node_limit=int(cfg["node_limit"]),
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,10 +62,12 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     stats = schedule_tables(args, _options(args))
-    print(f"phaze schedule: {stats['rows']} rows, {stats['instances']} instances, "
-          f"{stats['ilp_solves']} ILP solves, cache hits {stats['hits']}/{stats['lookups']} "
-          f"(+{stats['segment_hits']} segment hits), {time.perf_counter() - t0:.1f} s",
-          file=sys.stderr)
+    print(
+        f"phaze schedule: {stats['rows']} rows, {stats['instances']} instances, "
+        f"{stats['ilp_solves']} ILP solves, cache hits {stats['hits']}/{stats['lookups']} "
+        f"(+{stats['segment_hits']} segment hits), {time.perf_counter() - t0:.1f} s",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -73,18 +88,31 @@ def _run_instance(args) -> int:
     s = r.schedule
     peak_tc, peak_vc = peak_cores(inst, s)
     out = {
-        "makespan_s": r.makespan_s, "lower_bound_s": r.lower_bound_s,
-        "upper_bound_s": r.upper_bound_s, "gap": r.gap, "status": r.status, "method": r.method,
-        "solve_s": r.solve_s, "peak_tc": peak_tc, "peak_vc": peak_vc,
+        "makespan_s": r.makespan_s,
+        "lower_bound_s": r.lower_bound_s,
+        "upper_bound_s": r.upper_bound_s,
+        "gap": r.gap,
+        "status": r.status,
+        "method": r.method,
+        "solve_s": r.solve_s,
+        "peak_tc": peak_tc,
+        "peak_vc": peak_vc,
         "schedule": [
-            {"id": inst.ids[i], "start_s": s.start[i], "end_s": s.end(inst, i),
-             "intra_op": bool(s.y[i]), "tc_cores": list(s.cores[i][0]), "vc_cores": list(s.cores[i][1])}
+            {
+                "id": inst.ids[i],
+                "start_s": s.start[i],
+                "end_s": s.end(inst, i),
+                "intra_op": bool(s.y[i]),
+                "tc_cores": list(s.cores[i][0]),
+                "vc_cores": list(s.cores[i][1]),
+            }
             for i in sorted(range(inst.n), key=lambda i: (s.start[i], i))
         ],
     }
     text = json.dumps(out, indent=2) + "\n"
     if args.out:
         from phaze.io.atomic import write_text_atomic
+
         write_text_atomic(args.out, text)
     else:
         sys.stdout.write(text)

@@ -20,6 +20,7 @@ pairs only (precedence already orders the others), makespan T; minimise T.
 
 The dual bound of a model without some z is still a valid lower bound (it is a relaxation).
 """
+
 from __future__ import annotations
 
 import os
@@ -40,12 +41,12 @@ _EPS = 1e-9
 
 @dataclass
 class IlpOutcome:
-    status: str            # optimal | gap_limit | time_limit | no_solution | watchdog
+    status: str  # optimal | gap_limit | time_limit | no_solution | watchdog
     start: list[float] | None
     y: list[int] | None
-    objective_s: float | None   # solver's T, seconds
-    bound_s: float              # proven lower bound, seconds (0 if none)
-    z_types: tuple[str, ...]    # core types that needed explicit core assignment
+    objective_s: float | None  # solver's T, seconds
+    bound_s: float  # proven lower bound, seconds (0 if none)
+    z_types: tuple[str, ...]  # core types that needed explicit core assignment
     solve_s: float
 
 
@@ -85,20 +86,30 @@ def build_model(inst: Instance, ub: float, lb: float, z_types=(), warm: Schedule
     arcs = pairs + [(j, i) for i, j in pairs]
     m.o = pyo.Var(arcs, domain=pyo.Binary)
     bigm = {(i, j): max(0.0, t_max - tl[i] - hd[j]) for i, j in arcs}
-    m.disj = pyo.Constraint(arcs, rule=lambda _m, i, j: m.t[j] >= m.t[i] + p(i) - bigm[i, j] * (1 - m.o[i, j]))
+    m.disj = pyo.Constraint(
+        arcs, rule=lambda _m, i, j: m.t[j] >= m.t[i] + p(i) - bigm[i, j] * (1 - m.o[i, j])
+    )
     m.atmost1 = pyo.Constraint(pairs, rule=lambda _m, i, j: m.o[i, j] + m.o[j, i] <= 1)
     m.alone_i = pyo.Constraint(pairs, rule=lambda _m, i, j: m.o[i, j] + m.o[j, i] >= m.y[i])
     m.alone_j = pyo.Constraint(pairs, rule=lambda _m, i, j: m.o[i, j] + m.o[j, i] >= m.y[j])
 
     def must_order(i, j):
-        return any(inst.uses(i, c) and inst.uses(j, c) and inst.n_cores(c) == 1 for c in ("tc", "vc"))
+        return any(
+            inst.uses(i, c) and inst.uses(j, c) and inst.n_cores(c) == 1 for c in ("tc", "vc")
+        )
 
     forced = [(i, j) for i, j in pairs if must_order(i, j)]
     m.forced = pyo.Constraint(forced, rule=lambda _m, i, j: m.o[i, j] + m.o[j, i] == 1)
 
     kinds = ("tc", "vc")
-    m.energy = pyo.Constraint(kinds, rule=lambda _m, c: m.T >= sum(la[i] * m.y[i] for i in range(n))
-                              + sum(l1[i] / inst.n_cores(c) * (1 - m.y[i]) for i in range(n) if inst.uses(i, c)))
+    m.energy = pyo.Constraint(
+        kinds,
+        rule=lambda _m, c: (
+            m.T
+            >= sum(la[i] * m.y[i] for i in range(n))
+            + sum(l1[i] / inst.n_cores(c) * (1 - m.y[i]) for i in range(n) if inst.uses(i, c))
+        ),
+    )
     # the energy cut on late / early windows: ops with head >= h (tail >= tau) all run after h
     # (end before T - tau), intra-op ops of any type take the whole chip while they run
     win = []
@@ -112,7 +123,9 @@ def build_model(inst: Instance, ub: float, lb: float, z_types=(), warm: Schedule
     def window_rule(_m, c, side, v):
         sel = [i for i in range(n) if (hd[i] if side == "head" else tl[i]) >= v]
         return m.T >= v + sum(la[i] * m.y[i] for i in sel) + sum(
-            l1[i] / inst.n_cores(c) * (1 - m.y[i]) for i in sel if inst.uses(i, c))
+            l1[i] / inst.n_cores(c) * (1 - m.y[i]) for i in sel if inst.uses(i, c)
+        )
+
     m.window = pyo.Constraint(win, rule=window_rule)
     m.obj = pyo.Objective(expr=m.T, sense=pyo.minimize)
 
@@ -133,8 +146,12 @@ def build_model(inst: Instance, ub: float, lb: float, z_types=(), warm: Schedule
     zsets = {}
     for c, i, k in zkeys:
         zsets.setdefault((c, i), []).append(k)
-    m.assign = pyo.Constraint(list(zsets), rule=lambda _m, c, i: sum(m.z[c, i, k] for k in zsets[c, i]) == 1 - m.y[i])
-    m.samecore = pyo.Constraint(zpairs, rule=lambda _m, c, i, j, k: m.o[i, j] + m.o[j, i] >= m.z[c, i, k] + m.z[c, j, k] - 1)
+    m.assign = pyo.Constraint(
+        list(zsets), rule=lambda _m, c, i: sum(m.z[c, i, k] for k in zsets[c, i]) == 1 - m.y[i]
+    )
+    m.samecore = pyo.Constraint(
+        zpairs, rule=lambda _m, c, i, j, k: m.o[i, j] + m.o[j, i] >= m.z[c, i, k] + m.z[c, j, k] - 1
+    )
 
     if warm is not None:
         _set_warm(m, inst, warm, s, z_types, pairs)
@@ -195,10 +212,18 @@ def _oversubscribed(inst: Instance, start, y, tol) -> list[str]:
     return out
 
 
-def solve_once(inst: Instance, warm: Schedule, lb: float, time_limit_s: float, gap: float,
-               threads: int, node_limit: int = 0, seed: int = 0) -> IlpOutcome:
-    from pyomo.contrib.solver.solvers.scip.scip_direct import ScipDirect
+def solve_once(
+    inst: Instance,
+    warm: Schedule,
+    lb: float,
+    time_limit_s: float,
+    gap: float,
+    threads: int,
+    node_limit: int = 0,
+    seed: int = 0,
+) -> IlpOutcome:
     import pyomo.environ as pyo
+    from pyomo.contrib.solver.solvers.scip.scip_direct import ScipDirect
 
     t0 = time.perf_counter()
     ub = warm.makespan(inst)
@@ -212,12 +237,20 @@ def solve_once(inst: Instance, warm: Schedule, lb: float, time_limit_s: float, g
         m = build_model(inst, ub, lb, z_types, warm)
         opt = ScipDirect()
         res = opt.solve(
-            m, time_limit=remaining, rel_gap=gap, threads=threads, warmstart_discrete_vars=True,
-            load_solutions=False, raise_exception_on_nonoptimal_result=False,
-            solver_options={"randomization/randomseedshift": seed, "display/verblevel": 0,
-                            # a node limit (0 = none) stops SCIP at the same point on every
-                            # machine; a wall-clock limit does not (reproducible artifacts)
-                            **({"limits/totalnodes": int(node_limit)} if node_limit else {})},
+            m,
+            time_limit=remaining,
+            rel_gap=gap,
+            threads=threads,
+            warmstart_discrete_vars=True,
+            load_solutions=False,
+            raise_exception_on_nonoptimal_result=False,
+            solver_options={
+                "randomization/randomseedshift": seed,
+                "display/verblevel": 0,
+                # a node limit (0 = none) stops SCIP at the same point on every
+                # machine; a wall-clock limit does not (reproducible artifacts)
+                **({"limits/totalnodes": int(node_limit)} if node_limit else {}),
+            },
         )
         scip_status = opt._solver_model.getStatus()
         if res.objective_bound is not None and res.objective_bound > -1e300:
@@ -227,17 +260,22 @@ def solve_once(inst: Instance, warm: Schedule, lb: float, time_limit_s: float, g
             break
         res.solution_loader.load_vars()
         start = [pyo.value(m.t[i]) * ub for i in range(inst.n)]
-        y = [int(round(pyo.value(m.y[i]))) for i in range(inst.n)]
+        y = [round(pyo.value(m.y[i])) for i in range(inst.n)]
         over = [c for c in _oversubscribed(inst, start, y, 1e-6 * ub) if c not in z_types]
         if over:
             z_types = tuple(sorted(set(z_types) | set(over)))
             status = "time_limit"  # if the loop runs out of time before a valid answer
             continue
-        status = {"optimal": "optimal", "gaplimit": "gap_limit", "timelimit": "time_limit",
-                  "totalnodelimit": "node_limit", "nodelimit": "node_limit"}.get(
-            scip_status, scip_status)
-        return IlpOutcome(status, start, y, res.incumbent_objective * ub, bound, z_types,
-                          time.perf_counter() - t0)
+        status = {
+            "optimal": "optimal",
+            "gaplimit": "gap_limit",
+            "timelimit": "time_limit",
+            "totalnodelimit": "node_limit",
+            "nodelimit": "node_limit",
+        }.get(scip_status, scip_status)
+        return IlpOutcome(
+            status, start, y, res.incumbent_objective * ub, bound, z_types, time.perf_counter() - t0
+        )
     return IlpOutcome(status, None, None, None, bound, z_types, time.perf_counter() - t0)
 
 
@@ -247,6 +285,7 @@ def _worker_main(read_fd: int, write_fd: int) -> None:
 
     import pyomo.environ  # noqa: F401  (pay the import once per worker)
     from pyomo.contrib.solver.solvers.scip.scip_direct import ScipDirect  # noqa: F401
+
     rx = Connection(read_fd, writable=False)
     tx = Connection(write_fd, readable=False)
     while True:
@@ -277,23 +316,40 @@ class SolverWorker:
         if self._proc is not None and self._proc.poll() is None:
             return
         from multiprocessing.connection import Connection
+
         c_read, p_write = os.pipe()
         p_read, c_write = os.pipe()
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         self._proc = subprocess.Popen(
-            [sys.executable, "-c",
-             f"from phaze.schedule.ilp import _worker_main; _worker_main({c_read}, {c_write})"],
-            pass_fds=(c_read, c_write), env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=None)
+            [
+                sys.executable,
+                "-c",
+                f"from phaze.schedule.ilp import _worker_main; _worker_main({c_read}, {c_write})",
+            ],
+            pass_fds=(c_read, c_write),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=None,
+        )
         os.close(c_read)
         os.close(c_write)
         self._tx = Connection(p_write, readable=False)
         self._rx = Connection(p_read, writable=False)
 
-    def solve(self, inst: Instance, warm: Schedule, lb: float, time_limit_s: float, gap: float,
-              threads: int, watchdog_s: float, node_limit: int = 0) -> IlpOutcome:
+    def solve(
+        self,
+        inst: Instance,
+        warm: Schedule,
+        lb: float,
+        time_limit_s: float,
+        gap: float,
+        threads: int,
+        watchdog_s: float,
+        node_limit: int = 0,
+    ) -> IlpOutcome:
         self._ensure()
         t0 = time.perf_counter()
         try:

@@ -12,6 +12,7 @@ Ops are re-indexed 0..n-1 in a topological order; ``ids`` keeps the caller's op 
 (ancestor/descendant) is kept as Python-int bitsets, which makes the ordering-pair enumeration and
 the articulation test cheap.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,9 +29,9 @@ CORE_TYPES = ("tc", "vc", "fused")
 class Instance:
     n_tc: int
     n_vc: int
-    core: tuple[str, ...]          # per op: tc | vc | fused
-    l1: tuple[float, ...]          # latency on one core of its type, s
-    la: tuple[float, ...]          # latency intra-op parallel on all cores of its type, s
+    core: tuple[str, ...]  # per op: tc | vc | fused
+    l1: tuple[float, ...]  # latency on one core of its type, s
+    la: tuple[float, ...]  # latency intra-op parallel on all cores of its type, s
     edges: tuple[tuple[int, int], ...]  # (src, dst) over indices 0..n-1, src topologically first
     ids: tuple[int, ...] = field(default=())  # caller's op ids, per index
 
@@ -123,8 +124,10 @@ class Instance:
         two architectures differing only in clock, all ops compute-bound) re-uses the schedule.
         """
         scale = max(max(self.l1), max(self.la)) or 1.0
+
         def r(v: float) -> str:
             return f"{v / scale:.{digits}e}"
+
         h = hashlib.sha256()
         h.update(f"{self.n_tc},{self.n_vc};".encode())
         h.update(",".join(self.core).encode())
@@ -132,14 +135,18 @@ class Instance:
         h.update(",".join(r(v) for v in self.l1 + self.la).encode())
         return h.hexdigest(), scale
 
-    def subinstance(self, members: list[int]) -> "Instance":
+    def subinstance(self, members: list[int]) -> Instance:
         """Induced sub-DAG on ``members`` (kept in topological order)."""
         members = sorted(members)
         pos = {m: k for k, m in enumerate(members)}
         edges = tuple((pos[a], pos[b]) for a, b in self.edges if a in pos and b in pos)
         return Instance(
-            self.n_tc, self.n_vc, tuple(self.core[m] for m in members),
-            tuple(self.l1[m] for m in members), tuple(self.la[m] for m in members), edges,
+            self.n_tc,
+            self.n_vc,
+            tuple(self.core[m] for m in members),
+            tuple(self.l1[m] for m in members),
+            tuple(self.la[m] for m in members),
+            edges,
             tuple(self.ids[m] for m in members) if self.ids else tuple(members),
         )
 
@@ -181,6 +188,7 @@ def make_instance(n_tc: int, n_vc: int, ops: list[dict], edges: list) -> Instanc
             indeg[b] += 1
     # Kahn's algorithm, smallest id first, so the index order is deterministic.
     import heapq
+
     ready = [i for i in ids if indeg[i] == 0]
     heapq.heapify(ready)
     order = []
@@ -196,7 +204,8 @@ def make_instance(n_tc: int, n_vc: int, ops: list[dict], edges: list) -> Instanc
     pos = {i: k for k, i in enumerate(order)}
     by_id = {int(op["id"]): op for op in ops}
     return Instance(
-        int(n_tc), int(n_vc),
+        int(n_tc),
+        int(n_vc),
         tuple(str(by_id[i]["core"]) for i in order),
         tuple(float(by_id[i]["latency_1core_s"]) for i in order),
         tuple(float(by_id[i]["latency_allcores_s"]) for i in order),

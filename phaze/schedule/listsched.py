@@ -13,6 +13,7 @@
   each op's intra-op flag, then adaptive-mode runs (forward and on the reversed graph): the upper
   bound, the warm start, and the cheap tier's answer.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from phaze.schedule.instance import Instance
 @dataclass
 class Schedule:
     start: list[float]
-    y: list[int]                 # 1 = intra-op parallel on all cores of its type
+    y: list[int]  # 1 = intra-op parallel on all cores of its type
     cores: list[tuple[tuple[int, ...], tuple[int, ...]]] | None = None  # (tc ids, vc ids)
 
     def duration(self, inst: Instance, i: int) -> float:
@@ -67,7 +68,9 @@ def serial_sgs(inst: Instance, order: list[int], y: list[int]) -> Schedule:
     return Schedule(start, list(y))
 
 
-def _earliest_fit(inst: Instance, placed, est: float, p: float, tc: int, vc: int, excl: bool) -> float:
+def _earliest_fit(
+    inst: Instance, placed, est: float, p: float, tc: int, vc: int, excl: bool
+) -> float:
     """Earliest start >= est at which an op holding (tc, vc, excl) for p fits beside ``placed``
     (candidate starts: est and every placed end after it; the last one always fits)."""
     for s in sorted({est} | {e for (_, e, _, _, _) in placed if e > est}):
@@ -89,7 +92,7 @@ def adaptive_sgs(inst: Instance, order: list[int], bias: float = 0.0) -> Schedul
     for i in order:
         est = max((end[k] for k in inst.preds[i]), default=0.0)
         best = None
-        for yi in ((0, 1) if inst.la[i] != inst.l1[i] else (0,)):
+        for yi in (0, 1) if inst.la[i] != inst.l1[i] else (0,):
             p = inst.la[i] if yi else inst.l1[i]
             tc, vc, excl = _usage(inst, i, yi)
             s = est if p <= 0.0 else _earliest_fit(inst, placed, est, p, tc, vc, excl)
@@ -116,7 +119,7 @@ def _fits(over, s, tc, vc, excl, n_tc, n_vc) -> bool:
     for t in points:
         u_tc = tc
         u_vc = vc
-        for (a, b, c, d, _) in over:
+        for a, b, c, d, _ in over:
             if a <= t < b:
                 u_tc += c
                 u_vc += d
@@ -130,8 +133,9 @@ def assign_cores(inst: Instance, sched: Schedule, tol: float = 0.0) -> Schedule:
     then take the lowest free ids. Interval graphs are perfect, so this never needs more cores
     than the peak concurrency; if the schedule over-subscribes, an id >= n shows it (``verify``
     reports it)."""
-    order = sorted((i for i in range(inst.n) if sched.duration(inst, i) > 0),
-                   key=lambda i: (sched.start[i], i))
+    order = sorted(
+        (i for i in range(inst.n) if sched.duration(inst, i) > 0), key=lambda i: (sched.start[i], i)
+    )
     free = {"tc": [], "vc": []}
     nxt = {"tc": 0, "vc": 0}
     active: list[tuple[float, int, list[int], list[int]]] = []
@@ -189,12 +193,16 @@ def verify(inst: Instance, sched: Schedule, tol: float) -> list[str]:
             dj = sched.duration(inst, j)
             if dj <= 0:
                 continue
-            overlap = min(sched.start[i] + di, sched.start[j] + dj) - max(sched.start[i], sched.start[j])
+            overlap = min(sched.start[i] + di, sched.start[j] + dj) - max(
+                sched.start[i], sched.start[j]
+            )
             if overlap <= tol:
                 continue
             if sched.y[i] or sched.y[j]:
                 bad.append(f"intra-op op overlaps another: ops {i}, {j}")
-            elif set(sched.cores[i][0]) & set(sched.cores[j][0]) or set(sched.cores[i][1]) & set(sched.cores[j][1]):
+            elif set(sched.cores[i][0]) & set(sched.cores[j][0]) or set(sched.cores[i][1]) & set(
+                sched.cores[j][1]
+            ):
                 bad.append(f"ops {i} and {j} share a core while overlapping")
     return bad
 
@@ -211,6 +219,7 @@ def _tails(inst: Instance, dur: list[float]) -> list[float]:
 def priority_order(inst: Instance, prio: list[float]) -> list[int]:
     """Precedence-feasible list: repeatedly the eligible op with the highest priority."""
     import heapq
+
     indeg = [len(p) for p in inst.preds]
     heap = [(-prio[i], i) for i in range(inst.n) if indeg[i] == 0]
     heapq.heapify(heap)
@@ -228,13 +237,13 @@ def priority_order(inst: Instance, prio: list[float]) -> list[int]:
 def _orders(inst: Instance, y: list[int]) -> list[list[int]]:
     dur = [inst.la[i] if y[i] else inst.l1[i] for i in range(inst.n)]
     tail = _tails(inst, dur)
-    ndesc = [bin(d).count("1") for d in inst.descendants]
+    ndesc = [(d).bit_count() for d in inst.descendants]
     rules = [
-        tail,                                               # critical path first
-        [tail[i] + 1e-3 * dur[i] for i in range(inst.n)],   # ... ties to longer ops
-        dur,                                                # longest first
-        [float(x) for x in ndesc],                          # most successors first
-        [-float(i) for i in range(inst.n)],                 # topological index
+        tail,  # critical path first
+        [tail[i] + 1e-3 * dur[i] for i in range(inst.n)],  # ... ties to longer ops
+        dur,  # longest first
+        [float(x) for x in ndesc],  # most successors first
+        [-float(i) for i in range(inst.n)],  # topological index
     ]
     seen, out = set(), []
     for r in rules:
@@ -253,16 +262,20 @@ def initial_modes(inst: Instance) -> list[list[int]]:
     n = inst.n
     fast = [1 if inst.la[i] < inst.l1[i] else 0 for i in range(n)]
     modes = [
-        [0] * n,                                                       # all on one core
-        fast,                                                          # each op at its fastest
-        [1 if inst.la[i] * inst.n_cores("tc" if inst.core[i] != "vc" else "vc") <= inst.l1[i]
-         else 0 for i in range(n)],                                     # split only if it scales
+        [0] * n,  # all on one core
+        fast,  # each op at its fastest
+        [
+            1
+            if inst.la[i] * inst.n_cores("tc" if inst.core[i] != "vc" else "vc") <= inst.l1[i]
+            else 0
+            for i in range(n)
+        ],  # split only if it scales
     ]
     dur = [min(inst.la[i], inst.l1[i]) for i in range(n)]
     head = [0.0] * n
     for j in range(n):
         head[j] = max((head[i] + dur[i] for i in inst.preds[j]), default=0.0)
-    tail = _tails(inst, dur)   # includes the op itself
+    tail = _tails(inst, dur)  # includes the op itself
     cp = max((head[i] + tail[i] for i in range(n)), default=0.0)
     for theta in (0.0, 0.02, 0.05, 0.1, 0.2, 0.35):
         modes.append([fast[i] if cp - (head[i] + tail[i]) <= theta * cp else 0 for i in range(n)])
@@ -276,9 +289,16 @@ def initial_modes(inst: Instance) -> list[list[int]]:
 def reversed_instance(inst: Instance) -> Instance:
     """The same ops with every edge reversed (index k <-> n-1-k keeps indices topological)."""
     n = inst.n
-    r = lambda i: n - 1 - i  # noqa: E731
-    return Instance(inst.n_tc, inst.n_vc, inst.core[::-1], inst.l1[::-1], inst.la[::-1],
-                    tuple(sorted((r(b), r(a)) for a, b in inst.edges)), inst.ids[::-1])
+    r = lambda i: n - 1 - i
+    return Instance(
+        inst.n_tc,
+        inst.n_vc,
+        inst.core[::-1],
+        inst.l1[::-1],
+        inst.la[::-1],
+        tuple(sorted((r(b), r(a)) for a, b in inst.edges)),
+        inst.ids[::-1],
+    )
 
 
 def justify(inst: Instance, sched: Schedule, rev: Instance | None = None) -> Schedule:
@@ -296,9 +316,13 @@ def justify(inst: Instance, sched: Schedule, rev: Instance | None = None) -> Sch
     return fwd if fwd.makespan(inst) < sched.makespan(inst) else sched
 
 
-def best_list_schedule(inst: Instance, local_search: bool = True,
-                       extra: list[tuple[list[int], list[int]]] | None = None,
-                       restarts: int = 0, seed: int = 0) -> Schedule:
+def best_list_schedule(
+    inst: Instance,
+    local_search: bool = True,
+    extra: list[tuple[list[int], list[int]]] | None = None,
+    restarts: int = 0,
+    seed: int = 0,
+) -> Schedule:
     """Best schedule over mode heuristics × priority rules (plus ``extra`` (order, y) seeds, e.g.
     a neighbouring architecture's solution), each double-justified; then (``local_search``)
     single intra-op flag flips, and ``restarts`` randomised priority perturbations (seeded, so
@@ -348,7 +372,7 @@ def best_list_schedule(inst: Instance, local_search: bool = True,
     flip_pass()
     # adaptive-mode candidates after the flips, so the flip search's path (and result) from the
     # fixed-mode starts is unchanged and the answer is never worse than without them
-    if any([consider(s) for s in _adaptive_candidates(inst, rev)]):
+    if any(consider(s) for s in _adaptive_candidates(inst, rev)):
         flip_pass()
     rng = random.Random(seed)
     for _ in range(restarts):
@@ -370,7 +394,7 @@ def _adaptive_candidates(inst: Instance, rev: Instance):
     with single-core / fastest durations, op length, successor count; mode bias 0, ±2 %."""
     n = inst.n
     for g, backward in ((inst, False), (rev, True)):
-        ndesc = [float(bin(d).count("1")) for d in g.descendants]
+        ndesc = [float((d).bit_count()) for d in g.descendants]
         for y0 in ([0] * n, [1 if g.la[i] < g.l1[i] else 0 for i in range(n)]):
             dur = [g.la[i] if y0[i] else g.l1[i] for i in range(n)]
             for prio in (_tails(g, dur), dur, ndesc):
@@ -379,8 +403,11 @@ def _adaptive_candidates(inst: Instance, rev: Instance):
                     s = adaptive_sgs(g, order, bias)
                     if backward:
                         ends = [s.end(g, k) for k in range(n)]
-                        s = serial_sgs(inst, priority_order(inst, [ends[n - 1 - i] for i in range(n)]),
-                                       list(reversed(s.y)))
+                        s = serial_sgs(
+                            inst,
+                            priority_order(inst, [ends[n - 1 - i] for i in range(n)]),
+                            list(reversed(s.y)),
+                        )
                     yield s
 
 

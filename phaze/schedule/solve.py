@@ -17,27 +17,43 @@ Identical segments (same structure, core counts and latencies up to a common sca
 once per ``Scheduler`` (one per job); the last solutions on the same structure seed the list
 scheduler of the next architecture (a neighbouring architecture's schedule, re-timed).
 """
+
 from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from phaze.errors import PhazeError
 from phaze.schedule.bounds import lower_bound
 from phaze.schedule.ilp import SolverWorker
 from phaze.schedule.instance import Instance
-from phaze.schedule.listsched import (Schedule, assign_cores, best_list_schedule,
-                                      priority_order, replay, verify)
+from phaze.schedule.listsched import (
+    Schedule,
+    assign_cores,
+    best_list_schedule,
+    priority_order,
+    replay,
+    verify,
+)
 
 # Severity order used when segments with different statuses are combined.
-_SEVERITY = {"chain": 0, "optimal": 1, "gap_limit": 2, "bounds": 3, "node_limit": 4,
-             "time_limit": 4, "no_solution": 5, "watchdog": 6, "solver_died": 7}
+_SEVERITY = {
+    "chain": 0,
+    "optimal": 1,
+    "gap_limit": 2,
+    "bounds": 3,
+    "node_limit": 4,
+    "time_limit": 4,
+    "no_solution": 5,
+    "watchdog": 6,
+    "solver_died": 7,
+}
 
 
 @dataclass
 class Options:
-    tier: str = "ilp"            # ilp | bounds
+    tier: str = "ilp"  # ilp | bounds
     time_limit_s: float = 2.0
     gap: float = 0.01
     threads: int = 1
@@ -45,16 +61,16 @@ class Options:
     watchdog_s: float = 30.0
     decompose: bool = True
     local_search: bool = True
-    node_limit: int = 0          # SCIP branch-and-bound nodes per solve; 0 = no limit
+    node_limit: int = 0  # SCIP branch-and-bound nodes per solve; 0 = no limit
 
 
 @dataclass
 class Result:
     makespan_s: float
     lower_bound_s: float
-    upper_bound_s: float        # best list schedule
+    upper_bound_s: float  # best list schedule
     status: str
-    method: str                 # chain | list | ilp
+    method: str  # chain | list | ilp
     solve_s: float
     schedule: Schedule
     cache_hit: bool = False
@@ -68,8 +84,9 @@ class Result:
 
 def articulation_ops(inst: Instance) -> list[int]:
     full = (1 << inst.n) - 1
-    return [i for i in range(inst.n)
-            if (inst.ancestors[i] | inst.descendants[i] | (1 << i)) == full]
+    return [
+        i for i in range(inst.n) if (inst.ancestors[i] | inst.descendants[i] | (1 << i)) == full
+    ]
 
 
 def peak_cores(inst: Instance, sched: Schedule) -> tuple[int, int]:
@@ -205,8 +222,9 @@ class Scheduler:
         skey = _structure_key(inst)
         seeds = self.seeds.get(skey, [])
         # the cheap tier skips the mode-flip local search (10x faster, same median gap)
-        best = best_list_schedule(inst, local_search=self.opts.local_search and self.opts.tier == "ilp",
-                                  extra=seeds)
+        best = best_list_schedule(
+            inst, local_search=self.opts.local_search and self.opts.tier == "ilp", extra=seeds
+        )
         ub = best.makespan(inst)
         lb, _which = lower_bound(inst, ub)
         best = assign_cores(inst, best)
@@ -222,8 +240,16 @@ class Scheduler:
         if self._worker is None:
             self._worker = SolverWorker()
         self.ilp_solves += 1
-        out = self._worker.solve(inst, best, lb, self.opts.time_limit_s, self.opts.gap,
-                                 self.opts.threads, self.opts.watchdog_s, self.opts.node_limit)
+        out = self._worker.solve(
+            inst,
+            best,
+            lb,
+            self.opts.time_limit_s,
+            self.opts.gap,
+            self.opts.threads,
+            self.opts.watchdog_s,
+            self.opts.node_limit,
+        )
         lb = max(lb, out.bound_s)
         final, method = best, "list"
         if out.start is not None:
@@ -231,14 +257,18 @@ class Scheduler:
             rms = rep.makespan(inst)
             tol = 1e-6 * ub * (inst.n + 1)
             if rms > out.objective_s + tol:
-                raise PhazeError(f"replayed ILP schedule ({rms:.9g} s) is longer than the solver's "
-                                 f"makespan ({out.objective_s:.9g} s): scheduling bug")
+                raise PhazeError(
+                    f"replayed ILP schedule ({rms:.9g} s) is longer than the solver's "
+                    f"makespan ({out.objective_s:.9g} s): scheduling bug"
+                )
             _check(inst, rep, rms)
             if rms < ub:
                 final, method = rep, "ilp"
         ms = final.makespan(inst)
         if lb > ms * (1 + 1e-6):
-            raise PhazeError(f"lower bound {lb:.9g} s exceeds a valid schedule's makespan {ms:.9g} s")
+            raise PhazeError(
+                f"lower bound {lb:.9g} s exceeds a valid schedule's makespan {ms:.9g} s"
+            )
         lb = min(lb, ms)
         status = out.status
         if ms - lb <= 1e-6 * ms:  # proven up to SCIP's own numerical tolerances
@@ -278,5 +308,13 @@ def _retime(inst: Instance, res: Result, f: float) -> Result:
     sched = assign_cores(inst, replay(inst, [t * f for t in s.start], list(s.y)))
     ms = sched.makespan(inst)
     _check(inst, sched, ms)
-    return Result(ms, min(res.lower_bound_s * f, ms), res.upper_bound_s * f, res.status,
-                  res.method, 0.0, sched, cache_hit=True)
+    return Result(
+        ms,
+        min(res.lower_bound_s * f, ms),
+        res.upper_bound_s * f,
+        res.status,
+        res.method,
+        0.0,
+        sched,
+        cache_hit=True,
+    )

@@ -1,4 +1,5 @@
 """The table-to-table stage: every selected architecture × layer graph (signature, pass)."""
+
 from __future__ import annotations
 
 import argparse
@@ -32,20 +33,68 @@ def schedule_tables(args: argparse.Namespace, opts: Options) -> dict:
                 inst = build_instance(g, part, a.n_tc, a.n_vc, where)
                 r = sch.solve(inst)
                 ptc, pvc = peak_cores(inst, r.schedule)
-                rows.append(_row(a.arch, g, r.makespan_s, r.lower_bound_s, r.upper_bound_s,
-                                 r.status, r.method, r.solve_s, ptc, pvc, r.cache_hit, inst.n))
-        stats = {"rows": len(rows), "instances": sch.lookups, "hits": sch.hits,
-                 "lookups": sch.lookups, "segment_hits": sch.segment_hits,
-                 "ilp_solves": sch.ilp_solves}
+                rows.append(
+                    _row(
+                        a.arch,
+                        g,
+                        r.makespan_s,
+                        r.lower_bound_s,
+                        r.upper_bound_s,
+                        r.status,
+                        r.method,
+                        r.solve_s,
+                        ptc,
+                        pvc,
+                        r.cache_hit,
+                        inst.n,
+                    )
+                )
+        stats = {
+            "rows": len(rows),
+            "instances": sch.lookups,
+            "hits": sch.hits,
+            "lookups": sch.lookups,
+            "segment_hits": sch.segment_hits,
+            "ilp_solves": sch.ilp_solves,
+        }
     df = pd.DataFrame(rows, columns=list(_COLUMNS))
     write_table(df, args.out, "schedule")
     return stats
 
 
-_COLUMNS = ("arch", "signature", "pass", "makespan_s", "lower_bound_s", "gap", "status", "solve_s",
-            "peak_tc", "peak_vc", "upper_bound_s", "method", "cache_hit", "n_ops")
+_COLUMNS = (
+    "arch",
+    "signature",
+    "pass",
+    "makespan_s",
+    "lower_bound_s",
+    "gap",
+    "status",
+    "solve_s",
+    "peak_tc",
+    "peak_vc",
+    "upper_bound_s",
+    "method",
+    "cache_hit",
+    "n_ops",
+)
 
 
 def _row(arch, g, ms, lb, ub, status, method, solve_s, ptc, pvc, hit, n_ops=0):
     gap = 0.0 if ms <= 0 else max(0.0, (ms - lb) / ms)
-    return (arch, g.signature, g.pass_, ms, lb, gap, status, solve_s, ptc, pvc, ub, method, hit, n_ops)
+    return (
+        arch,
+        g.signature,
+        g.pass_,
+        ms,
+        lb,
+        gap,
+        status,
+        solve_s,
+        ptc,
+        pvc,
+        ub,
+        method,
+        hit,
+        n_ops,
+    )

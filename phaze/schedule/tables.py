@@ -6,6 +6,7 @@ compute to the matmul and gives them zero latency) and ``nop`` ops (allocations)
 their predecessors linked to their successors, so the instance holds only ops that take time.
 Latencies per architecture come from ``latency.parquet``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,9 +24,9 @@ from phaze.schedule.instance import CORE_TYPES, Instance, make_instance
 class LayerGraph:
     signature: str
     pass_: str
-    ids: list[int]              # op ids kept, in the instance's index order
+    ids: list[int]  # op ids kept, in the instance's index order
     core: tuple[str, ...]
-    edges: tuple[tuple[int, int], ...]   # over indices
+    edges: tuple[tuple[int, int], ...]  # over indices
 
 
 def load_graphs(trace_dir: str | Path) -> list[LayerGraph]:
@@ -34,7 +35,9 @@ def load_graphs(trace_dir: str | Path) -> list[LayerGraph]:
     edges = read_table(trace_dir / "edges.parquet", "edges")
     for col in ("signature", "core", "fused_into"):
         if col not in ops.columns:
-            raise PhazeError(f"{trace_dir}/ops.parquet lacks the column {col!r} the schedule stage needs")
+            raise PhazeError(
+                f"{trace_dir}/ops.parquet lacks the column {col!r} the schedule stage needs"
+            )
     if "signature" not in edges.columns:
         raise PhazeError(f"{trace_dir}/edges.parquet lacks the column 'signature'")
     bad = sorted(set(ops["core"]) - set(CORE_TYPES))
@@ -75,8 +78,10 @@ def _contract(sig: str, ps: str, g: pd.DataFrame, pairs: list[tuple[int, int]]) 
         del succ[o]
     if not succ:  # nothing that takes time
         return LayerGraph(sig, ps, [], (), ())
-    ops = [{"id": o, "core": core[o], "latency_1core_s": 1.0, "latency_allcores_s": 1.0}
-           for o in sorted(succ)]
+    ops = [
+        {"id": o, "core": core[o], "latency_1core_s": 1.0, "latency_allcores_s": 1.0}
+        for o in sorted(succ)
+    ]
     inst = make_instance(1, 1, ops, [(a, b) for a in succ for b in succ[a]])  # validates; orders
     return LayerGraph(sig, ps, list(inst.ids), inst.core, inst.edges)
 
@@ -89,8 +94,9 @@ def latency_lookup(lat: pd.DataFrame) -> dict[tuple[str, str, str], pd.DataFrame
     return {k: g.set_index("op") for k, g in lat.groupby(["arch", "signature", "pass"], sort=False)}
 
 
-def build_instance(graph: LayerGraph, lat_rows: pd.DataFrame, n_tc: int, n_vc: int,
-                   where: str) -> Instance:
+def build_instance(
+    graph: LayerGraph, lat_rows: pd.DataFrame, n_tc: int, n_vc: int, where: str
+) -> Instance:
     try:
         rows = lat_rows.loc[graph.ids]
     except KeyError as exc:
@@ -101,8 +107,15 @@ def build_instance(graph: LayerGraph, lat_rows: pd.DataFrame, n_tc: int, n_vc: i
         raise PhazeError(f"{where}: latencies must be finite and >= 0")
     if int(n_tc) < 1 or int(n_vc) < 1:
         raise PhazeError(f"{where}: core counts must be >= 1")
-    return Instance(int(n_tc), int(n_vc), graph.core, tuple(l1.tolist()), tuple(la.tolist()),
-                    graph.edges, tuple(graph.ids))
+    return Instance(
+        int(n_tc),
+        int(n_vc),
+        graph.core,
+        tuple(l1.tolist()),
+        tuple(la.tolist()),
+        graph.edges,
+        tuple(graph.ids),
+    )
 
 
 def instance_from_json(obj: dict) -> tuple[Instance, dict]:

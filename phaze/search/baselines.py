@@ -8,6 +8,7 @@
   faster of one core / all cores, summed over every layer of the model, forward and backward — over
   the whole space (the same area budget as the search), then our placement on it.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,9 +24,15 @@ def single_accelerator_latency(latency: pd.DataFrame, layers: pd.DataFrame) -> p
     need = {"arch", "signature", "pass", "latency_1core_s", "latency_allcores_s"}
     if not need <= set(latency.columns):
         raise PhazeError(f"latency table lacks {sorted(need - set(latency.columns))}")
-    per_op = np.minimum(latency["latency_1core_s"].to_numpy(), latency["latency_allcores_s"].to_numpy())
-    per_sig = (pd.DataFrame({"arch": latency["arch"], "signature": latency["signature"], "s": per_op})
-               .groupby(["arch", "signature"], sort=False)["s"].sum().reset_index())
+    per_op = np.minimum(
+        latency["latency_1core_s"].to_numpy(), latency["latency_allcores_s"].to_numpy()
+    )
+    per_sig = (
+        pd.DataFrame({"arch": latency["arch"], "signature": latency["signature"], "s": per_op})
+        .groupby(["arch", "signature"], sort=False)["s"]
+        .sum()
+        .reset_index()
+    )
     counts = layers["signature"].value_counts().rename("count").reset_index()
     missing = set(counts["signature"]) - set(per_sig["signature"])
     if missing:
@@ -35,11 +42,13 @@ def single_accelerator_latency(latency: pd.DataFrame, layers: pd.DataFrame) -> p
     return per_sig.groupby("arch", sort=False)["s"].sum().rename("latency_s").reset_index()
 
 
-def placement_blind_choice(latency: pd.DataFrame, layers: pd.DataFrame,
-                           space: pd.DataFrame) -> pd.DataFrame:
+def placement_blind_choice(
+    latency: pd.DataFrame, layers: pd.DataFrame, space: pd.DataFrame
+) -> pd.DataFrame:
     """The arch with the lowest single-accelerator latency (ties: larger area, then id)."""
     lat = single_accelerator_latency(latency, layers).merge(
-        space[["arch", "area_mm2"]], on="arch", how="inner")
+        space[["arch", "area_mm2"]], on="arch", how="inner"
+    )
     if lat.empty:
         raise PhazeError("no architecture has latencies for the placement-blind baseline")
     lat = lat.sort_values(["latency_s", "area_mm2", "arch"], ascending=[True, False, True])

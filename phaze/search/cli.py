@@ -8,6 +8,7 @@
 * ``batch``     several ``phaze`` commands in one process (the workflow's placement jobs)
 * ``summarize`` everything → results/summary/{best,comparison,explored}.parquet
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,18 +23,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--config")
     p.add_argument("--out", required=True, help="chunks.parquet")
 
-    for name, help_text in (("prune", "choose the archs of a round that need the ILP"),
-                            ("state", "early-stop state after a round")):
+    for name, help_text in (
+        ("prune", "choose the archs of a round that need the ILP"),
+        ("state", "early-stop state after a round"),
+    ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--plan", required=True, help="chunks.parquet")
         p.add_argument("--round", type=int, required=True)
-        p.add_argument("--place", nargs="*", default=[],
-                       help="placement files .../place/**/r{R}_{tier}.parquet (other paths ignored)")
-        p.add_argument("--place-list", help="file with more --place paths, one per line (a paper "
-                       "sweep's file list exceeds the 128 KiB limit of one command-line argument)")
+        p.add_argument(
+            "--place",
+            nargs="*",
+            default=[],
+            help="placement files .../place/**/r{R}_{tier}.parquet (other paths ignored)",
+        )
+        p.add_argument(
+            "--place-list",
+            help="file with more --place paths, one per line (a paper "
+            "sweep's file list exceeds the 128 KiB limit of one command-line argument)",
+        )
         p.add_argument("--config")
-        p.add_argument("--out", required=True,
-                       help="prune: output directory; state: state JSON file")
+        p.add_argument(
+            "--out", required=True, help="prune: output directory; state: state JSON file"
+        )
 
     p = sub.add_parser("blind", help="placement-blind baseline: min single-accelerator latency")
     p.add_argument("--model", required=True)
@@ -42,17 +53,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--space", required=True)
     p.add_argument("--out", required=True, help="chunk table (arch, chunk = 0) of the chosen arch")
 
-    p = sub.add_parser("batch", help="run several phaze commands in one process (one job, one "
-                       "interpreter start-up: the workflow batches its many small placements)")
-    p.add_argument("commands", nargs="+", help="each a quoted `phaze` command line, e.g. 'place ...'")
+    p = sub.add_parser(
+        "batch",
+        help="run several phaze commands in one process (one job, one "
+        "interpreter start-up: the workflow batches its many small placements)",
+    )
+    p.add_argument(
+        "commands", nargs="+", help="each a quoted `phaze` command line, e.g. 'place ...'"
+    )
 
     p = sub.add_parser("summarize", help="best / comparison / explored tables")
     p.add_argument("--plan", required=True)
     p.add_argument("--space", required=True)
-    p.add_argument("--inputs", nargs="*", default=[],
-                   help="every input file of the summary; sorted by path: place/**/r{R}_{tier}."
-                        "parquet, place/**/blind.parquet, baselines/blind/*/choice.parquet, "
-                        "schedule/** (ILP counts); other files are ignored")
+    p.add_argument(
+        "--inputs",
+        nargs="*",
+        default=[],
+        help="every input file of the summary; sorted by path: place/**/r{R}_{tier}."
+        "parquet, place/**/blind.parquet, baselines/blind/*/choice.parquet, "
+        "schedule/** (ILP counts); other files are ignored",
+    )
     p.add_argument("--inputs-list", help="file with more --inputs paths, one per line")
     p.add_argument("--config")
     p.add_argument("--out-dir", required=True)

@@ -1,4 +1,5 @@
 """The ``phaze search`` actions: file in, file out, logic in the pure modules."""
+
 from __future__ import annotations
 
 import argparse
@@ -6,14 +7,18 @@ import json
 import re
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from phaze.config import load_config, validate_config
 from phaze.errors import PhazeError
 from phaze.io import read_table, write_json_atomic, write_table
 from phaze.search.evaluate import (
-    SearchSettings, all_scores, components, ilp_requests, needed_pairs, search_states,
+    SearchSettings,
+    all_scores,
+    components,
+    ilp_requests,
+    needed_pairs,
+    search_states,
     select_for_ilp,
 )
 from phaze.search.files import load_place
@@ -46,11 +51,18 @@ def _scores(place: pd.DataFrame) -> pd.DataFrame:
 def plan(args: argparse.Namespace) -> int:
     cfg = _config(args)["search"]
     space = read_table(args.space, "space")
-    df = make_plan(space, cfg["bucket_width_mm2"], cfg["round_buckets"], cfg["chunk_archs"],
-                   (cfg["baseline_preset"],))
+    df = make_plan(
+        space,
+        cfg["bucket_width_mm2"],
+        cfg["round_buckets"],
+        cfg["chunk_archs"],
+        (cfg["baseline_preset"],),
+    )
     write_table(df, args.out, "chunks")
-    print(f"phaze search plan: {len(df)} archs, {df['bucket'].max() + 1} buckets, "
-          f"{n_rounds(df)} rounds, {df['chunk'].max() + 1} chunks -> {args.out}")
+    print(
+        f"phaze search plan: {len(df)} archs, {df['bucket'].max() + 1} buckets, "
+        f"{n_rounds(df)} rounds, {df['chunk'].max() + 1} chunks -> {args.out}"
+    )
     return 0
 
 
@@ -80,18 +92,22 @@ def prune(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for m, b in pairs:
         sub = requests[(requests["model"] == m) & (requests["microbatch"] == b)]
-        write_table(sub[["arch", "chunk"]].reset_index(drop=True), out / f"{m}_b{b}.parquet", "chunks")
+        write_table(
+            sub[["arch", "chunk"]].reset_index(drop=True), out / f"{m}_b{b}.parquet", "chunks"
+        )
     selected.astype({"hi": float, "threshold": float}).to_parquet(out / "selected.parquet.tmp")
     (out / "selected.parquet.tmp").replace(out / "selected.parquet")
     computed = place[(place["source"].map(_round_of) == r) & (place["tier"] == "ub")]
     n_total = len(computed[["model", "microbatch", "arch"]].drop_duplicates())
-    print(f"phaze search prune: round {r}: ILP for {len(requests)} of {n_total} "
-          f"(model, microbatch, arch) in this round -> {out}")
+    print(
+        f"phaze search prune: round {r}: ILP for {len(requests)} of {n_total} "
+        f"(model, microbatch, arch) in this round -> {out}"
+    )
     return 0
 
 
 def state(args: argparse.Namespace) -> int:
-    cfg, settings, plan_df, place = _load_round_inputs(args)
+    _cfg, settings, plan_df, place = _load_round_inputs(args)
     r = args.round
     scores = _scores(place)
     states = search_states(scores, plan_df, r, settings)
@@ -107,8 +123,10 @@ def state(args: argparse.Namespace) -> int:
     }
     write_json_atomic(args.out, doc)
     stopped = int((states["stop_bucket"] >= 0).sum())
-    print(f"phaze search state: round {r}: {stopped}/{len(states)} searches stopped; "
-          f"continue={doc['continue']} -> {args.out}")
+    print(
+        f"phaze search state: round {r}: {stopped}/{len(states)} searches stopped; "
+        f"continue={doc['continue']} -> {args.out}"
+    )
     return 0
 
 
@@ -122,8 +140,10 @@ def blind(args: argparse.Namespace) -> int:
     choice["chunk"] = 0
     choice["model"] = args.model
     write_table(choice, args.out, "chunks")
-    print(f"phaze search blind: {args.model}: arch {choice['arch'][0]} "
-          f"({choice['latency_s'][0]:.4g} s per microbatch on one accelerator) -> {args.out}")
+    print(
+        f"phaze search blind: {args.model}: arch {choice['arch'][0]} "
+        f"({choice['latency_s'][0]:.4g} s per microbatch on one accelerator) -> {args.out}"
+    )
     return 0
 
 
@@ -135,7 +155,9 @@ def _round_of(path: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-_SCHED = re.compile(r"schedule/(?P<model>[^/]+)/b(?P<b>\d+)_s\d+_t(?P<t>\d+)/(?P<tier>bounds|ilp|blind)")
+_SCHED = re.compile(
+    r"schedule/(?P<model>[^/]+)/b(?P<b>\d+)_s\d+_t(?P<t>\d+)/(?P<tier>bounds|ilp|blind)"
+)
 
 
 def _ilp_counts(paths: list[str], gap: float) -> dict:
@@ -157,12 +179,16 @@ def _ilp_counts(paths: list[str], gap: float) -> dict:
     if bounds:
         b = pd.concat(bounds, ignore_index=True)
         open_gap = (b["makespan_s"] - b["lower_bound_s"]) > gap * b["makespan_s"]
-        got_ilp = pd.Series([k in ilp_archs for k in zip(b["model"], b["microbatch"], b["arch"])],
-                            index=b.index)
+        got_ilp = pd.Series(
+            [k in ilp_archs for k in zip(b["model"], b["microbatch"], b["arch"])], index=b.index
+        )
         solved = int((open_gap & got_ilp).sum())
         avoided = int((open_gap & ~got_ilp).sum())
-    return {"ilp_instances": solved, "ilp_instances_avoided_by_pruning": avoided,
-            "archs_with_ilp": len({a for _, _, a in ilp_archs})}
+    return {
+        "ilp_instances": solved,
+        "ilp_instances_avoided_by_pruning": avoided,
+        "archs_with_ilp": len({a for _, _, a in ilp_archs}),
+    }
 
 
 def summarize(args: argparse.Namespace) -> int:
@@ -181,12 +207,16 @@ def summarize(args: argparse.Namespace) -> int:
     place = load_place(round_files)
     blind_place = load_place([p for p in files if re.search(r"/place/.*/blind\.parquet$", p)])
     blind_files = [p for p in files if re.search(r"baselines/blind/[^/]+/choice\.parquet$", p)]
-    blind = (pd.concat([read_table(p) for p in blind_files], ignore_index=True)
-             if blind_files else pd.DataFrame(columns=["model", "arch"]))
+    blind = (
+        pd.concat([read_table(p) for p in blind_files], ignore_index=True)
+        if blind_files
+        else pd.DataFrame(columns=["model", "arch"])
+    )
     schedules = [p for p in files if "/schedule/" in p]
     models = sorted(place["model"].astype(str).unique())
-    out = build(plan_df, space, place, blind_place, blind, models, settings, last,
-                cfg["baseline_preset"])
+    out = build(
+        plan_df, space, place, blind_place, blind, models, settings, last, cfg["baseline_preset"]
+    )
     d = Path(args.out_dir)
     write_table(out["best"], d / "best.parquet", "best")
     write_table(out["comparison"], d / "comparison.parquet", "comparison")
@@ -195,14 +225,18 @@ def summarize(args: argparse.Namespace) -> int:
     stats = {
         "rounds_computed": last + 1,
         "rounds_total": n_rounds(plan_df),
-        "archs_in_space": int(len(plan_df)),
+        "archs_in_space": len(plan_df),
         "archs_computed": int(ex["arch"].nunique()),
-        "searches": int(len(out["states"])),
+        "searches": len(out["states"]),
         "searches_stopped_early": int((out["states"]["stop_bucket"] >= 0).sum()),
-        "settings": {"mode": settings.mode, "stop_rule": settings.stop_rule,
-                     "patience": settings.patience, "pruning": settings.pruning,
-                     "round_buckets": cfg["round_buckets"],
-                     "bucket_width_mm2": cfg["bucket_width_mm2"]},
+        "settings": {
+            "mode": settings.mode,
+            "stop_rule": settings.stop_rule,
+            "patience": settings.patience,
+            "pruning": settings.pruning,
+            "round_buckets": cfg["round_buckets"],
+            "bucket_width_mm2": cfg["bucket_width_mm2"],
+        },
         **_ilp_counts(schedules, float(config["schedule"].get("gap", 0.01))),
     }
     write_json_atomic(d / "search_stats.json", stats)

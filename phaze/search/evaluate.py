@@ -25,6 +25,7 @@ neither beat the answer nor change the running best ``R_j`` the stop test reads 
 already exact (``hi == lo``), so the reported best is always an ILP (or bound-tight) value: the
 answer and the stop point equal those of solving every ILP.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ class SearchSettings:
     prune: bool = True
 
     @classmethod
-    def from_config(cls, search_cfg: dict) -> "SearchSettings":
+    def from_config(cls, search_cfg: dict) -> SearchSettings:
         s = cls(
             patience=int(search_cfg.get("patience", 5)),
             stop_rule=str(search_cfg.get("stop_rule", "running_best")),
@@ -80,8 +81,9 @@ def components(place: pd.DataFrame) -> pd.DataFrame:
     bad = sorted(set(df["tier"]) - set(TIERS))
     if bad:
         raise PhazeError(f"unknown placement tiers {bad}")
-    wide = df.pivot_table(index=COMPONENT_KEY, columns="tier", values="throughput_seq_s",
-                          aggfunc="max", dropna=False)
+    wide = df.pivot_table(
+        index=COMPONENT_KEY, columns="tier", values="throughput_seq_s", aggfunc="max", dropna=False
+    )
     wide = wide.reindex(columns=list(TIERS))
     wide.columns.name = None
     wide = wide.rename(columns={"ub": "hi"}).reset_index()
@@ -89,8 +91,9 @@ def components(place: pd.DataFrame) -> pd.DataFrame:
     wide["has_ilp"] = wide["ilp"].notna()
     # Exactly known: an ILP value, bounds that meet, or infeasible (NaN upper bound: memory does
     # not depend on latencies, so no schedule can make it fit).
-    wide["exact"] = (wide["ilp"].notna() | (wide["hi"] <= wide["ach"]).fillna(False)
-                     | wide["hi"].isna())
+    wide["exact"] = (
+        wide["ilp"].notna() | (wide["hi"] <= wide["ach"]).fillna(False) | wide["hi"].isna()
+    )
     return wide
 
 
@@ -104,17 +107,28 @@ def common_scores(comp: pd.DataFrame, models: list[str]) -> pd.DataFrame:
     """Phaze-Common score per (HBM, devices, arch): mean over ``models`` of each model's best
     over microbatch × recompute; NaN unless every model has a feasible value."""
     g = comp.groupby(["hbm_bytes", "devices", "arch", "model"], sort=False)
-    per_model = g.agg(hi=("hi", "max"), ach=("ach", "max"), exact=("exact", "all"),
-                      has_ilp=("has_ilp", "all")).reset_index()
+    per_model = g.agg(
+        hi=("hi", "max"), ach=("ach", "max"), exact=("exact", "all"), has_ilp=("has_ilp", "all")
+    ).reset_index()
     rows = []
     for (hbm, dev, arch), grp in per_model.groupby(["hbm_bytes", "devices", "arch"], sort=False):
         grp = grp.set_index("model").reindex(models)
         hi = grp["hi"].mean(skipna=False) if grp["hi"].notna().all() else np.nan
         ach = grp["ach"].mean(skipna=False) if grp["ach"].notna().all() else np.nan
-        rows.append((hbm, dev, arch, hi, ach, bool(grp["exact"].fillna(False).all()),
-                     bool(grp["has_ilp"].fillna(False).all())))
-    out = pd.DataFrame(rows, columns=["hbm_bytes", "devices", "arch", "hi", "ach", "exact",
-                                      "has_ilp"])
+        rows.append(
+            (
+                hbm,
+                dev,
+                arch,
+                hi,
+                ach,
+                bool(grp["exact"].fillna(False).all()),
+                bool(grp["has_ilp"].fillna(False).all()),
+            )
+        )
+    out = pd.DataFrame(
+        rows, columns=["hbm_bytes", "devices", "arch", "hi", "ach", "exact", "has_ilp"]
+    )
     out["exact"] |= (out["hi"] <= out["ach"]).fillna(False) | out["hi"].isna()
     out.insert(0, "strategy", "phaze-common")
     for col in ("model", "microbatch", "recompute"):
@@ -131,7 +145,9 @@ def all_scores(comp: pd.DataFrame, models: list[str]) -> pd.DataFrame:
 
 
 def _with_plan(scores: pd.DataFrame, plan: pd.DataFrame) -> pd.DataFrame:
-    df = scores.merge(plan[["arch", "bucket", "round", "area_mm2", "preset"]], on="arch", how="left")
+    df = scores.merge(
+        plan[["arch", "bucket", "round", "area_mm2", "preset"]], on="arch", how="left"
+    )
     if df["bucket"].isna().any():
         raise PhazeError("placement results hold archs that are not in the search plan")
     return df
@@ -154,8 +170,9 @@ def bucket_best(df: pd.DataFrame, n_buckets: int) -> np.ndarray:
     return best
 
 
-def search_states(scores: pd.DataFrame, plan: pd.DataFrame, upto_round: int,
-                  settings: SearchSettings) -> pd.DataFrame:
+def search_states(
+    scores: pd.DataFrame, plan: pd.DataFrame, upto_round: int, settings: SearchSettings
+) -> pd.DataFrame:
     """One row per search: ``stop_bucket`` (−1 while running), ``buckets_done``, and whether it
     still needs work after ``upto_round`` (``running``)."""
     df = _with_plan(scores, plan)
@@ -171,8 +188,13 @@ def search_states(scores: pd.DataFrame, plan: pd.DataFrame, upto_round: int,
     return pd.DataFrame(rows, columns=SEARCH_KEY + ["stop_bucket", "buckets_done", "running"])
 
 
-def select_for_ilp(scores: pd.DataFrame, plan: pd.DataFrame, round_: int,
-                   settings: SearchSettings, prior_states: pd.DataFrame | None) -> pd.DataFrame:
+def select_for_ilp(
+    scores: pd.DataFrame,
+    plan: pd.DataFrame,
+    round_: int,
+    settings: SearchSettings,
+    prior_states: pd.DataFrame | None,
+) -> pd.DataFrame:
     """Which archs of round ``round_`` each search needs the ILP for.
 
     ``scores`` holds all scores known once round ``round_``'s bound tiers are in (earlier rounds
@@ -207,9 +229,13 @@ def select_for_ilp(scores: pd.DataFrame, plan: pd.DataFrame, round_: int,
     return pd.concat(picked, ignore_index=True)[cols]
 
 
-def ilp_requests(selected: pd.DataFrame, plan: pd.DataFrame, round_: int,
-                 model_microbatches: list[tuple[str, int]],
-                 pinned_presets: tuple[str, ...] = ("tpuv4",)) -> pd.DataFrame:
+def ilp_requests(
+    selected: pd.DataFrame,
+    plan: pd.DataFrame,
+    round_: int,
+    model_microbatches: list[tuple[str, int]],
+    pinned_presets: tuple[str, ...] = ("tpuv4",),
+) -> pd.DataFrame:
     """(model, microbatch, arch) triples whose layers get the ILP in round ``round_``.
 
     A per-model search needs its own (model, microbatch); Phaze-Common needs every pair (its
@@ -227,7 +253,9 @@ def ilp_requests(selected: pd.DataFrame, plan: pd.DataFrame, round_: int,
     return out.merge(plan[["arch", "chunk"]], on="arch", how="left")
 
 
-def needed_pairs(states: pd.DataFrame, model_microbatches: list[tuple[str, int]]) -> list[tuple[str, int]]:
+def needed_pairs(
+    states: pd.DataFrame, model_microbatches: list[tuple[str, int]]
+) -> list[tuple[str, int]]:
     """(model, microbatch) pairs some running search still needs in the next round."""
     live = states[states["running"]]
     if (live["strategy"] == "phaze-common").any():
@@ -236,8 +264,9 @@ def needed_pairs(states: pd.DataFrame, model_microbatches: list[tuple[str, int]]
     return sorted(p for p in model_microbatches if p in pairs)
 
 
-def answers(scores: pd.DataFrame, plan: pd.DataFrame, states: pd.DataFrame,
-            settings: SearchSettings) -> pd.DataFrame:
+def answers(
+    scores: pd.DataFrame, plan: pd.DataFrame, states: pd.DataFrame, settings: SearchSettings
+) -> pd.DataFrame:
     """The answer of each search: the arch with the best achievable score in the buckets it
     visited (up to its stop bucket, or all complete buckets). Rows carry ``mode`` = early_stop,
     and also ``exhaustive`` when every bucket was computed."""
@@ -258,7 +287,17 @@ def answers(scores: pd.DataFrame, plan: pd.DataFrame, states: pd.DataFrame,
                 out.append((*key, mode, None, np.nan, False, last, len(grp[grp["bucket"] <= last])))
                 continue
             best = vis.sort_values(["ach", "bucket", "arch"], ascending=[False, True, True]).iloc[0]
-            out.append((*key, mode, best["arch"], float(best["ach"]), bool(best["exact"]), last,
-                        int((grp["bucket"] <= last).sum())))
-    return pd.DataFrame(out, columns=SEARCH_KEY + ["mode", "arch", "score", "exact",
-                                                   "last_bucket", "archs_visited"])
+            out.append(
+                (
+                    *key,
+                    mode,
+                    best["arch"],
+                    float(best["ach"]),
+                    bool(best["exact"]),
+                    last,
+                    int((grp["bucket"] <= last).sum()),
+                )
+            )
+    return pd.DataFrame(
+        out, columns=SEARCH_KEY + ["mode", "arch", "score", "exact", "last_bucket", "archs_visited"]
+    )

@@ -1,4 +1,5 @@
 """Reading the workflow's placement files and writing the search's own files."""
+
 from __future__ import annotations
 
 import re

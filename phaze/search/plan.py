@@ -6,6 +6,7 @@ largest bucket first. The workflow groups ``round_buckets`` consecutive buckets 
 chunks of at most ``chunk_archs`` architectures (one estimate/schedule job per chunk and trace).
 Chunks never straddle rounds, so a stop after round r means no job of round r+1 is ever created.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -44,12 +45,17 @@ def make_plan(
         raise PhazeError("the architecture space is empty")
     if space["arch"].duplicated().any():
         raise PhazeError("duplicate arch ids in the architecture space")
-    df = pd.DataFrame({
-        "arch": space["arch"].astype(str).to_numpy(),
-        "area_mm2": space["area_mm2"].astype(float).to_numpy(),
-        "preset": (space["preset"].fillna("").astype(str).to_numpy()
-                   if "preset" in space.columns else np.full(len(space), "", dtype=object)),
-    })
+    df = pd.DataFrame(
+        {
+            "arch": space["arch"].astype(str).to_numpy(),
+            "area_mm2": space["area_mm2"].astype(float).to_numpy(),
+            "preset": (
+                space["preset"].fillna("").astype(str).to_numpy()
+                if "preset" in space.columns
+                else np.full(len(space), "", dtype=object)
+            ),
+        }
+    )
     key = bucket_of(df["area_mm2"], width_mm2)
     keys_desc = np.unique(key)[::-1]
     order = {k: i for i, k in enumerate(keys_desc)}
@@ -58,11 +64,13 @@ def make_plan(
     df["round"] = df["bucket"] // round_buckets
     df.loc[df["preset"].isin(pinned_presets), "round"] = 0
     # Deterministic order inside a round: bucket, then larger area, then id.
-    df = df.sort_values(["round", "bucket", "area_mm2", "arch"], ascending=[True, True, False, True])
+    df = df.sort_values(
+        ["round", "bucket", "area_mm2", "arch"], ascending=[True, True, False, True]
+    )
     df = df.reset_index(drop=True)
     chunk = np.empty(len(df), dtype=np.int64)
     next_chunk = 0
-    for _, idx in df.groupby("round", sort=True).indices.items():
+    for idx in df.groupby("round", sort=True).indices.values():
         n = len(idx)
         chunk[idx] = next_chunk + np.arange(n) // chunk_archs
         next_chunk += -(-n // chunk_archs)

@@ -16,9 +16,10 @@ found *inside* bucket j (``-inf`` when no architecture in it is feasible) and
 Upstream needs at least P visited buckets before it may stop; so do both rules here. Bucket j is
 still visited in full (the test runs after it), i.e. the search's answer covers buckets 0…j.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -27,7 +28,9 @@ from phaze.errors import PhazeError
 STOP_RULES = ("running_best", "bucket_best")
 
 
-def stop_bucket(bucket_best: Sequence[float], patience: int, rule: str = "running_best") -> int | None:
+def stop_bucket(
+    bucket_best: Sequence[float], patience: int, rule: str = "running_best"
+) -> int | None:
     """Index of the bucket after which the search stops, or ``None`` if it never stops within
     the given buckets. ``bucket_best[j]`` is ``m_j`` (use ``-inf``/NaN for "nothing feasible")."""
     if rule not in STOP_RULES:
@@ -38,7 +41,7 @@ def stop_bucket(bucket_best: Sequence[float], patience: int, rule: str = "runnin
     m = np.where(np.isnan(m), -np.inf, m)
     seq = np.maximum.accumulate(m) if rule == "running_best" and len(m) else m
     for j in range(patience - 1, len(seq)):
-        window = seq[j - patience + 1: j + 1]
+        window = seq[j - patience + 1 : j + 1]
         if np.all(window[:-1] >= window[1:]):
             return j
     return None

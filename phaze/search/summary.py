@@ -1,4 +1,5 @@
 """The summary tables: ``best``, ``comparison``, ``explored`` (design.md, section 6)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -6,14 +7,36 @@ import pandas as pd
 
 from phaze.search.baselines import best_row
 from phaze.search.evaluate import (
-    COMPONENT_KEY, SEARCH_KEY, SearchSettings, all_scores, answers, components, search_states,
-    select_for_ilp,
+    COMPONENT_KEY,
+    SEARCH_KEY,
+    SearchSettings,
+    all_scores,
+    answers,
+    components,
+    search_states,
 )
 
-DETAIL = ["throughput_seq_s", "time_per_batch_s", "mfu", "pp", "tp", "dp", "stages",
-          "stage_mem_bytes"]
-ARCH_COLS = ["n_tc", "n_vc", "tc_width", "tc_depth", "vc_width", "glb_bytes", "freq_hz",
-             "area_mm2", "peak_flops"]
+DETAIL = [
+    "throughput_seq_s",
+    "time_per_batch_s",
+    "mfu",
+    "pp",
+    "tp",
+    "dp",
+    "stages",
+    "stage_mem_bytes",
+]
+ARCH_COLS = [
+    "n_tc",
+    "n_vc",
+    "tc_width",
+    "tc_depth",
+    "vc_width",
+    "glb_bytes",
+    "freq_hz",
+    "area_mm2",
+    "peak_flops",
+]
 STRATEGIES = ["phaze-per-model", "phaze-common", "tpuv4-expert", "tpuv4-phaze", "placement-blind"]
 
 
@@ -42,11 +65,19 @@ def _strategy_rows(strategy: str, model: str, cands: pd.DataFrame, expert: bool 
     row = best_row(c, col)
     base = {"model": model, "strategy": strategy}
     if row is None:
-        return {**base, "arch": cands["arch"].iloc[0] if len(cands) else "",
-                "throughput_seq_s": np.nan}
+        return {
+            **base,
+            "arch": cands["arch"].iloc[0] if len(cands) else "",
+            "throughput_seq_s": np.nan,
+        }
     pre = "expert_" if expert else ""
-    out = {**base, "arch": row["arch"], "microbatch": int(row["microbatch"]),
-           "recompute": bool(row["recompute"]), "throughput_seq_s": float(row[col])}
+    out = {
+        **base,
+        "arch": row["arch"],
+        "microbatch": int(row["microbatch"]),
+        "recompute": bool(row["recompute"]),
+        "throughput_seq_s": float(row[col]),
+    }
     for k in ("pp", "tp", "dp", "time_per_batch_s", "mfu"):
         out[k] = row.get(pre + k, np.nan)
     for k in ("stages", "stage_mem_bytes"):
@@ -54,10 +85,17 @@ def _strategy_rows(strategy: str, model: str, cands: pd.DataFrame, expert: bool 
     return out
 
 
-def summarize(plan: pd.DataFrame, space: pd.DataFrame, place: pd.DataFrame,
-              blind_place: pd.DataFrame, blind_choice: pd.DataFrame, models: list[str],
-              settings: SearchSettings, last_round: int,
-              baseline_preset: str = "tpuv4") -> dict[str, pd.DataFrame]:
+def summarize(
+    plan: pd.DataFrame,
+    space: pd.DataFrame,
+    place: pd.DataFrame,
+    blind_place: pd.DataFrame,
+    blind_choice: pd.DataFrame,
+    models: list[str],
+    settings: SearchSettings,
+    last_round: int,
+    baseline_preset: str = "tpuv4",
+) -> dict[str, pd.DataFrame]:
     """Build ``best``, ``comparison`` and ``explored`` from every placement result."""
     comp = components(place)
     scores = all_scores(comp, models)
@@ -71,55 +109,81 @@ def summarize(plan: pd.DataFrame, space: pd.DataFrame, place: pd.DataFrame,
         if rec.arch is None or (isinstance(rec.arch, float) and np.isnan(rec.arch)):
             continue
         if rec.strategy == "phaze-per-model":
-            sel = detail[(detail["model"] == rec.model) & (detail["hbm_bytes"] == rec.hbm_bytes)
-                         & (detail["microbatch"] == rec.microbatch)
-                         & (detail["recompute"] == rec.recompute)
-                         & (detail["devices"] == rec.devices) & (detail["arch"] == rec.arch)]
+            sel = detail[
+                (detail["model"] == rec.model)
+                & (detail["hbm_bytes"] == rec.hbm_bytes)
+                & (detail["microbatch"] == rec.microbatch)
+                & (detail["recompute"] == rec.recompute)
+                & (detail["devices"] == rec.devices)
+                & (detail["arch"] == rec.arch)
+            ]
         else:
-            sel = detail[(detail["hbm_bytes"] == rec.hbm_bytes) & (detail["devices"] == rec.devices)
-                         & (detail["arch"] == rec.arch)]
+            sel = detail[
+                (detail["hbm_bytes"] == rec.hbm_bytes)
+                & (detail["devices"] == rec.devices)
+                & (detail["arch"] == rec.arch)
+            ]
         for model, grp in sel.groupby("model"):
             row = _strategy_rows(rec.strategy, model, grp)
-            row.update(mode=rec.mode, hbm_bytes=int(rec.hbm_bytes), devices=int(rec.devices),
-                       search_score=float(rec.score), last_bucket=int(rec.last_bucket),
-                       archs_visited=int(rec.archs_visited), exact=bool(rec.exact))
+            row.update(
+                mode=rec.mode,
+                hbm_bytes=int(rec.hbm_bytes),
+                devices=int(rec.devices),
+                search_score=float(rec.score),
+                last_bucket=int(rec.last_bucket),
+                archs_visited=int(rec.archs_visited),
+                exact=bool(rec.exact),
+            )
             best_rows.append(row)
     best = pd.DataFrame(best_rows)
     if len(best):
-        best = (best.sort_values(["throughput_seq_s", "microbatch", "recompute"],
-                                 ascending=[False, True, True])
-                .drop_duplicates(["strategy", "mode", "model", "hbm_bytes", "devices"])
-                .sort_values(["strategy", "mode", "model", "hbm_bytes", "devices"]))
+        best = (
+            best.sort_values(
+                ["throughput_seq_s", "microbatch", "recompute"], ascending=[False, True, True]
+            )
+            .drop_duplicates(["strategy", "mode", "model", "hbm_bytes", "devices"])
+            .sort_values(["strategy", "mode", "model", "hbm_bytes", "devices"])
+        )
     # Phaze-Common keeps ONE arch per (mode, hbm, devices): the search's answer; the
     # per-search candidates above share that arch by construction.
 
     # --- baselines ---------------------------------------------------------------------------
-    base_arch = space.loc[space.get("preset", pd.Series("", index=space.index)) == baseline_preset, "arch"]
+    base_arch = space.loc[
+        space.get("preset", pd.Series("", index=space.index)) == baseline_preset, "arch"
+    ]
     base_rows = []
     keys = detail[["model", "hbm_bytes", "devices"]].drop_duplicates()
     blind_detail = detail_rows(blind_place) if len(blind_place) else blind_place
     for k in keys.itertuples(index=False):
-        grp = detail[(detail["model"] == k.model) & (detail["hbm_bytes"] == k.hbm_bytes)
-                     & (detail["devices"] == k.devices)]
+        grp = detail[
+            (detail["model"] == k.model)
+            & (detail["hbm_bytes"] == k.hbm_bytes)
+            & (detail["devices"] == k.devices)
+        ]
         tpu = grp[grp["arch"].isin(set(base_arch))]
-        extra = dict(hbm_bytes=int(k.hbm_bytes), devices=int(k.devices), mode="")
+        extra = {"hbm_bytes": int(k.hbm_bytes), "devices": int(k.devices), "mode": ""}
         if len(tpu):
             base_rows.append({**_strategy_rows("tpuv4-expert", k.model, tpu, expert=True), **extra})
             base_rows.append({**_strategy_rows("tpuv4-phaze", k.model, tpu), **extra})
         if len(blind_detail):
             arch = blind_choice.loc[blind_choice["model"] == k.model, "arch"]
-            b = blind_detail[(blind_detail["model"] == k.model) & (blind_detail["arch"].isin(set(arch)))
-                             & (blind_detail["hbm_bytes"] == k.hbm_bytes)
-                             & (blind_detail["devices"] == k.devices)]
+            b = blind_detail[
+                (blind_detail["model"] == k.model)
+                & (blind_detail["arch"].isin(set(arch)))
+                & (blind_detail["hbm_bytes"] == k.hbm_bytes)
+                & (blind_detail["devices"] == k.devices)
+            ]
             if len(b):
                 base_rows.append({**_strategy_rows("placement-blind", k.model, b), **extra})
     early = best[best["mode"] == "early_stop"] if len(best) else best
     comparison = pd.concat([early, pd.DataFrame(base_rows)], ignore_index=True)
     comparison = _with_speedups(comparison)
-    comparison = comparison.merge(space[["arch"] + [c for c in ARCH_COLS if c in space.columns]],
-                                  on="arch", how="left")
+    comparison = comparison.merge(
+        space[["arch"] + [c for c in ARCH_COLS if c in space.columns]], on="arch", how="left"
+    )
     best = _with_speedups_from(best, comparison).merge(
-        space[["arch"] + [c for c in ARCH_COLS if c in space.columns]], on="arch", how="left")
+        space[["arch"] + [c for c in ARCH_COLS if c in space.columns]], on="arch", how="left"
+    )
 
     explored = _explored(scores, plan, states, settings, last_round)
     return {"best": best, "comparison": comparison, "explored": explored, "states": states}
@@ -128,8 +192,9 @@ def summarize(plan: pd.DataFrame, space: pd.DataFrame, place: pd.DataFrame,
 def _with_speedups(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     for base in ("tpuv4-expert", "tpuv4-phaze", "placement-blind"):
-        ref = (df[df["strategy"] == base].set_index(["model", "hbm_bytes", "devices"])
-               ["throughput_seq_s"])
+        ref = df[df["strategy"] == base].set_index(["model", "hbm_bytes", "devices"])[
+            "throughput_seq_s"
+        ]
         idx = pd.MultiIndex.from_frame(df[["model", "hbm_bytes", "devices"]])
         denom = ref.reindex(idx).to_numpy(dtype=float)
         df[f"speedup_vs_{base.replace('-', '_')}"] = df["throughput_seq_s"].to_numpy(float) / denom
@@ -147,11 +212,16 @@ def _with_speedups(df: pd.DataFrame) -> pd.DataFrame:
 def _with_speedups_from(best: pd.DataFrame, comparison: pd.DataFrame) -> pd.DataFrame:
     if best.empty:
         return comparison.iloc[0:0]
-    base = comparison[comparison["strategy"].isin(["tpuv4-expert", "tpuv4-phaze", "placement-blind"])]
+    base = comparison[
+        comparison["strategy"].isin(["tpuv4-expert", "tpuv4-phaze", "placement-blind"])
+    ]
     # the caller merges the architecture columns afterwards: drop the copies the baselines carry
     base = base.drop(columns=[c for c in ARCH_COLS if c in base.columns])
-    return _with_speedups(pd.concat([best, base], ignore_index=True)).query(
-        "strategy in ['phaze-per-model', 'phaze-common']").reset_index(drop=True)
+    return (
+        _with_speedups(pd.concat([best, base], ignore_index=True))
+        .query("strategy in ['phaze-per-model', 'phaze-common']")
+        .reset_index(drop=True)
+    )
 
 
 def _explored(scores, plan, states, settings, last_round) -> pd.DataFrame:

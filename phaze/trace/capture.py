@@ -4,6 +4,7 @@
 operators plus what the layer table needs (parameters per layer, activations saved for backward,
 the tensors crossing each layer boundary).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,20 +14,20 @@ from torch import nn
 
 from phaze.errors import PhazeError
 from phaze.trace.models import ModelSpec
-from phaze.trace.recorder import Recorder, RawOp, tensor_bytes
+from phaze.trace.recorder import RawOp, Recorder, tensor_bytes
 from phaze.trace.tensor_parallel import apply_tensor_parallel, apply_vocab_parallel
 
 
 @dataclass
 class Capture:
     ops: list[RawOp]
-    layer_names: list[str]            # execution order: embedding, block.0 ..., head
-    param_bytes: dict[str, int]       # per layer, one rank's share, counted once (tied weights)
+    layer_names: list[str]  # execution order: embedding, block.0 ..., head
+    param_bytes: dict[str, int]  # per layer, one rank's share, counted once (tied weights)
     tied_param_bytes: dict[str, int]  # parameters a layer reads that another layer owns
     activation_bytes: dict[str, int]  # saved-for-backward activations per layer
-    input_bytes: dict[str, int]       # what enters each layer (the recompute stash)
-    output_bytes: dict[str, int]      # what leaves each layer for the next one
-    collapsed_views: int = 0          # view/reshape operators folded into edges
+    input_bytes: dict[str, int]  # what enters each layer (the recompute stash)
+    output_bytes: dict[str, int]  # what leaves each layer for the next one
+    collapsed_views: int = 0  # view/reshape operators folded into edges
 
 
 def find_blocks(model: nn.Module, num_blocks: int) -> nn.ModuleList:
@@ -34,14 +35,18 @@ def find_blocks(model: nn.Module, num_blocks: int) -> nn.ModuleList:
     holding the most parameters."""
     best, best_params = None, -1
     for module in model.modules():
-        if isinstance(module, nn.ModuleList) and len(module) == num_blocks and \
-                len({type(m) for m in module}) == 1:
+        if (
+            isinstance(module, nn.ModuleList)
+            and len(module) == num_blocks
+            and len({type(m) for m in module}) == 1
+        ):
             n = sum(p.numel() for p in module.parameters())
             if n > best_params:
                 best, best_params = module, n
     if best is None or best_params <= 0:
-        raise PhazeError(f"cannot find the list of {num_blocks} transformer blocks in "
-                         f"{type(model).__name__}")
+        raise PhazeError(
+            f"cannot find the list of {num_blocks} transformer blocks in {type(model).__name__}"
+        )
     return best
 
 
@@ -56,8 +61,9 @@ def build_model(spec: ModelSpec, num_blocks: int, tmp: int = 1, seq: int | None 
         with torch.device("meta"):
             model = cls(config)
     except Exception as exc:  # transformers raises many exception types for bad configs
-        raise PhazeError(f"{spec.name}: cannot build {cls.__name__} on the meta device: {exc}") \
-            from exc
+        raise PhazeError(
+            f"{spec.name}: cannot build {cls.__name__} on the meta device: {exc}"
+        ) from exc
     model.train()  # the training graph: dropout as configured (see README)
     blocks = find_blocks(model, num_blocks)
     for block in blocks:
@@ -107,6 +113,7 @@ def capture(spec: ModelSpec, num_blocks: int, microbatch: int, seq: int, tmp: in
             output_bytes.setdefault(prev, tensor_bytes(x))
             input_bytes[f"block.{i}"] = tensor_bytes(x)
             recorder.enter_layer(f"block.{i}")
+
         return hook
 
     def post_hook(i):
@@ -115,6 +122,7 @@ def capture(spec: ModelSpec, num_blocks: int, microbatch: int, seq: int, tmp: in
             output_bytes[f"block.{i}"] = tensor_bytes(x)
             # Anything between two blocks would belong to neither: flag it (checked below).
             recorder.enter_layer("head" if i == num_blocks - 1 else f"between.{i}")
+
         return hook
 
     handles = []
@@ -123,8 +131,10 @@ def capture(spec: ModelSpec, num_blocks: int, microbatch: int, seq: int, tmp: in
         handles.append(block.register_forward_hook(post_hook(i), with_kwargs=True))
     inputs = model_inputs(spec, microbatch, seq)
     try:
-        with recorder, torch.autograd.graph.saved_tensors_hooks(recorder.pack_hook,
-                                                                 recorder.unpack_hook):
+        with (
+            recorder,
+            torch.autograd.graph.saved_tensors_hooks(recorder.pack_hook, recorder.unpack_hook),
+        ):
             out = model(**inputs)
             loss = out.loss if getattr(out, "loss", None) is not None else None
             if loss is None:
@@ -135,16 +145,19 @@ def capture(spec: ModelSpec, num_blocks: int, microbatch: int, seq: int, tmp: in
     except PhazeError:
         raise
     except Exception as exc:
-        raise PhazeError(f"{spec.name}: tracing forward/backward failed: "
-                         f"{type(exc).__name__}: {exc}") from exc
+        raise PhazeError(
+            f"{spec.name}: tracing forward/backward failed: {type(exc).__name__}: {exc}"
+        ) from exc
     finally:
         for h in handles:
             h.remove()
 
     stray = sorted({op.layer for op in recorder.ops if op.layer not in names})
     if stray:
-        raise PhazeError(f"{spec.name}: operators ran outside any layer ({stray}); the block "
-                         "structure is not what the tracer assumes")
+        raise PhazeError(
+            f"{spec.name}: operators ran outside any layer ({stray}); the block "
+            "structure is not what the tracer assumes"
+        )
     input_bytes["embedding"] = tensor_bytes(inputs["input_ids"])
     input_bytes["head"] = output_bytes[f"block.{num_blocks - 1}"]
     output_bytes["head"] = 0
@@ -161,6 +174,13 @@ def capture(spec: ModelSpec, num_blocks: int, microbatch: int, seq: int, tmp: in
             tied_param_bytes[user] += tensor_bytes(p)
     if unused:
         raise PhazeError(f"{spec.name}: parameters never used in training: {unused[:5]}")
-    return Capture(recorder.ops, names, param_bytes, tied_param_bytes,
-                   {n: recorder.activation_bytes.get(n, 0) for n in names},
-                   input_bytes, output_bytes, recorder.collapsed_views)
+    return Capture(
+        recorder.ops,
+        names,
+        param_bytes,
+        tied_param_bytes,
+        {n: recorder.activation_bytes.get(n, 0) for n in names},
+        input_bytes,
+        output_bytes,
+        recorder.collapsed_views,
+    )

@@ -1,4 +1,5 @@
 """`python -m phaze trace`: one model configuration -> ops / edges / layers Parquet tables."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,15 +9,24 @@ from phaze.errors import PhazeError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True,
-                        help="registry name (see phaze/trace/models.py) or path to a HF config.json")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="registry name (see phaze/trace/models.py) or path to a HF config.json",
+    )
     parser.add_argument("--microbatch", type=int, required=True, help="microbatch size b")
     parser.add_argument("--tmp", type=int, default=1, help="tensor-parallel width t (1, 2, 4, 8)")
-    parser.add_argument("--seq", type=int,
-                        help="sequence length (default: config trace.seq[model], else the model's)")
+    parser.add_argument(
+        "--seq",
+        type=int,
+        help="sequence length (default: config trace.seq[model], else the model's)",
+    )
     parser.add_argument("--config", help="workflow config (YAML or the workflow's JSON snapshot)")
-    parser.add_argument("--no-verify", action="store_true",
-                        help="skip the 2-block check that the traced block is representative")
+    parser.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="skip the 2-block check that the traced block is representative",
+    )
     parser.add_argument("--out", required=True, help="output directory")
 
 
@@ -35,8 +45,14 @@ def run(args: argparse.Namespace) -> int:
     from phaze.trace.tracer import trace_model
     from phaze.trace.write import write_trace
 
-    trace = trace_model(spec, args.microbatch, args.tmp, seq=seq,
-                        fuse=bool(trace_cfg.get("fuse", True)), verify=not args.no_verify)
+    trace = trace_model(
+        spec,
+        args.microbatch,
+        args.tmp,
+        seq=seq,
+        fuse=bool(trace_cfg.get("fuse", True)),
+        verify=not args.no_verify,
+    )
     write_trace(trace, Path(args.out), spec)
     return 0
 

@@ -5,6 +5,7 @@ consumer in the same layer and pass (tensors from other layers or from the forwa
 layer's inputs, not edges). Classification: ``matmul`` (ops torch.utils.flop_counter counts),
 ``collective`` (phaze::all_reduce), ``nop`` (allocation only), ``vector`` (everything else).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -16,9 +17,28 @@ import pandas as pd
 from phaze.trace.recorder import NOP_OPS, RawOp
 
 ALL_REDUCE = "phaze.all_reduce.default"
-OP_COLUMNS = ["layer", "pass", "op", "aten", "kind", "m", "n", "k", "batch", "elements", "flops",
-              "bytes_in", "bytes_out", "weight_bytes", "fused_into", "core", "collective",
-              "group_size", "in_shapes", "out_shapes"]
+OP_COLUMNS = [
+    "layer",
+    "pass",
+    "op",
+    "aten",
+    "kind",
+    "m",
+    "n",
+    "k",
+    "batch",
+    "elements",
+    "flops",
+    "bytes_in",
+    "bytes_out",
+    "weight_bytes",
+    "fused_into",
+    "core",
+    "collective",
+    "group_size",
+    "in_shapes",
+    "out_shapes",
+]
 EDGE_COLUMNS = ["layer", "pass", "src", "dst", "bytes"]
 
 
@@ -47,22 +67,34 @@ def layer_graph(ops: list[RawOp], layer: str, fuse: bool) -> tuple[list[dict], l
         for i, o in enumerate(mine):
             kind = classify(o)
             m, n, k, batch = o.mnkb
-            rows.append({
-                "layer": layer, "pass": pass_, "op": i, "aten": o.aten, "kind": kind,
-                "m": m, "n": n, "k": k, "batch": batch, "elements": o.elements,
-                # matmuls: flop_counter's count; other ops: one operation per output element
-                "flops": o.flops if kind == "matmul" else float(o.elements if kind == "vector" else 0),
-                "bytes_in": sum(x.bytes for x in o.inputs),
-                "bytes_out": o.bytes_out,
-                "weight_bytes": sum(x.bytes for x in o.inputs if x.param is not None),
-                "fused_into": -1,
-                "core": "tc" if kind == "matmul" else "vc",
-                "collective": "all_reduce" if kind == "collective" else "",
-                "group_size": o.group_size,
-                "in_shapes": _shapes(x.shape for x in o.inputs),
-                "out_shapes": _shapes(o.out_shapes),
-                "_pointwise": o.pointwise,
-            })
+            rows.append(
+                {
+                    "layer": layer,
+                    "pass": pass_,
+                    "op": i,
+                    "aten": o.aten,
+                    "kind": kind,
+                    "m": m,
+                    "n": n,
+                    "k": k,
+                    "batch": batch,
+                    "elements": o.elements,
+                    # matmuls: flop_counter's count; other ops: one operation per output element
+                    "flops": o.flops
+                    if kind == "matmul"
+                    else float(o.elements if kind == "vector" else 0),
+                    "bytes_in": sum(x.bytes for x in o.inputs),
+                    "bytes_out": o.bytes_out,
+                    "weight_bytes": sum(x.bytes for x in o.inputs if x.param is not None),
+                    "fused_into": -1,
+                    "core": "tc" if kind == "matmul" else "vc",
+                    "collective": "all_reduce" if kind == "collective" else "",
+                    "group_size": o.group_size,
+                    "in_shapes": _shapes(x.shape for x in o.inputs),
+                    "out_shapes": _shapes(o.out_shapes),
+                    "_pointwise": o.pointwise,
+                }
+            )
             for x in o.inputs:
                 if x.src in local:
                     edges[(local[x.src], i)] += x.bytes
@@ -71,8 +103,10 @@ def layer_graph(ops: list[RawOp], layer: str, fuse: bool) -> tuple[list[dict], l
         for r in rows:
             del r["_pointwise"]
         op_rows += rows
-        edge_rows += [{"layer": layer, "pass": pass_, "src": s, "dst": d, "bytes": b}
-                      for (s, d), b in sorted(edges.items())]
+        edge_rows += [
+            {"layer": layer, "pass": pass_, "src": s, "dst": d, "bytes": b}
+            for (s, d), b in sorted(edges.items())
+        ]
     return op_rows, edge_rows
 
 
@@ -107,8 +141,12 @@ def signature(op_rows: list[dict], edge_rows: list[dict], extra: dict | None = N
 
 
 def to_frames(op_rows: list[dict], edge_rows: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    ops = pd.DataFrame(op_rows, columns=OP_COLUMNS + (["signature"] if op_rows and
-                                                       "signature" in op_rows[0] else []))
-    edges = pd.DataFrame(edge_rows, columns=EDGE_COLUMNS + (["signature"] if edge_rows and
-                                                            "signature" in edge_rows[0] else []))
+    ops = pd.DataFrame(
+        op_rows,
+        columns=OP_COLUMNS + (["signature"] if op_rows and "signature" in op_rows[0] else []),
+    )
+    edges = pd.DataFrame(
+        edge_rows,
+        columns=EDGE_COLUMNS + (["signature"] if edge_rows and "signature" in edge_rows[0] else []),
+    )
     return ops, edges

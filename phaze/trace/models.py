@@ -5,6 +5,7 @@ Snakefile can use it without importing torch; ``spec.hf_config(num_blocks)`` and
 ``spec.model_class()`` import transformers lazily. Models are always built from a config object on
 the meta device: no weights, no hub (``HF_HUB_OFFLINE=1`` is set before transformers is imported).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,20 +28,27 @@ FAMILIES: dict[str, dict] = {
     "llama": {"config": "LlamaConfig", "model": "LlamaForCausalLM"},
 }
 # HF `model_type` -> our family (whose tensor-parallel rules apply: same module names)
-MODEL_TYPES = {"bert": "bert", "megatron-bert": "megatron-bert", "gpt2": "gpt2", "opt": "opt",
-               "llama": "llama", "mistral": "llama", "qwen2": "llama"}
+MODEL_TYPES = {
+    "bert": "bert",
+    "megatron-bert": "megatron-bert",
+    "gpt2": "gpt2",
+    "opt": "opt",
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "llama",
+}
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    family: str            # key of FAMILIES, or "hf:<model_type>" for an unknown HF architecture
+    family: str  # key of FAMILIES, or "hf:<model_type>" for an unknown HF architecture
     num_blocks: int
     hidden: int
     heads: int
     ffn: int
     vocab: int
-    seq: int               # default sequence length (the paper's)
+    seq: int  # default sequence length (the paper's)
     kv_heads: int
     config_kwargs: dict = field(default_factory=dict, hash=False, compare=False)
     config_path: str | None = None
@@ -51,18 +59,25 @@ class ModelSpec:
         which Megatron slices the same way); only 1 for architectures we cannot slice."""
         if self.family not in FAMILIES:
             return (1,)
-        return tuple(t for t in TMP_CANDIDATES
-                     if self.heads % t == 0 and self.ffn % t == 0 and self.kv_heads % t == 0)
+        return tuple(
+            t
+            for t in TMP_CANDIDATES
+            if self.heads % t == 0 and self.ffn % t == 0 and self.kv_heads % t == 0
+        )
 
     def check_tmp(self, tmp: int) -> None:
         if tmp in self.valid_tmp:
             return
         if tmp not in TMP_CANDIDATES:
-            raise PhazeError(f"tensor-parallel width {tmp} not supported (choose from "
-                             f"{list(TMP_CANDIDATES)}; valid for {self.name}: {list(self.valid_tmp)})")
+            raise PhazeError(
+                f"tensor-parallel width {tmp} not supported (choose from "
+                f"{list(TMP_CANDIDATES)}; valid for {self.name}: {list(self.valid_tmp)})"
+            )
         if self.family not in FAMILIES:
-            raise PhazeError(f"{self.name}: tensor-parallel slicing of model_type "
-                             f"{self.family.removeprefix('hf:')!r} is not supported; only t=1")
+            raise PhazeError(
+                f"{self.name}: tensor-parallel slicing of model_type "
+                f"{self.family.removeprefix('hf:')!r} is not supported; only t=1"
+            )
         reasons = []
         if self.heads % tmp:
             reasons.append(f"its {self.heads} attention heads")
@@ -70,8 +85,10 @@ class ModelSpec:
             reasons.append(f"its {self.kv_heads} key/value heads")
         if self.ffn % tmp:
             reasons.append(f"its FFN width {self.ffn}")
-        raise PhazeError(f"tensor-parallel width t={tmp} must divide {' and '.join(reasons)} "
-                         f"for {self.name} (valid t: {list(self.valid_tmp)})")
+        raise PhazeError(
+            f"tensor-parallel width t={tmp} must divide {' and '.join(reasons)} "
+            f"for {self.name} (valid t: {list(self.valid_tmp)})"
+        )
 
     def hf_config(self, num_blocks: int | None = None, seq: int | None = None):
         """A transformers config for this model with ``num_blocks`` blocks (default: all)."""
@@ -109,8 +126,10 @@ class ModelSpec:
             mapping = auto._model_mapping
             if type(config) in mapping:
                 return mapping[type(config)]
-        raise PhazeError(f"{self.name}: model_type {config.model_type!r} has no causal-LM or "
-                         "masked-LM class in transformers; cannot build a training graph")
+        raise PhazeError(
+            f"{self.name}: model_type {config.model_type!r} has no causal-LM or "
+            "masked-LM class in transformers; cannot build a training graph"
+        )
 
     @property
     def causal(self) -> bool:
@@ -132,14 +151,27 @@ def _gpt2_style(name, blocks, hidden, heads, ffn, seq, vocab=50257) -> ModelSpec
     # GELU with the tanh approximation as ONE kernel (gelu_pytorch_tanh): the same function as
     # GPT-2's gelu_new, which HF evaluates as 8 separate element-wise ops; real training (and
     # Megatron's fused bias-GeLU) runs one, and saves only its input for backward.
-    kwargs = dict(n_layer=blocks, n_embd=hidden, n_head=heads, n_inner=ffn, vocab_size=vocab,
-                  n_positions=seq, activation_function="gelu_pytorch_tanh")
+    kwargs = {
+        "n_layer": blocks,
+        "n_embd": hidden,
+        "n_head": heads,
+        "n_inner": ffn,
+        "vocab_size": vocab,
+        "n_positions": seq,
+        "activation_function": "gelu_pytorch_tanh",
+    }
     return ModelSpec(name, "gpt2", blocks, hidden, heads, ffn, vocab, seq, heads, kwargs)
 
 
 def _bert_style(name, family) -> ModelSpec:
-    kwargs = dict(num_hidden_layers=24, hidden_size=1024, num_attention_heads=16,
-                  intermediate_size=4096, vocab_size=30522, max_position_embeddings=512)
+    kwargs = {
+        "num_hidden_layers": 24,
+        "hidden_size": 1024,
+        "num_attention_heads": 16,
+        "intermediate_size": 4096,
+        "vocab_size": 30522,
+        "max_position_embeddings": 512,
+    }
     return ModelSpec(name, family, 24, 1024, 16, 4096, 30522, 512, 16, kwargs)
 
 
@@ -148,15 +180,53 @@ _REGISTRY: dict[str, ModelSpec] = {
     for s in (
         _bert_style("bert-large", "bert"),
         _gpt2_style("gpt2-xl", 48, 1600, 25, 6400, 1024),
-        ModelSpec("opt-350m", "opt", 24, 1024, 16, 4096, 50272, 2048, 16, dict(
-            num_hidden_layers=24, hidden_size=1024, num_attention_heads=16, ffn_dim=4096,
-            vocab_size=50272, max_position_embeddings=2048, word_embed_proj_dim=512,
-            do_layer_norm_before=False, activation_function="relu", dropout=0.1,
-            attention_dropout=0.0, enable_bias=True)),
-        ModelSpec("llama2-7b", "llama", 32, 4096, 32, 11008, 32000, 4096, 32, dict(
-            num_hidden_layers=32, hidden_size=4096, num_attention_heads=32,
-            num_key_value_heads=32, intermediate_size=11008, vocab_size=32000,
-            max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=False)),
+        ModelSpec(
+            "opt-350m",
+            "opt",
+            24,
+            1024,
+            16,
+            4096,
+            50272,
+            2048,
+            16,
+            {
+                "num_hidden_layers": 24,
+                "hidden_size": 1024,
+                "num_attention_heads": 16,
+                "ffn_dim": 4096,
+                "vocab_size": 50272,
+                "max_position_embeddings": 2048,
+                "word_embed_proj_dim": 512,
+                "do_layer_norm_before": False,
+                "activation_function": "relu",
+                "dropout": 0.1,
+                "attention_dropout": 0.0,
+                "enable_bias": True,
+            },
+        ),
+        ModelSpec(
+            "llama2-7b",
+            "llama",
+            32,
+            4096,
+            32,
+            11008,
+            32000,
+            4096,
+            32,
+            {
+                "num_hidden_layers": 32,
+                "hidden_size": 4096,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 32,
+                "intermediate_size": 11008,
+                "vocab_size": 32000,
+                "max_position_embeddings": 4096,
+                "rms_norm_eps": 1e-5,
+                "tie_word_embeddings": False,
+            },
+        ),
         _bert_style("megatron-bert", "megatron-bert"),
         _gpt2_style("megatron-gpt-2.5b", 54, 1920, 20, 7680, 1024),
         _gpt2_style("megatron-gpt-8.3b", 72, 3072, 24, 12288, 1024),
@@ -175,8 +245,10 @@ def get_model_spec(name: str) -> ModelSpec:
         return _REGISTRY[name]
     looks_like_path = name.endswith(".json") or os.sep in name or Path(name).exists()
     if not looks_like_path:
-        raise PhazeError(f"unknown model {name!r}: choose one of {', '.join(_REGISTRY)} "
-                         "or give a path to a Hugging Face config.json")
+        raise PhazeError(
+            f"unknown model {name!r}: choose one of {', '.join(_REGISTRY)} "
+            "or give a path to a Hugging Face config.json"
+        )
     return _spec_from_path(Path(name))
 
 
@@ -229,8 +301,14 @@ def _spec_from_path(path: Path) -> ModelSpec:
     family = MODEL_TYPES.get(config.model_type, f"hf:{config.model_type}")
     name = path.parent.name if path.name == "config.json" else path.stem
     return ModelSpec(
-        name=name, family=family, num_blocks=int(first("num_hidden_layers", "n_layer")),
-        hidden=hidden, heads=heads, ffn=ffn, vocab=int(first("vocab_size")), seq=seq,
+        name=name,
+        family=family,
+        num_blocks=int(first("num_hidden_layers", "n_layer")),
+        hidden=hidden,
+        heads=heads,
+        ffn=ffn,
+        vocab=int(first("vocab_size")),
+        seq=seq,
         kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
         config_path=str(path.resolve()),
     )

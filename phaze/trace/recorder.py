@@ -13,6 +13,7 @@ Layer attribution: forward ops take the layer the module hooks say is running; b
 the layer whose forward created the autograd node being executed (autograd sequence numbers are
 assigned in forward order, so the layer boundaries recorded in forward are ranges of them).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -30,11 +31,20 @@ FLOAT_BYTES = 2
 # Not views by schema but pure reshapes of a fresh tensor: no data movement worth an operator.
 _RESHAPES = {"aten._unsafe_view.default", "aten.view_copy.default", "aten._reshape_alias.default"}
 # Allocation without computation.
-NOP_OPS = {"aten.empty.memory_format", "aten.empty_like.default", "aten.empty_strided.default",
-           "aten.new_empty.default", "aten.new_empty_strided.default",
-           "aten.scalar_tensor.default"}
-_MATMUL_3 = {"aten.addmm.default": (1, 2), "aten.baddbmm.default": (1, 2),
-             "aten.mm.default": (0, 1), "aten.bmm.default": (0, 1)}
+NOP_OPS = {
+    "aten.empty.memory_format",
+    "aten.empty_like.default",
+    "aten.empty_strided.default",
+    "aten.new_empty.default",
+    "aten.new_empty_strided.default",
+    "aten.scalar_tensor.default",
+}
+_MATMUL_3 = {
+    "aten.addmm.default": (1, 2),
+    "aten.baddbmm.default": (1, 2),
+    "aten.mm.default": (0, 1),
+    "aten.bmm.default": (0, 1),
+}
 _NO_SEQ = 2**64 - 1  # AccumulateGrad and other nodes without a forward sequence number
 
 
@@ -48,7 +58,7 @@ def tensor_bytes(t: torch.Tensor) -> int:
 
 @dataclass
 class RawInput:
-    src: int          # index of the producing RawOp, or -1 (parameter / graph input)
+    src: int  # index of the producing RawOp, or -1 (parameter / graph input)
     param: str | None  # parameter name if this input is (a view of) a parameter
     shape: tuple
     bytes: int
@@ -76,15 +86,15 @@ class Recorder(TorchDispatchMode):
     ops: list[RawOp] = field(default_factory=list)
     layer: str = "embedding"
     pass_: str = "fwd"
-    param_layer: dict = field(default_factory=dict)   # parameter name -> layer of first use
-    param_users: dict = field(default_factory=dict)   # parameter name -> layers that read it
-    collapsed_views: int = 0                           # view/reshape ops folded into edges
+    param_layer: dict = field(default_factory=dict)  # parameter name -> layer of first use
+    param_users: dict = field(default_factory=dict)  # parameter name -> layers that read it
+    collapsed_views: int = 0  # view/reshape ops folded into edges
     activation_bytes: dict = field(default_factory=dict)  # layer -> saved-for-backward bytes
 
     def __post_init__(self):
         super().__init__()
-        self._origin = WeakIdKeyDictionary()   # tensor -> (op index, parameter name)
-        self._saved = WeakIdKeyDictionary()    # saved tensor -> layers that counted it
+        self._origin = WeakIdKeyDictionary()  # tensor -> (op index, parameter name)
+        self._saved = WeakIdKeyDictionary()  # saved tensor -> layers that counted it
         self._param_name = WeakIdKeyDictionary()
         self._dropout_masks = WeakIdKeyDictionary()  # tensors filled by bernoulli_ (masks)
         for name, p in self.params.items():
@@ -171,14 +181,22 @@ class Recorder(TorchDispatchMode):
         group_size = 1
         if name == "phaze.all_reduce.default":
             group_size = int(args[1] if len(args) > 1 else kwargs["group_size"])
-        self.ops.append(RawOp(
-            index=index, layer=layer, pass_=self.pass_, aten=name, inputs=inputs,
-            out_shapes=[tuple(o.shape) for o in flat_out],
-            elements=sum(o.numel() for o in flat_out),
-            bytes_out=sum(tensor_bytes(o) for o in flat_out),
-            flops=flops, mnkb=tuple(int(x) for x in mnkb),
-            pointwise=torch.Tag.pointwise in func.tags, group_size=group_size,
-        ))
+        self.ops.append(
+            RawOp(
+                index=index,
+                layer=layer,
+                pass_=self.pass_,
+                aten=name,
+                inputs=inputs,
+                out_shapes=[tuple(o.shape) for o in flat_out],
+                elements=sum(o.numel() for o in flat_out),
+                bytes_out=sum(tensor_bytes(o) for o in flat_out),
+                flops=flops,
+                mnkb=tuple(int(x) for x in mnkb),
+                pointwise=torch.Tag.pointwise in func.tags,
+                group_size=group_size,
+            )
+        )
         for o in flat_out:
             self._origin[o] = (index, None)
         if name.startswith("aten.bernoulli"):

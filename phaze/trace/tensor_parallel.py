@@ -24,6 +24,7 @@ produces the backward graph:
 The collective is a custom op ``phaze::all_reduce(x, group_size)`` so the recorder sees it as one
 operator at the right place in the graph.
 """
+
 from __future__ import annotations
 
 import torch
@@ -82,8 +83,12 @@ TP_RULES: dict[str, dict[str, list[str]]] = {
     },
     "bert": {
         "group_inputs": ["attention.self", "intermediate"],
-        "column": ["attention.self.query", "attention.self.key", "attention.self.value",
-                   "intermediate.dense"],
+        "column": [
+            "attention.self.query",
+            "attention.self.key",
+            "attention.self.value",
+            "intermediate.dense",
+        ],
         "row": ["attention.output.dense", "output.dense"],
         "attention": ["attention.self"],
     },
@@ -95,8 +100,13 @@ TP_RULES: dict[str, dict[str, list[str]]] = {
     },
     "llama": {
         "group_inputs": ["self_attn", "mlp"],
-        "column": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj",
-                   "mlp.up_proj"],
+        "column": [
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+        ],
         "row": ["self_attn.o_proj", "mlp.down_proj"],
         "attention": ["self_attn"],
     },
@@ -104,8 +114,13 @@ TP_RULES: dict[str, dict[str, list[str]]] = {
 TP_RULES["megatron-bert"] = TP_RULES["bert"]
 
 # Attention attributes that count heads or per-rank widths (divided by t when present).
-_HEAD_ATTRS = ("num_heads", "num_attention_heads", "num_key_value_heads", "all_head_size",
-               "split_size")
+_HEAD_ATTRS = (
+    "num_heads",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "all_head_size",
+    "split_size",
+)
 
 
 def _is_conv1d(module: nn.Module) -> bool:
@@ -160,11 +175,15 @@ def _group_input_hook(t: int):
         if args:
             args = (_CopyToTensorParallel.apply(args[0], t),) + tuple(args[1:])
         elif "hidden_states" in kwargs:
-            kwargs = dict(kwargs, hidden_states=_CopyToTensorParallel.apply(kwargs["hidden_states"], t))
+            kwargs = dict(
+                kwargs, hidden_states=_CopyToTensorParallel.apply(kwargs["hidden_states"], t)
+            )
         else:
-            raise PhazeError(f"cannot find the input of {type(module).__name__} to mark "
-                             "tensor-parallel")
+            raise PhazeError(
+                f"cannot find the input of {type(module).__name__} to mark tensor-parallel"
+            )
         return args, kwargs
+
     return hook
 
 

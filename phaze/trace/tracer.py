@@ -4,6 +4,7 @@ A ONE-block model is traced and its block replicated to the model's block count;
 trace checks that this is sound (both blocks and the one-block trace's block must have the same
 op graph, parameters and activation bytes) instead of assuming it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,8 +22,8 @@ class Trace:
     ops: pd.DataFrame
     edges: pd.DataFrame
     layers: pd.DataFrame
-    recorded_ops: int = 0      # operators the one-block trace recorded (views excluded)
-    collapsed_views: int = 0   # view/reshape operators it folded into edges
+    recorded_ops: int = 0  # operators the one-block trace recorded (views excluded)
+    collapsed_views: int = 0  # view/reshape operators it folded into edges
 
 
 def _layer_kind(name: str) -> str:
@@ -42,12 +43,24 @@ def _graphs(cap: Capture, fuse: bool) -> dict[str, tuple[list, list, str]]:
 
 
 def _block_facts(cap: Capture, graphs, name: str) -> tuple:
-    return (graphs[name][2], cap.param_bytes[name], cap.activation_bytes[name],
-            cap.input_bytes[name], cap.output_bytes[name], cap.tied_param_bytes[name])
+    return (
+        graphs[name][2],
+        cap.param_bytes[name],
+        cap.activation_bytes[name],
+        cap.input_bytes[name],
+        cap.output_bytes[name],
+        cap.tied_param_bytes[name],
+    )
 
 
-def trace_model(spec: ModelSpec, microbatch: int, tmp: int = 1, seq: int | None = None,
-                fuse: bool = True, verify: bool = True) -> Trace:
+def trace_model(
+    spec: ModelSpec,
+    microbatch: int,
+    tmp: int = 1,
+    seq: int | None = None,
+    fuse: bool = True,
+    verify: bool = True,
+) -> Trace:
     if microbatch < 1:
         raise PhazeError(f"microbatch must be >= 1 (got {microbatch})")
     seq = seq or spec.seq
@@ -67,7 +80,8 @@ def trace_model(spec: ModelSpec, microbatch: int, tmp: int = 1, seq: int | None 
                 raise PhazeError(
                     f"{spec.name}: {name} of a 2-block trace differs from the 1-block trace "
                     f"(signature; param, activation, input, output, tied bytes: {got} vs {reference}); "
-                    "its blocks are not identical, so replicating one block would be wrong")
+                    "its blocks are not identical, so replicating one block would be wrong"
+                )
 
     op_rows, edge_rows = [], []
     for name in cap.layer_names:
@@ -85,31 +99,44 @@ def trace_model(spec: ModelSpec, microbatch: int, tmp: int = 1, seq: int | None 
 
 def _layers_table(spec, cap: Capture, graphs, microbatch, seq, tmp) -> pd.DataFrame:
     def flops(name, pass_, matmul_only=False):
-        return float(sum(r["flops"] for r in graphs[name][0] if r["pass"] == pass_
-                         and (not matmul_only or r["kind"] == "matmul")))
+        return float(
+            sum(
+                r["flops"]
+                for r in graphs[name][0]
+                if r["pass"] == pass_ and (not matmul_only or r["kind"] == "matmul")
+            )
+        )
 
     rows = []
     order = ["embedding"] + [f"block.{i}" for i in range(spec.num_blocks)] + ["head"]
     for index, name in enumerate(order):
         src = "block.0" if name.startswith("block.") else name  # the traced representative
         kind = _layer_kind(name)
-        rows.append({
-            "layer": name, "kind": kind, "signature": graphs[src][2],
-            "param_bytes": cap.param_bytes[src],
-            # tied weights (GPT-2's LM head = word embedding): counted once, in param_bytes of
-            # the layer that uses them first; a pipeline stage holding this layer WITHOUT that
-            # one needs its own copy (as Megatron keeps on the last stage)
-            "tied_param_bytes": cap.tied_param_bytes[src],
-            "activation_bytes": cap.activation_bytes[src],
-            "stash_recompute_bytes": cap.input_bytes[src],
-            "boundary_bytes": cap.output_bytes[src],
-            # blocks, and the vocab-parallel word embedding / LM head, are split over t ranks
-            "tensor_parallel": tmp > 1,
-            "index": index,
-            "block": int(name.split(".")[1]) if kind == "block" else -1,
-            "fwd_flops": flops(src, "fwd"), "bwd_flops": flops(src, "bwd"),
-            "fwd_matmul_flops": flops(src, "fwd", True),
-            "bwd_matmul_flops": flops(src, "bwd", True),
-            "model": spec.name, "microbatch": microbatch, "seq_len": seq, "tmp": tmp,
-        })
+        rows.append(
+            {
+                "layer": name,
+                "kind": kind,
+                "signature": graphs[src][2],
+                "param_bytes": cap.param_bytes[src],
+                # tied weights (GPT-2's LM head = word embedding): counted once, in param_bytes of
+                # the layer that uses them first; a pipeline stage holding this layer WITHOUT that
+                # one needs its own copy (as Megatron keeps on the last stage)
+                "tied_param_bytes": cap.tied_param_bytes[src],
+                "activation_bytes": cap.activation_bytes[src],
+                "stash_recompute_bytes": cap.input_bytes[src],
+                "boundary_bytes": cap.output_bytes[src],
+                # blocks, and the vocab-parallel word embedding / LM head, are split over t ranks
+                "tensor_parallel": tmp > 1,
+                "index": index,
+                "block": int(name.split(".")[1]) if kind == "block" else -1,
+                "fwd_flops": flops(src, "fwd"),
+                "bwd_flops": flops(src, "bwd"),
+                "fwd_matmul_flops": flops(src, "fwd", True),
+                "bwd_matmul_flops": flops(src, "bwd", True),
+                "model": spec.name,
+                "microbatch": microbatch,
+                "seq_len": seq,
+                "tmp": tmp,
+            }
+        )
     return pd.DataFrame(rows)

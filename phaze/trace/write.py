@@ -1,4 +1,5 @@
 """Write a trace's three tables (atomically, schema-checked) and a provenance file."""
+
 from __future__ import annotations
 
 import platform
@@ -18,12 +19,24 @@ def write_trace(trace, out_dir: Path, spec: ModelSpec) -> None:
     # layers last: a reader that finds it finds the others complete
     write_table(trace.layers, out_dir / "layers.parquet", "layers")
     first = trace.layers.iloc[0]
-    write_json_atomic(out_dir / "trace.json", {
-        "model": spec.name, "family": spec.family, "num_blocks": spec.num_blocks,
-        "hidden": spec.hidden, "heads": spec.heads, "ffn": spec.ffn, "vocab": spec.vocab,
-        "microbatch": int(first["microbatch"]), "seq_len": int(first["seq_len"]),
-        "tmp": int(first["tmp"]), "config_path": spec.config_path,
-        "recorded_ops": trace.recorded_ops, "collapsed_views": trace.collapsed_views,
-        "torch": torch.__version__, "transformers": transformers.__version__,
-        "python": platform.python_version(),
-    })
+    write_json_atomic(
+        out_dir / "trace.json",
+        {
+            "model": spec.name,
+            "family": spec.family,
+            "num_blocks": spec.num_blocks,
+            "hidden": spec.hidden,
+            "heads": spec.heads,
+            "ffn": spec.ffn,
+            "vocab": spec.vocab,
+            "microbatch": int(first["microbatch"]),
+            "seq_len": int(first["seq_len"]),
+            "tmp": int(first["tmp"]),
+            "config_path": spec.config_path,
+            "recorded_ops": trace.recorded_ops,
+            "collapsed_views": trace.collapsed_views,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+        },
+    )
