@@ -19,7 +19,7 @@ from phaze.estimate import (
     matmul_latency,
     vector_latency,
 )
-from phaze.estimate.model import _one_core_oriented
+from phaze.estimate.model import core_cost, tile_cost
 from phaze.estimate.stage import estimate, op_base_name
 from phaze.io.tables import read_table, write_table
 
@@ -104,27 +104,90 @@ def test_skinny_gemm_is_hbm_bound(tpu, cm):
 
 
 # --- exact small cases ------------------------------------------------------------------------
-def test_weight_stationary_cycle_count_by_hand(cm):
-    # 5x3 · 3x3 on a 2x2 array: ceil(3/2)*ceil(3/2) = 4 tiles of max(5 rows, 2 load) = 5 cycles,
-    # + fill/drain 2+2-2 = 2  -> 22 cycles
-    cyc, glb = _one_core_oriented(5, 3, 3, 1, 2, 2, 1024, cm)
-    assert cyc == 22
-    assert glb == 2 * (3 * 3 * 1 + 5 * 3 * 2 + 5 * 3)  # weights once, A per column tile, C once
-    # transposed orientation: 6 tiles of max(3, 2) = 3 cycles + 2 = 20 cycles -> chosen
-    cyc_t, _ = _one_core_oriented(3, 5, 3, 1, 2, 2, 1024, cm)
-    assert cyc_t == 20
+def test_one_tile_cycle_count_by_hand(cm):
+    # a 5-row x 4-column tile (2 column tiles of d = 2) of 5x3 · 3x3 on a 2x2 array:
+    # ceil(3/2) * 2 = 4 weight tiles of max(5 rows, 2 load) = 5 cycles
+    cyc, glb, out = tile_cost(5, 3, 3, 2, 2, 5, 4, cm)
+    assert cyc == 20
+    # weights once (3x3: the padded 4th column moves nothing), the rows once per column tile,
+    # the output once
+    assert out == 2 * 5 * 3 and glb == 2 * (3 * 3 + 5 * 3 * 2) + out
+    # without weight double-buffering every weight tile pays load + rows + skew: 4 * (5 + 4 + 0)
+    no_overlap = {**cm, "weight_load_overlapped": False}
+    assert tile_cost(5, 3, 3, 2, 2, 5, 4, no_overlap)[0] == 4 * (5 + 2 * 2 + 2 - 2)
+    # fewer rows than the array is wide: the weight load (w cycles) is not hidden
+    assert tile_cost(1, 3, 3, 2, 2, 1, 4, cm)[0] == 4 * 2
+
+
+def test_best_tiling_by_hand(cm):
+    # 5x3 · 3x3 on ONE 2x2 core: B stationary = one 5x4 tile (20 cycles) + skew 2 = 22;
+    # A stationary = one 3-row x 6-column tile: ceil(3/2) * 3 weight tiles of 3 rows = 18 + 2 = 20
+    c = core_cost(5, 3, 3, 1, 2, 2, 1024, 1e9, cm, 1)
+    assert c["compute_s"] == pytest.approx(20e-9)
+    assert not c["b_stationary"] and (c["tile_m"], c["tile_n"], c["tiles"]) == (6, 3, 1)
     _, compute_s, _ = core_time(5, 3, 3, 1, 2, 2, 1024, 1e9, cm, 1)
     assert compute_s == pytest.approx(20e-9)
-    # without weight double-buffering every tile pays load + rows + skew: 4 * (5 + 2*2 + 2 - 2)
-    no_overlap = {**cm, "weight_load_overlapped": False}
-    assert _one_core_oriented(5, 3, 3, 1, 2, 2, 1024, no_overlap)[0] == 4 * (5 + 4 + 2 - 2)
 
 
-def test_partial_sum_chunking_reloads_weights(cm):
-    # local buffer 1 KiB, half for fp32 sums of 2 columns -> 64 rows per chunk; 200 rows = 4 chunks
-    cyc, glb = _one_core_oriented(200, 2, 2, 1, 2, 2, 1024, cm)
-    assert cyc == 3 * 64 + 8 + 2
-    assert glb == 2 * (2 * 2 * 4 + 200 * 2 * 1 + 200 * 2)
+def test_tile_edges_cost_whole_tiles(cm):
+    # 3x2 · 2x3 on one 2x2 core: 3 stationary columns pad to 4 in either orientation:
+    # 2 weight tiles of 3 rows = 6 cycles + skew 2, where 3*3*2 MACs / 4 PEs would be 4.5 + 2
+    assert core_time(3, 3, 2, 1, 2, 2, 1024, 1e9, cm, 1)[1] == pytest.approx(8e-9)
+
+
+def test_wave_quantization_by_hand(cm):
+    # 2x20 · 20x6 on 2x2 cores: 3 tiles of 2x2 outputs, each ceil(20/2) = 10 weight tiles of
+    # 2 rows = 20 cycles. 3 cores: one wave, 20 + 2. 2 cores: two waves (or larger tiles of
+    # the same total), 40 + 2 — not 2/3 of the way from 3 cores' time to one core's.
+    def cycles(p):
+        return core_time(2, 6, 20, 1, 2, 2, 1024, 1e9, cm, p)[1] * 1e9
+
+    assert cycles(3) == pytest.approx(22)
+    assert cycles(2) == pytest.approx(42)
+    assert cycles(1) == pytest.approx(62)
+    # a batch of 3 such GEMMs is 9 tiles: 3 waves on 3 cores, 5 on 2 (ceil(9/2))
+    assert core_time(2, 6, 20, 3, 2, 2, 1024, 1e9, cm, 3)[1] * 1e9 == pytest.approx(62)
+    assert core_time(2, 6, 20, 3, 2, 2, 1024, 1e9, cm, 2)[1] * 1e9 == pytest.approx(102)
+
+
+def test_partial_sum_chunking_limits_the_tile_rows(cm):
+    # local buffer 1 KiB, half for fp32 sums of 2 columns -> at most 64 rows per tile. 200x2 · 2x2
+    # on one 2x2 core: 64-row tiles need 4 tiles (256 rows of work); 8-row tiles 25 (200 rows),
+    # each reloading the 2x2 weight tile: 200 + skew 2 cycles
+    c = core_cost(200, 2, 2, 1, 2, 2, 1024, 1e9, cm, 1)
+    assert c["compute_s"] == pytest.approx(202e-9)
+    assert c["b_stationary"] and (c["tile_m"], c["tiles"]) == (8, 25)
+    # bytes: per tile weights 2x2, 8 rows x 2, outputs 8x2 -> 25 * 36 elements of 2 bytes
+    assert c["glb_s"] == pytest.approx(25 * 36 * 2 / cm["glb_bandwidth_Bps"])
+
+
+def test_tile_write_back_clock_and_mainloop_by_hand(cm):
+    # one 2x2 tile of 2x20 · 20x2 on a 2x2 core at 1 GHz: 10 weight tiles of 2 rows + skew = 22
+    base = {**cm, "glb_bandwidth_Bps": 1e10}
+    assert core_time(2, 2, 20, 1, 2, 2, 1024, 1e9, base, 1)[1] == pytest.approx(22e-9)
+    # not overlapped: + its 2x2 bf16 outputs (8 B) through the 10 GB/s port = 0.8 ns
+    serial = {**base, "output_tile_overlapped": False}
+    assert core_time(2, 2, 20, 1, 2, 2, 1024, 1e9, serial, 1)[1] == pytest.approx(22.8e-9)
+    # a row every 2 cycles (mainloop 0.5) at half the clock: (20 / 0.5 + 2) / 0.5 GHz = 84 ns;
+    # the GLB port runs at the same (halved) clock
+    slow = {**base, "matmul_mainloop_fraction": 0.5, "matmul_clock_fraction": 0.5}
+    _, compute_s, glb_s = core_time(2, 2, 20, 1, 2, 2, 1024, 1e9, slow, 1)
+    assert compute_s == pytest.approx(84e-9)
+    glb_bytes = 2 * (20 * 2 + 2 * 20 + 2 * 2)
+    assert glb_s == pytest.approx(glb_bytes / 0.5e10)
+
+
+def test_issue_time_is_a_floor(cm, tpu):
+    launch = {**cm, "op_issue_s": 1e-5}
+    c = matmul_cost(64, 64, 64, 1, tpu, launch, 8)
+    assert c["latency_s"] == 1e-5 and c["bound"] == "issue" and c["compute_s"] < 1e-5
+    big = matmul_cost(8192, 8192, 8192, 1, tpu, launch, 8)
+    assert big["latency_s"] == big["compute_s"] and big["bound"] == "compute"
+    # an empty GEMM is not launched
+    assert matmul_cost(0, 64, 64, 1, tpu, launch, 8)["latency_s"] == 0
+    v, bound = vector_latency(10, 40, 1, tpu, launch, 2)
+    assert v == 1e-5 and bound == "issue"
+    assert vector_latency(0, 0, 1, tpu, launch, 2)[0] == 0
 
 
 def test_hbm_traffic_compulsory_when_it_fits_and_more_when_it_does_not(cm):
@@ -162,10 +225,11 @@ def test_vector_and_collective_formulas(cm, tpu):
 
 
 def test_non_power_of_two_core_counts_use_all_cores(cm):
-    a100 = {"tc_width": 16, "tc_depth": 16, "glb_bytes": 40e6, "freq_hz": 1.41e9}
-    t, _ = matmul_latency(4096, 4096, 4096, 1, a100, cm, n_cores=432)
-    peak = 2 * 432 * 256 * 1.41e9
-    assert 2 * 4096**3 / t / peak > 0.95
+    # 108 cores of 32x32 (an A100's SMs): 4096^3 in 64x32 tiles is 8192 tiles, 76 per core
+    sm = {"tc_width": 32, "tc_depth": 32, "glb_bytes": 40e6, "freq_hz": 1.41e9}
+    t, _ = matmul_latency(4096, 4096, 4096, 1, sm, cm, n_cores=108)
+    peak = 2 * 108 * 1024 * 1.41e9
+    assert 2 * 4096**3 / t / peak > 0.99
 
 
 def test_op_base_name():

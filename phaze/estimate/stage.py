@@ -46,6 +46,14 @@ def op_base_name(aten: str) -> str:
     return name.split(".")[0]
 
 
+def with_overrides(costmodel: dict, overrides: dict, source: str) -> dict:
+    """The costmodel with an architecture's own constants (a preset's ``costmodel:``) applied."""
+    unknown = sorted(set(overrides) - set(costmodel))
+    if unknown:
+        raise PhazeError(f"{source} overrides unknown costmodel keys {unknown}")
+    return {**costmodel, **overrides}
+
+
 def cycles_per_element(aten: pd.Series, costmodel: dict) -> np.ndarray:
     table = costmodel["vector_cycles_per_element"]
     default = table.get("default", 1.0)
@@ -81,11 +89,6 @@ def _unique(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     codes = frame.groupby(keys, sort=False, dropna=False).ngroup().to_numpy()
     # groups are numbered in order of first appearance, as drop_duplicates keeps them
     return frame.drop_duplicates(keys).reset_index(drop=True), codes
-
-
-def _pick_bound(terms: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    stacked = np.stack(np.broadcast_arrays(*terms))
-    return stacked.max(axis=0), stacked.argmax(axis=0)
 
 
 def _estimate_group(ops: pd.DataFrame, space: pd.DataFrame, cm: dict) -> dict[str, np.ndarray]:
@@ -164,9 +167,8 @@ def _estimate_group(ops: pd.DataFrame, space: pd.DataFrame, cm: dict) -> dict[st
             c = comp_s[np.ix_(tc_idx, s_idx)]
             g = glb_s[np.ix_(tc_idx, s_idx)]
             h = hbm_s[np.ix_(glb_idx, s_idx)]
-            best, which = _pick_bound([c, g, h])
-            lat[:, cols] = best
-            bnd[:, cols] = model.BOUNDS[which]
+            issue = np.where(h > 0, cm["op_issue_s"], 0.0)
+            lat[:, cols], bnd[:, cols] = model.combine_terms(c, g, h, issue)
         hbm_bytes[:, cols] = traffic[np.ix_(glb_idx, s_idx)]
 
     # --- fused element-wise consumers: their compute is added to the matmul carrying them -----
@@ -236,13 +238,8 @@ def estimate(ops: pd.DataFrame, space: pd.DataFrame, costmodel: dict) -> pd.Data
     n_ops = len(ops)
     arrays: dict[str, np.ndarray] = {}
     for overrides, grp in space.groupby(space["costmodel_overrides"].fillna(""), sort=False):
-        cm = dict(costmodel)
-        if overrides:
-            extra = json.loads(overrides)
-            unknown = sorted(set(extra) - set(cm))
-            if unknown:
-                raise PhazeError(f"space table overrides unknown costmodel keys {unknown}")
-            cm.update(extra)
+        extra = json.loads(overrides) if overrides else {}
+        cm = with_overrides(costmodel, extra, "space table")
         part = _estimate_group(ops, grp.reset_index(drop=True), cm)
         for name, arr in part.items():
             if name not in arrays:
