@@ -385,3 +385,61 @@ def test_cli_end_to_end_and_errors(tmp_path, capsys):
         ]
     )
     assert rc == 2 and "trace directory not found" in capsys.readouterr().err
+
+
+# --- one GEMM on a preset: estimate --matmul ------------------------------------------------
+def matmul_json(capsys, *argv):
+    import json
+
+    assert main(["estimate", "--matmul", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(
+    "preset,mnk,measured",
+    [("a100-80gb", (6912, 2048, 16384), 267.9e12), ("h100-sxm", (6144, 2816, 17920), 792.1e12)],
+)
+def test_matmul_cli_reaches_the_measured_ceilings(capsys, preset, mnk, measured):
+    # the largest matmul throughput measured (Bekman, MAMF table, bf16, CUDA 12.1), within 5 %;
+    # the finder printed M x K(reduction) x N, and either reading of it lands within 5 %
+    for m, n, k in (mnk, (mnk[0], mnk[2], mnk[1])):
+        r = matmul_json(capsys, str(m), str(n), str(k), "--arch", preset)
+        assert r["flops_per_s"] == pytest.approx(measured, rel=0.05)
+        assert r["bound"] == "compute" and r["latency_s"] == pytest.approx(
+            r["flops"] / r["flops_per_s"]
+        )
+
+
+def test_matmul_cli_small_gemm_and_terms(capsys):
+    r = matmul_json(capsys, "512", "512", "512", "--arch", "a100-80gb")
+    assert r["utilization"] <= 0.40 and r["bound"] == "issue"
+    for key in ("latency_s", "flops_per_s", "bound", "compute_s", "glb_s", "hbm_s", "issue_s"):
+        assert key in r
+    # three 32x32-tile waves over 108 SMs: 256 tiles, 3 on the busiest SM
+    assert (r["tiles"], r["tiles_per_core"]) == (256, 3)
+    batched = matmul_json(capsys, "512", "512", "512", "--arch", "a100-80gb", "--batch", "4")
+    # every instance is cut into whole tiles, dealt over the 108 SMs in waves
+    assert batched["flops"] == 4 * r["flops"] and batched["tiles"] % 4 == 0
+    assert batched["tiles_per_core"] == -(-batched["tiles"] // 108)
+    tpu = matmul_json(capsys, "8192", "8192", "8192", "--arch", "tpuv4")
+    assert tpu["utilization"] == pytest.approx(1.0, abs=0.01) and tpu["issue_s"] == 0
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--matmul", "5", "5", "--arch", "tpuv4"], "three integers"),
+        (["--matmul", "5", "x", "5", "--arch", "tpuv4"], "positive integers"),
+        (["--matmul", "5", "5", "0", "--arch", "tpuv4"], "K = 0"),
+        (["--matmul", "5", "5", "5", "--arch", "tpuv4", "--batch", "0"], "batch = 0"),
+        (["--matmul", "5", "5", "5"], "needs --arch"),
+        (["--matmul", "5", "5", "5", "--arch", "nope"], "unknown preset 'nope'"),
+        (["--matmul", "5", "5", "5", "--arch", "tpuv4", "--out", "x"], "takes no ['--out']"),
+        (["--arch", "tpuv4"], "belong to --matmul"),
+        (["--trace", "x"], "needs ['--space', '--out']"),
+    ],
+)
+def test_matmul_cli_errors_exit_2_with_one_line(argv, needle, capsys):
+    assert main(["estimate", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("phaze estimate: error:") and needle in err[0]
