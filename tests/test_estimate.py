@@ -117,6 +117,8 @@ def test_one_tile_cycle_count_by_hand(cm):
     assert tile_cost(5, 3, 3, 2, 2, 5, 4, no_overlap)[0] == 4 * (5 + 2 * 2 + 2 - 2)
     # fewer rows than the array is wide: the weight load (w cycles) is not hidden
     assert tile_cost(1, 3, 3, 2, 2, 1, 4, cm)[0] == 4 * 2
+    # a 3-column tile on a d = 2 array still takes 2 column tiles
+    assert tile_cost(5, 3, 3, 2, 2, 5, 3, cm)[0] == 20
 
 
 def test_best_tiling_by_hand(cm):
@@ -127,6 +129,10 @@ def test_best_tiling_by_hand(cm):
     assert not c["b_stationary"] and (c["tile_m"], c["tile_n"], c["tiles"]) == (6, 3, 1)
     _, compute_s, _ = core_time(5, 3, 3, 1, 2, 2, 1024, 1e9, cm, 1)
     assert compute_s == pytest.approx(20e-9)
+    # without weight double-buffering: B stationary 4 * (5 + 4) = 36 cycles and no separate
+    # skew (each weight tile pays its own); A stationary 6 * (3 + 4) = 42
+    no_overlap = {**cm, "weight_load_overlapped": False}
+    assert core_time(5, 3, 3, 1, 2, 2, 1024, 1e9, no_overlap, 1)[1] == pytest.approx(36e-9)
 
 
 def test_tile_edges_cost_whole_tiles(cm):
@@ -168,6 +174,9 @@ def test_tile_write_back_clock_and_mainloop_by_hand(cm):
     # not overlapped: + its 2x2 bf16 outputs (8 B) through the 10 GB/s port = 0.8 ns
     serial = {**base, "output_tile_overlapped": False}
     assert core_time(2, 2, 20, 1, 2, 2, 1024, 1e9, serial, 1)[1] == pytest.approx(22.8e-9)
+    # 2x20 · 20x6 on 2 cores (42 cycles, see the wave case): the busiest core writes back 16 B,
+    # as two 2x2 tiles or one 2x4 / 4x2 tile
+    assert core_time(2, 6, 20, 1, 2, 2, 1024, 1e9, serial, 2)[1] == pytest.approx(43.6e-9)
     # a row every 2 cycles (mainloop 0.5) at half the clock: (20 / 0.5 + 2) / 0.5 GHz = 84 ns;
     # the GLB port runs at the same (halved) clock
     slow = {**base, "matmul_mainloop_fraction": 0.5, "matmul_clock_fraction": 0.5}
