@@ -12,7 +12,7 @@
    * the GLB port taken as the L2 (5120 B/clk over 108 SMs) instead of shared memory;
    * a 256 KiB local buffer per SM (its register file) instead of the cost model's 16 B-per-PE rule;
    * one cost-model core per tensor core (432 cores of 16x16, a quarter of an SM's shared-memory
-     port each) with the present GEMM model;
+     port each), with the preset's other GEMM terms and without its clock and main-loop fractions;
    * no kernel fusion of element-wise chains;
    * nominal link bandwidths (efficiency 1.0);
    * every row with DDP after backward.
@@ -117,6 +117,12 @@ def sensitivity() -> None:
     variant("GLB port = L2 share (66.8 GB/s per SM)", l2_port)
     variant("local buffer = 256 KiB register file", rf_local_buffer)
     variant("one core per tensor core (432 x 16x16)", per_tensor_core)
+
+    def per_tensor_core_at_boost(p):
+        per_tensor_core(p)
+        p["costmodel"].update(matmul_clock_fraction=1.0, matmul_mainloop_fraction=1.0)
+
+    variant("  ... and no clock or main-loop fraction", per_tensor_core_at_boost)
     variant(
         "no element-wise kernel fusion",
         cfg_edit=lambda c: c["fidelity"].update(fuse_elementwise=False),
