@@ -46,7 +46,7 @@ CORES = [(1, 1), (2, 2), (4, 4), (8, 8), (16, 16), (8, 2)]
 
 def trace_dir(work: Path, model: str, t: int, microbatch: int = 1) -> Path:
     spec = get_model_spec(model)
-    d = work / "trace" / model / f"b{microbatch}_s{spec.seq}_t{t}"
+    d = work / "trace" / model / f"b{microbatch}_s{spec.seq}_tp{t}"
     if not (d / "ops.parquet").exists():
         subprocess.run(
             [
@@ -58,7 +58,7 @@ def trace_dir(work: Path, model: str, t: int, microbatch: int = 1) -> Path:
                 model,
                 "--microbatch",
                 str(microbatch),
-                "--tmp",
+                "--tp",
                 str(t),
                 "--out",
                 str(d),
@@ -98,7 +98,7 @@ def run_instances(args) -> pd.DataFrame:
     rows = []
     with Scheduler(opts) as sch:
         for model in args.models:
-            for t in get_model_spec(model).valid_tmp:
+            for t in get_model_spec(model).valid_tp:
                 d = trace_dir(args.work, model, t)
                 ops = pd.read_parquet(d / "ops.parquet")
                 lat = latency_lookup(estimate(ops, space, cm))
@@ -178,7 +178,7 @@ def cache_hit_rate(work: Path) -> None:
     micros = list(cfg["trace"]["microbatch"])
     print(
         f"\ncache hit rate over the default config's {len(space)} architectures "
-        f"(models {cfg['models']}, microbatch {micros}, t {cfg['trace']['tmp']} where valid; "
+        f"(models {cfg['models']}, microbatch {micros}, t {cfg['trace']['tp']} where valid; "
         f"one job = all archs of one trace):"
     )
     tot_inst = tot_hit = 0
@@ -186,8 +186,8 @@ def cache_hit_rate(work: Path) -> None:
         for micro, t in [
             (b, t)
             for b in micros
-            for t in get_model_spec(model).valid_tmp
-            if t in cfg["trace"]["tmp"]
+            for t in get_model_spec(model).valid_tp
+            if t in cfg["trace"]["tp"]
         ]:
             d = trace_dir(work, model, t, micro)
             ops = pd.read_parquet(d / "ops.parquet")

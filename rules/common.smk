@@ -14,22 +14,22 @@ RECOMPUTE = ["on" if r else "off" for r in config["place"]["recompute"]]
 PAIRS = [(m, b) for m in MODELS for b in MICROBATCHES]
 
 
-def model_tmps(model):
-    """Tensor-parallel widths traced for a model: config trace.tmp that the model admits."""
-    valid = _get_model_spec(MODEL_ARG[model]).valid_tmp
-    return [t for t in config["trace"]["tmp"] if t in valid]
+def model_tps(model):
+    """Tensor-parallel widths traced for a model: config trace.tp that the model admits."""
+    valid = _get_model_spec(MODEL_ARG[model]).valid_tp
+    return [t for t in config["trace"]["tp"] if t in valid]
 
 
 def model_seq(model):
     return config["trace"]["seq"].get(MODEL_ARG[model]) or _get_model_spec(MODEL_ARG[model]).seq
 
 
-def tag(model, mbs, tmp):
-    return f"b{mbs}_s{model_seq(model)}_t{tmp}"
+def tag(model, mbs, tp):
+    return f"b{mbs}_s{model_seq(model)}_tp{tp}"
 
 
-def trace_dir(model, mbs, tmp):
-    return f"{RESULTS}/trace/{model}/{tag(model, mbs, tmp)}"
+def trace_dir(model, mbs, tp):
+    return f"{RESULTS}/trace/{model}/{tag(model, mbs, tp)}"
 
 
 def gib_str(h):
@@ -39,7 +39,7 @@ def gib_str(h):
 wildcard_constraints:
     model=r"[^/]+",
     mbs=r"\d+",
-    tmp=r"\d+",
+    tp=r"\d+",
     seq=r"\d+",
     chunk=r"\d+",
     round=r"\d+",

@@ -14,7 +14,7 @@ rule estimate:
     benchmark:
         f"{RESULTS}/benchmarks/estimate/{{model}}/{{tag}}/{{chunk}}.tsv"
     wildcard_constraints:
-        tag=r"b\d+_s\d+_t\d+",
+        tag=r"b\d+_s\d+_tp\d+",
     params:
         code=code_version("estimate"),
         cfg=config_section(config, "costmodel"),

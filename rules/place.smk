@@ -6,14 +6,14 @@
 
 def place_trace_dirs(wildcards):
     """One trace dir per tensor-parallel width the model admits (ascending t)."""
-    return [trace_dir(wildcards.model, wildcards.mbs, t) for t in model_tmps(wildcards.model)]
+    return [trace_dir(wildcards.model, wildcards.mbs, t) for t in model_tps(wildcards.model)]
 
 
 def place_schedule_files(wildcards):
     """Per t (same order as place_trace_dirs), the schedule tables of this chunk."""
     m, b = wildcards.model, int(wildcards.mbs)
     return [[f"{RESULTS}/schedule/{m}/{tag(m, b, t)}/{wildcards.chunk}.parquet"]
-            for t in model_tmps(m)]
+            for t in model_tps(m)]
 
 
 def _place_chunk_inputs(wildcards):
@@ -25,8 +25,8 @@ def _place_chunk_inputs(wildcards):
 
 
 def _place_chunk_args(wildcards):
-    tmps = model_tmps(wildcards.model)
-    return (f"--model {wildcards.model} --tmp {' '.join(map(str, tmps))}"
+    tps = model_tps(wildcards.model)
+    return (f"--model {wildcards.model} --tp {' '.join(map(str, tps))}"
             f" --trace-dirs {' '.join(place_trace_dirs(wildcards))}"
             f" --schedules {' '.join(','.join(fs) for fs in place_schedule_files(wildcards))}"
             f" --hbm-gib {wildcards.hbm} --microbatch {wildcards.mbs} --recompute {wildcards.rec}")

@@ -22,7 +22,7 @@ rule schedule:
     benchmark:
         f"{RESULTS}/benchmarks/schedule/{{model}}/{{tag}}/{{chunk}}.tsv"
     wildcard_constraints:
-        tag=r"b\d+_s\d+_t\d+",
+        tag=r"b\d+_s\d+_tp\d+",
         chunk=r"\d+",
     params:
         code=code_version("schedule"),

@@ -22,14 +22,14 @@ PLAN_KEYS = ("bucket_width_mm2", "round_buckets", "chunk_archs", "baseline_prese
 SEARCH_STATE_CODE = code_version(*(f"search/{f}.py" for f in ("evaluate", "stop", "plan", "files", "commands", "cli")))
 SEARCH_STATE_CFG = _json.dumps({k: v for k, v in SEARCH.items() if k not in ("chunk_archs",)}, sort_keys=True)
 PLAN = f"{RESULTS}/arch/chunks.parquet"
-TAG = "b{mbs}_s{seq}_t{tmp}"
+TAG = "b{mbs}_s{seq}_tp{tp}"
 TRACE_DIR = f"{RESULTS}/trace/{{model}}/{TAG}"
 
 
 def _trace_dir_of(wc):
     # from wildcards, not from `input`: params are re-evaluated inside remote (cluster) jobs,
     # where named inputs of unpack()ed functions are not available
-    return f"{RESULTS}/trace/{wc.model}/b{wc.mbs}_s{wc.seq}_t{wc.tmp}"
+    return f"{RESULTS}/trace/{wc.model}/b{wc.mbs}_s{wc.seq}_tp{wc.tp}"
 
 
 def _trace_inputs(wc):
@@ -120,7 +120,7 @@ def schedule_files_upto(r):
     for q in range(int(r) + 1):
         for m, b in pairs_of_round(q):
             chosen = set(ilp_selection(q, m, b))
-            for t in model_tmps(m):
+            for t in model_tps(m):
                 d = f"{RESULTS}/schedule/{m}/{tag(m, b, t)}"
                 files += [f"{d}/bounds/c{c}.parquet" for c in round_chunks(q)]
                 files += [f"{d}/ilp/r{q}_c{c}.parquet" for c in sorted(chosen)]
@@ -185,9 +185,9 @@ rule schedule_bounds:
 def _place_inputs(wc, kind):
     """Trace dirs and schedule files (per t) a placement job reads."""
     m, b = wc.model, int(wc.mbs)
-    tmps = model_tmps(m)
+    tps = model_tps(m)
     per_t = []
-    for t in tmps:
+    for t in tps:
         d = f"{RESULTS}/schedule/{m}/{tag(m, b, t)}"
         if kind == "bounds":
             per_t.append([f"{d}/bounds/c{c}.parquet" for c in round_chunks(wc.round)])
@@ -195,13 +195,13 @@ def _place_inputs(wc, kind):
             per_t.append([f"{d}/ilp/r{wc.round}_c{c}.parquet" for c in ilp_selection(wc.round, m, b)])
         else:
             per_t.append([f"{d}/blind.parquet"])
-    return tmps, per_t
+    return tps, per_t
 
 
 def _place_input_files(kind):
     def fn(wc):
-        tmps, per_t = _place_inputs(wc, kind)
-        layers = [f"{trace_dir(wc.model, wc.mbs, t)}/layers.parquet" for t in tmps]
+        tps, per_t = _place_inputs(wc, kind)
+        layers = [f"{trace_dir(wc.model, wc.mbs, t)}/layers.parquet" for t in tps]
         return {"layers": layers, "schedules": [f for fs in per_t for f in fs], "space": SPACE}
     return fn
 
@@ -212,9 +212,9 @@ def _place_batch(kind, tiers):
     import shlex
 
     def fn(wc):
-        tmps, per_t = _place_inputs(wc, kind)
-        base = (f"place --model {wc.model} --tmp {' '.join(map(str, tmps))}"
-                f" --trace-dirs {' '.join(trace_dir(wc.model, wc.mbs, t) for t in tmps)}"
+        tps, per_t = _place_inputs(wc, kind)
+        base = (f"place --model {wc.model} --tp {' '.join(map(str, tps))}"
+                f" --trace-dirs {' '.join(trace_dir(wc.model, wc.mbs, t) for t in tps)}"
                 f" --schedules {' '.join(','.join(fs) for fs in per_t)}"
                 f" --microbatch {wc.mbs} --space {SPACE} --config {CONFIG_JSON}")
         cmds = []
@@ -473,7 +473,7 @@ def _summary_inputs(wc):
         "blind": [f"{RESULTS}/baselines/blind/{m}/choice.parquet" for m in MODELS],
         "schedules": schedule_files_upto(r)
         + [f"{RESULTS}/schedule/{m}/{tag(m, b, t)}/blind.parquet"
-           for m in MODELS for b in MICROBATCHES for t in model_tmps(m)],
+           for m in MODELS for b in MICROBATCHES for t in model_tps(m)],
     }
 
 

@@ -1,12 +1,7 @@
 # Stage 1: trace. One job per model x microbatch x tensor-parallel width (x sequence length).
-# Path helpers trace_dir(model, mbs, tmp), model_seq(model), model_tmps(model) and MODEL_ARG live in
-# rules/common.smk; trace_tmps is the name the trace stage's contract promises.
+# Path helpers trace_dir(model, mbs, tp), model_seq(model), model_tps(model) and MODEL_ARG live in
+# rules/common.smk.
 import json as _trace_json
-
-
-def trace_tmps(model):
-    """Configured t values (config trace.tmp) that the model admits (t divides its heads)."""
-    return model_tmps(model)
 
 
 def _trace_input(wildcards):
@@ -21,15 +16,15 @@ rule trace:
     input:
         _trace_input,
     output:
-        ops=f"{RESULTS}/trace/{{model}}/b{{mbs}}_s{{seq}}_t{{tmp}}/ops.parquet",
-        edges=f"{RESULTS}/trace/{{model}}/b{{mbs}}_s{{seq}}_t{{tmp}}/edges.parquet",
-        layers=f"{RESULTS}/trace/{{model}}/b{{mbs}}_s{{seq}}_t{{tmp}}/layers.parquet",
+        ops=f"{RESULTS}/trace/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/ops.parquet",
+        edges=f"{RESULTS}/trace/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/edges.parquet",
+        layers=f"{RESULTS}/trace/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/layers.parquet",
     log:
-        f"{RESULTS}/logs/trace/{{model}}/b{{mbs}}_s{{seq}}_t{{tmp}}.log",
+        f"{RESULTS}/logs/trace/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/trace/{{model}}/b{{mbs}}_s{{seq}}_t{{tmp}}.tsv"
+        f"{RESULTS}/benchmarks/trace/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}.tsv"
     wildcard_constraints:
-        tmp=r"1|2|4|8",
+        tp=r"1|2|4|8",
     params:
         code=code_version("trace"),
         # Only what changes a trace's content: the microbatch/t/seq lists choose WHICH traces
@@ -42,5 +37,5 @@ rule trace:
         runtime=10,
     shell:
         "{PHAZE} trace --model {params.model:q} --microbatch {wildcards.mbs} "
-        "--tmp {wildcards.tmp} --seq {wildcards.seq} --config {CONFIG_JSON} "
+        "--tp {wildcards.tp} --seq {wildcards.seq} --config {CONFIG_JSON} "
         "--out {params.out:q} > {log:q} 2>&1"

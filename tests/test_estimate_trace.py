@@ -23,7 +23,7 @@ def run(tmp_path_factory):
                 "opt-350m",
                 "--microbatch",
                 "1",
-                "--tmp",
+                "--tp",
                 "2",
                 "--seq",
                 "128",

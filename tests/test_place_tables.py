@@ -139,7 +139,7 @@ def run_place(tmp_path, args, *extra, hbm="32", out="place.parquet", config="cfg
         "place",
         "--model",
         "tiny",
-        "--tmp",
+        "--tp",
         "1",
         "2",
         "--trace-dirs",
@@ -259,7 +259,7 @@ def test_inconsistent_inputs_are_errors(inputs, capsys):
     assert run_place(tmp_path, bad) == 2
     assert "no schedule for arch slow signature blk2 pass bwd" in capsys.readouterr().err
     assert main(["place", "--model", "tiny"]) == 2
-    assert "--tmp" in capsys.readouterr().err
+    assert "--tp" in capsys.readouterr().err
 
 
 def test_comma_joined_schedule_chunks(inputs):
@@ -284,7 +284,7 @@ def test_export_instance_round_trip(inputs):
         "place",
         "--model",
         "tiny",
-        "--tmp",
+        "--tp",
         "1",
         "2",
         "--trace-dirs",

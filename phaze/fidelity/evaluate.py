@@ -182,7 +182,7 @@ def evaluate_strategy(
             "inter_node); `evaluate` needs one"
         )
     net = HierarchicalNetwork.from_preset(preset["network"])
-    spec.check_tmp(strategy.tp)
+    spec.check_tp(strategy.tp)
     sched = strategy.schedule
     sched.check_layers(spec.num_blocks)
     if workload is None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from phaze.config import load_config, validate_config
+from phaze.config import load_config
 from phaze.errors import PhazeError
 from phaze.io import read_table, write_json_atomic, write_table
 from phaze.search.evaluate import (
@@ -26,7 +26,7 @@ from phaze.search.plan import make_plan, n_rounds
 
 
 def _config(args) -> dict:
-    return load_config(args.config) if getattr(args, "config", None) else validate_config({})
+    return load_config(args.config)
 
 
 def _with_list(paths: list[str], list_file: str | None) -> list[str]:
@@ -156,7 +156,7 @@ def _round_of(path: str) -> int:
 
 
 _SCHED = re.compile(
-    r"schedule/(?P<model>[^/]+)/b(?P<b>\d+)_s\d+_t(?P<t>\d+)/(?P<tier>bounds|ilp|blind)"
+    r"schedule/(?P<model>[^/]+)/b(?P<b>\d+)_s\d+_tp(?P<t>\d+)/(?P<tier>bounds|ilp|blind)"
 )
 
 
@@ -237,7 +237,7 @@ def summarize(args: argparse.Namespace) -> int:
             "round_buckets": cfg["round_buckets"],
             "bucket_width_mm2": cfg["bucket_width_mm2"],
         },
-        **_ilp_counts(schedules, float(config["schedule"].get("gap", 0.01))),
+        **_ilp_counts(schedules, config["schedule"]["gap"]),
     }
     write_json_atomic(d / "search_stats.json", stats)
     print(json.dumps(stats, indent=1))
