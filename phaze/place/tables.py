@@ -47,9 +47,31 @@ class PlaceSettings:
     dp_must_divide_batch: bool
     dp_must_divide_devices: bool
     expert: dict | None  # {"pp", "dp", "tp"} or None
-    network: dict | None = None  # config place.network (two levels) or None = flat link
-    preset_networks: bool = True  # a preset's own network: section wins for its architecture
-    scatter_gather: bool = True  # Megatron's scatter/gather for inter-node stage transfers
+    network: dict | None  # config place.network (two levels) or None = flat link
+    preset_networks: bool  # a preset's own network: section wins for its architecture
+    scatter_gather: bool  # Megatron's scatter/gather for inter-node stage transfers
+
+    @classmethod
+    def from_config(
+        cls, place: dict, model: str, hbm_bytes: int, microbatch: int, recompute: bool
+    ) -> PlaceSettings:
+        """The settings of one placement job: the outer axes given, the rest from the validated
+        config section ``place`` (phaze.config.load_config fills its defaults)."""
+        return cls(
+            model=model,
+            hbm_bytes=int(hbm_bytes),
+            microbatch=int(microbatch),
+            recompute=bool(recompute),
+            global_batch=place["global_batch"],
+            optimizer=place["optimizer"],
+            bytes_per_element=place["bytes_per_element"],
+            dp_must_divide_batch=place["dp_must_divide_batch"],
+            dp_must_divide_devices=place["dp_must_divide_devices"],
+            expert=place["expert"].get(model),
+            network=place["network"],
+            preset_networks=place["preset_networks"],
+            scatter_gather=place["scatter_gather"],
+        )
 
     @property
     def microbatches(self) -> int:

@@ -24,6 +24,7 @@ import hashlib
 import time
 from dataclasses import dataclass
 
+from phaze.config import schema_defaults
 from phaze.errors import PhazeError
 from phaze.schedule.bounds import lower_bound
 from phaze.schedule.ilp import SolverWorker
@@ -36,6 +37,8 @@ from phaze.schedule.listsched import (
     replay,
     verify,
 )
+
+_DEFAULT = schema_defaults()["schedule"]
 
 # Severity order used when segments with different statuses are combined.
 _SEVERITY = {
@@ -53,15 +56,31 @@ _SEVERITY = {
 
 @dataclass
 class Options:
-    tier: str = "ilp"  # ilp | bounds
-    time_limit_s: float = 2.0
-    gap: float = 0.01
-    threads: int = 1
-    cache: bool = True
-    watchdog_s: float = 30.0
-    decompose: bool = True
+    """Solver settings; the defaults of the config keys are config/schema.yaml's (``schedule``)."""
+
+    tier: str = "ilp"  # ilp | bounds (a CLI choice, not a config key)
+    time_limit_s: float = _DEFAULT["time_limit_s"]
+    gap: float = _DEFAULT["gap"]
+    threads: int = _DEFAULT["threads"]
+    cache: bool = _DEFAULT["cache"]
+    watchdog_s: float = _DEFAULT["watchdog_s"]
+    decompose: bool = _DEFAULT["decompose"]
     local_search: bool = True
-    node_limit: int = 0  # SCIP branch-and-bound nodes per solve; 0 = no limit
+    node_limit: int = _DEFAULT["node_limit"]  # SCIP branch-and-bound nodes per solve; 0 = none
+
+    @classmethod
+    def from_config(cls, schedule: dict, tier: str) -> Options:
+        """From a validated config section ``schedule`` (phaze.config.load_config)."""
+        return cls(
+            tier=tier,
+            time_limit_s=float(schedule["time_limit_s"]),
+            gap=float(schedule["gap"]),
+            threads=int(schedule["threads"]),
+            cache=bool(schedule["cache"]),
+            watchdog_s=float(schedule["watchdog_s"]),
+            decompose=bool(schedule["decompose"]),
+            node_limit=int(schedule["node_limit"]),
+        )
 
 
 @dataclass
