@@ -55,9 +55,12 @@ def test_account_and_partition_come_from_sbatch_environment(monkeypatch, account
 
 def _local_rules(checkout: Path) -> set[str]:
     names: set[str] = set()
+    # `localrules: a, b` on one line, or (as snakefmt writes it) one indented name per line
+    pattern = re.compile(r"^localrules:[ \t]*(.*)\n((?:[ \t]+\S.*\n)*)", flags=re.MULTILINE)
     for f in [checkout / "Snakefile", *sorted((checkout / "rules").glob("*.smk"))]:
-        for m in re.finditer(r"^localrules:\s*(.+)$", f.read_text(), flags=re.MULTILINE):
-            names |= {n.strip() for n in m.group(1).split(",") if n.strip()}
+        for m in pattern.finditer(f.read_text()):
+            text = m.group(1) + "," + m.group(2)
+            names |= {n.strip() for n in text.replace("\n", ",").split(",") if n.strip()}
     return names
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from phaze.search.baselines import best_row
-from phaze.search.evaluate import (
+from phaze.search.scores import (
     COMPONENT_KEY,
     SEARCH_KEY,
     SearchSettings,
