@@ -27,8 +27,8 @@ import pandas as pd
 from phaze.arch.presets import load_preset
 from phaze.config import load_config
 from phaze.fidelity.evaluate import build_workload, trace_for
-from phaze.fidelity.network import HierarchicalNetwork
 from phaze.fidelity.strategy import Strategy
+from phaze.network import HierarchicalNetwork
 from phaze.place.tables import PlaceSettings, place_architectures
 from phaze.trace.models import get_model_spec
 

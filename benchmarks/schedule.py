@@ -28,7 +28,7 @@ from phaze.arch.presets import load_preset
 from phaze.config import load_config
 from phaze.estimate.stage import estimate
 from phaze.schedule.solve import Options, Scheduler
-from phaze.schedule.tables import build_instance, latency_lookup, load_graphs
+from phaze.schedule.tables import build_instance, load_op_graphs, op_latencies
 from phaze.trace.models import get_model_spec
 
 PAPER_MODELS = [
@@ -101,9 +101,9 @@ def run_instances(args) -> pd.DataFrame:
             for t in get_model_spec(model).valid_tp:
                 d = trace_dir(args.work, model, t)
                 ops = pd.read_parquet(d / "ops.parquet")
-                lat = latency_lookup(estimate(ops, space, cm))
+                lat = op_latencies(estimate(ops, space, cm))
                 blocks = block_signatures(d)
-                for g in load_graphs(d):
+                for g in load_op_graphs(d):
                     if g.signature not in blocks:
                         continue
                     for a in space.itertuples(index=False):
@@ -192,8 +192,8 @@ def cache_hit_rate(work: Path) -> None:
             d = trace_dir(work, model, t, micro)
             ops = pd.read_parquet(d / "ops.parquet")
             lat = estimate(ops, space, cm)
-            lookup = latency_lookup(lat)
-            graphs = load_graphs(d)
+            lookup = op_latencies(lat)
+            graphs = load_op_graphs(d)
             keys, seg_keys, n_inst, n_seg = set(), set(), 0, 0
             for a in space.itertuples(index=False):
                 for g in graphs:

@@ -57,9 +57,7 @@ VIEW_OPS = {
 
 
 @functools.cache
-def _trace(
-    model: str, microbatch: int = 1, tp: int = 1, seq: int | None = None, fuse: bool = True
-):
+def _trace(model: str, microbatch: int = 1, tp: int = 1, seq: int | None = None, fuse: bool = True):
     from phaze.trace.tracer import trace_model
 
     return trace_model(get_model_spec(model), microbatch, tp, seq=seq, fuse=fuse)

@@ -276,7 +276,7 @@ class Scheduler:
             rms = rep.makespan(inst)
             tol = 1e-6 * ub * (inst.n + 1)
             if rms > out.objective_s + tol:
-                raise PhazeError(
+                raise RuntimeError(
                     f"replayed ILP schedule ({rms:.9g} s) is longer than the solver's "
                     f"makespan ({out.objective_s:.9g} s): scheduling bug"
                 )
@@ -285,8 +285,9 @@ class Scheduler:
                 final, method = rep, "ilp"
         ms = final.makespan(inst)
         if lb > ms * (1 + 1e-6):
-            raise PhazeError(
-                f"lower bound {lb:.9g} s exceeds a valid schedule's makespan {ms:.9g} s"
+            raise RuntimeError(
+                f"lower bound {lb:.9g} s exceeds a valid schedule's makespan {ms:.9g} s: "
+                "scheduling bug"
             )
         lb = min(lb, ms)
         status = out.status
@@ -317,7 +318,7 @@ def _structure_key(inst: Instance) -> str:
 def _check(inst: Instance, sched: Schedule, makespan: float) -> None:
     bad = verify(inst, sched, tol=1e-9 * max(makespan, 1e-300))
     if bad:
-        raise PhazeError(f"invalid schedule produced (bug): {bad[:3]}")
+        raise RuntimeError(f"invalid schedule produced (bug): {bad[:3]}")
 
 
 def _retime(inst: Instance, res: Result, f: float) -> Result:

@@ -13,7 +13,7 @@ import pandas as pd
 
 from phaze.errors import PhazeError
 from phaze.trace.capture import Capture, capture
-from phaze.trace.graph import layer_graph, signature, to_frames
+from phaze.trace.graph import op_graph_rows, signature, to_frames
 from phaze.trace.models import ModelSpec
 
 
@@ -36,7 +36,7 @@ def _graphs(cap: Capture, fuse: bool) -> dict[str, tuple[list, list, str]]:
         by_layer[op.layer].append(op)
     out = {}
     for name, ops in by_layer.items():
-        op_rows, edge_rows = layer_graph(ops, name, fuse)
+        op_rows, edge_rows = op_graph_rows(ops, name, fuse)
         sig = signature(op_rows, edge_rows, {"kind": _layer_kind(name)})
         out[name] = (op_rows, edge_rows, sig)
     return out
