@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cluster.checkout import REPO, copy_checkout
-
+REPO = Path(__file__).resolve().parents[1]
 PROFILE = REPO / "profiles" / "slurm" / "config.yaml"
 RESOURCE_KEYS = {"runtime", "mem_mb", "cpus_per_task"}
 
@@ -64,7 +63,7 @@ def _local_rules(checkout: Path) -> set[str]:
     return names
 
 
-def test_profile_sizes_exactly_the_rules_that_run_as_jobs(tmp_path):
+def test_profile_sizes_exactly_the_rules_that_run_as_jobs(tmp_path, copy_checkout):
     checkout = copy_checkout(tmp_path / "checkout")
     listed = subprocess.run(
         [sys.executable, "-m", "snakemake", "--list-rules", "--configfile", "config/test.yaml"],

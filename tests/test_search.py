@@ -300,24 +300,21 @@ def test_bucket_best_uses_achievable_max():
 # CLI
 
 
-def test_cli_plan_and_errors(tmp_path, capsys):
+def test_cli_plan_and_errors(tmp_path, capsys, space_table):
     from phaze.cli import main
     from phaze.io import read_table, write_table
 
-    space = pd.DataFrame(
-        {
-            "arch": ["a", "b", "c"],
-            "n_tc": 1,
-            "n_vc": 1,
-            "tc_width": 2,
-            "tc_depth": 2,
-            "vc_width": 2,
-            "glb_bytes": 2**21,
-            "freq_hz": 1e9,
-            "area_mm2": [3.0, 2.0, 1.0],
-            "peak_flops": 1e12,
-            "preset": ["", "", "tpuv4"],
-        }
+    space = space_table(
+        ["a", "b", "c"],
+        n_tc=1,
+        n_vc=1,
+        tc_width=2,
+        tc_depth=2,
+        vc_width=2,
+        glb_bytes=2**21,
+        area_mm2=[3.0, 2.0, 1.0],
+        peak_flops=1e12,
+        preset=["", "", "tpuv4"],
     )
     write_table(space, tmp_path / "space.parquet", "space")
     assert (

@@ -29,7 +29,7 @@ PAPER = [
     "megatron-gpt-8.3b",
     "gpt3-175b",
 ]
-# design.md's workload table: blocks, hidden, heads, FFN, vocab, seq, valid t
+# docs/design.md's workload table: blocks, hidden, heads, FFN, vocab, seq, valid t
 DESIGN_TABLE = {
     "bert-large": (24, 1024, 16, 4096, 30522, 512, (1, 2, 4, 8)),
     "gpt2-xl": (48, 1600, 25, 6400, 50257, 1024, (1,)),
@@ -379,27 +379,13 @@ def test_config_json_by_path(tmp_path):
 # --- CLI ------------------------------------------------------------------------------------
 
 
-def test_cli_writes_the_three_tables(tmp_path):
-    out = tmp_path / "trace"
-    assert (
-        main(
-            [
-                "trace",
-                "--model",
-                "opt-350m",
-                "--microbatch",
-                "1",
-                "--tp",
-                "2",
-                "--seq",
-                "64",
-                "--config",
-                str(DATA.parents[1] / "config" / "test.yaml"),
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
+def test_cli_writes_the_three_tables(tmp_path, trace_cli):
+    out = trace_cli(
+        tmp_path / "trace",
+        "opt-350m",
+        tp=2,
+        seq=64,
+        config=DATA.parents[1] / "config" / "test.yaml",
     )
     ops, edges, layers = (read_table(out / f"{n}.parquet", n) for n in ("ops", "edges", "layers"))
     assert len(layers) == 26 and set(ops["signature"]) <= set(layers["signature"])
