@@ -5,7 +5,7 @@
 Times the cost model on every architecture of the space (default: upstream's full grid, i.e. all
 unique core configurations) × every operator of one model's trace (its unique layer signatures,
 forward and backward), on one core. Without --trace, the model is traced first into a temporary
-directory (`python -m phaze trace`). Then prints the tpuv4 table used in the README.
+directory (`python -m phaze trace`). Then prints the tpuv4 table of docs/estimate.md.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="preset with a `network:` section (config/presets/NAME.yaml), e.g. a100-80gb",
     )
     parser.add_argument("--devices", type=int, required=True, help="number of devices N")
-    parser.add_argument("--tp", type=int, required=True, help="tensor-parallel width t")
+    parser.add_argument("--tp", type=int, required=True, help="tensor-parallel width tp")
     parser.add_argument("--pp", type=int, required=True, help="pipeline stages p")
     parser.add_argument("--microbatch", type=int, required=True, help="microbatch size b")
     parser.add_argument("--global-batch", type=int, required=True, help="sequences per iteration")

@@ -29,12 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tp", type=int, nargs="+", help="tensor-parallel widths, one per trace dir"
     )
     parser.add_argument(
-        "--trace-dirs", nargs="+", help="trace output dir per t (holds layers.parquet)"
+        "--trace-dirs", nargs="+", help="trace output dir per tp (holds layers.parquet)"
     )
     parser.add_argument(
         "--schedules",
         nargs="+",
-        help="schedule table(s) per t; comma-join several chunk files of one t",
+        help="schedule table(s) per tp; comma-join several chunk files of one tp",
     )
     parser.add_argument("--space", help="architecture space (space.parquet)")
     parser.add_argument(
@@ -109,7 +109,7 @@ def _run_tables(args) -> int:
     if len(args.tp) != len(args.trace_dirs) or len(args.tp) != len(args.schedules):
         raise PhazeError(
             f"--tp ({len(args.tp)}), --trace-dirs ({len(args.trace_dirs)}) and "
-            f"--schedules ({len(args.schedules)}) need one entry per t"
+            f"--schedules ({len(args.schedules)}) need one entry per tp"
         )
     if len(set(args.tp)) != len(args.tp):
         raise PhazeError(f"--tp lists a width twice: {args.tp}")
@@ -135,7 +135,7 @@ def _run_tables(args) -> int:
         layers_by_t[t] = read_table(Path(trace_dir) / "layers.parquet", "layers")
         files = [f for f in sched.split(",") if f]
         if not files:
-            raise PhazeError(f"no schedule file given for t={t}")
+            raise PhazeError(f"no schedule file given for tp={t}")
         schedules_by_t[t] = pd.concat([read_table(f, "schedule") for f in files], ignore_index=True)
     space = read_table(args.space, "space")
     if args.archs:

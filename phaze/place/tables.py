@@ -4,7 +4,7 @@ cluster size, in seconds and bytes.
 Per architecture and tensor-parallel width t the layer chain comes from ``layers.parquet`` (one
 row per layer of the whole model, per-device quantities for that t) with each layer's forward and
 backward latency = its signature's schedule (``makespan_s``, or ``lower_bound_s`` for a throughput
-upper bound). Our rules (see README, section place):
+upper bound). Our rules (see docs/place.md):
 * link transfers cost ``link_latency_s + bytes / link_bandwidth_Bps`` (config ``costmodel``; an
   architecture's preset may override them) — unless a two-level network is configured (the
   preset's ``network:`` section, else config ``place.network``): then pipeline transfers and the

@@ -15,7 +15,7 @@ from phaze.errors import PhazeError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--instance",
-        help="solve one instance given as JSON (see README); prints the result as JSON",
+        help="solve one instance given as JSON (see docs/schedule.md); prints the result as JSON",
     )
     parser.add_argument("--trace", help="trace directory (ops.parquet, edges.parquet)")
     parser.add_argument("--latency", help="latency table from the estimate stage")

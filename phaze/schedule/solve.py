@@ -1,6 +1,6 @@
 """Solve one layer instance: exact decomposition, chain path, cache, list schedule, ILP.
 
-Pipeline for an instance (each step measured to pay, see the README):
+Pipeline for an instance (each step measured to pay, see docs/schedule.md):
 
 1. Decompose at *articulation ops* (ops comparable to every other op): everything else is
    entirely before or after them, so the layer splits into independent segments whose

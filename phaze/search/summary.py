@@ -1,4 +1,4 @@
-"""The summary tables: ``best``, ``comparison``, ``explored`` (design.md, section 6)."""
+"""The summary tables: ``best``, ``comparison``, ``explored`` (docs/design.md, "Summary tables")."""
 
 from __future__ import annotations
 

@@ -64,7 +64,7 @@ def build_model(spec: ModelSpec, num_blocks: int, tp: int = 1, seq: int | None =
         raise PhazeError(
             f"{spec.name}: cannot build {cls.__name__} on the meta device: {exc}"
         ) from exc
-    model.train()  # the training graph: dropout as configured (see README)
+    model.train()  # the training graph: dropout as configured (see docs/trace.md)
     blocks = find_blocks(model, num_blocks)
     for block in blocks:
         apply_tensor_parallel(block, spec.family, tp)

@@ -16,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="registry name (see phaze/trace/models.py) or path to a HF config.json",
     )
     parser.add_argument("--microbatch", type=int, required=True, help="microbatch size b")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel width t (1, 2, 4, 8)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel width tp (1, 2, 4, 8)")
     parser.add_argument(
         "--seq",
         type=int,
