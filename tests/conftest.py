@@ -4,7 +4,8 @@
   that must not touch its results/ (or, with ``results_from``, a copy of an earlier copy with its
   results and Snakemake metadata);
 * ``snakemake_env`` — the environment a test's `snakemake` runs in (no PYTHONPATH from outside:
-  the Snakefile puts its own checkout first);
+  the Snakefile puts its own checkout first); ``snakemake(workdir, *args, timeout=300)`` runs it
+  there and returns the CompletedProcess (output captured, exit code not checked);
 * ``trace_cli(out, model, ...)`` — `phaze trace` through the CLI, asserting exit code 0;
 * ``space_table(archs, **columns)`` — an architecture space table (TPUv4-like columns unless
   overridden) as `phaze arch` writes it.
@@ -15,12 +16,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 
 
 def _copy_checkout(dst: Path, results_from: Path | None = None) -> Path:
@@ -69,6 +72,22 @@ def snakemake_env() -> dict:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     return env
+
+
+@pytest.fixture(scope="session")
+def snakemake(snakemake_env):
+    def run(workdir, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [SNAKEMAKE, *args],
+            cwd=workdir,
+            capture_output=True,
+            text=True,
+            env=snakemake_env,
+            timeout=timeout,
+            check=False,
+        )
+
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -63,16 +62,9 @@ def _local_rules(checkout: Path) -> set[str]:
     return names
 
 
-def test_profile_sizes_exactly_the_rules_that_run_as_jobs(tmp_path, copy_checkout):
+def test_profile_sizes_exactly_the_rules_that_run_as_jobs(tmp_path, copy_checkout, snakemake):
     checkout = copy_checkout(tmp_path / "checkout")
-    listed = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--list-rules", "--configfile", "config/test.yaml"],
-        cwd=checkout,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    listed = snakemake(checkout, "--list-rules", "--configfile", "config/test.yaml", timeout=120)
     assert listed.returncode == 0, listed.stderr[-3000:]
     # One rule name per unindented line; docstrings follow indented.
     rules = {line.split()[0] for line in listed.stdout.splitlines() if line[:1].strip()}

@@ -41,7 +41,7 @@ def _all_parquet_readable(root: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, copy_checkout, snakemake_env):
+def run_dir(tmp_path_factory, copy_checkout, snakemake_env, snakemake):
     work = copy_checkout(tmp_path_factory.mktemp("wf") / "repo")
     with open(work / "first_run.log", "w") as log:
         proc = subprocess.Popen(
@@ -68,15 +68,7 @@ def run_dir(tmp_path_factory, copy_checkout, snakemake_env):
             time.sleep(0.2)
         proc.wait(timeout=120)
     truncated_after_kill = _all_parquet_readable(work / "results")
-    second = subprocess.run(
-        [SNAKEMAKE, *RUN_FLAGS, *CONFIG],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        env=snakemake_env,
-        timeout=900,
-        check=False,
-    )
+    second = snakemake(work, *RUN_FLAGS, *CONFIG, timeout=900)
     (work / "second_run.log").write_text(second.stdout + second.stderr)
     return {
         "dir": work,
@@ -137,16 +129,8 @@ def test_summary_tables_and_plots_are_nontrivial(run_dir):
             assert f.exists() and f.stat().st_size > 5_000, f
 
 
-def _dry_run_jobs(work: Path, env: dict) -> dict[str, int]:
-    out = subprocess.run(
-        [SNAKEMAKE, "-n", "--cores", "2", *CONFIG],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
+def _dry_run_jobs(work: Path, snakemake) -> dict[str, int]:
+    out = snakemake(work, "-n", "--cores", "2", *CONFIG)
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout + out.stderr
     if "Nothing to be done" in text:
@@ -208,30 +192,22 @@ EDITS = {
 
 
 @pytest.mark.parametrize("what", list(EDITS))
-def test_incremental_reruns(run_dir, tmp_path, what, copy_checkout, snakemake_env):
+def test_incremental_reruns(run_dir, tmp_path, what, copy_checkout, snakemake):
     assert run_dir["second"].returncode == 0
     work = copy_checkout(tmp_path / "repo", results_from=run_dir["dir"])
     edit, must, must_not = EDITS[what]
     edit(work)
-    jobs = _dry_run_jobs(work, snakemake_env)
+    jobs = _dry_run_jobs(work, snakemake)
     assert must <= set(jobs), (what, jobs)
     assert not (must_not & set(jobs)), (what, jobs)
     if what == "nothing":
         assert jobs == {}, jobs
 
 
-def test_snakemake_html_report_embeds_plots_with_captions(run_dir, snakemake_env):
+def test_snakemake_html_report_embeds_plots_with_captions(run_dir, snakemake):
     assert run_dir["second"].returncode == 0
     work = run_dir["dir"]
-    out = subprocess.run(
-        [SNAKEMAKE, "--cores", "1", *CONFIG, "--report", "results/report.html"],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        env=snakemake_env,
-        timeout=300,
-        check=False,
-    )
+    out = snakemake(work, "--cores", "1", *CONFIG, "--report", "results/report.html")
     assert out.returncode == 0, out.stderr[-3000:]
     html = (work / "results" / "report.html").read_text(errors="replace")
     for name in (
@@ -245,33 +221,17 @@ def test_snakemake_html_report_embeds_plots_with_captions(run_dir, snakemake_env
     assert "Phaze-Per-Model" in html  # a caption from report/
 
 
-def test_stand_alone_schedule_and_place_rules(run_dir, tmp_path, copy_checkout, snakemake_env):
+def test_stand_alone_schedule_and_place_rules(run_dir, tmp_path, copy_checkout, snakemake):
     """rule schedule and rule place (one stage through Snakemake, outside the search) on a chunk
     of the finished run: exactly those jobs run, and the ILP-tier placement of each arch lies
     between the search's list-schedule (lo) and lower-bound (ub) placements of the same arch."""
     assert run_dir["second"].returncode == 0
     work = copy_checkout(tmp_path / "repo", results_from=run_dir["dir"])
     target = "results/place/opt-350m/h32_b1_roff/0.parquet"
-    out = subprocess.run(
-        [SNAKEMAKE, "-n", "--cores", "2", *CONFIG, target],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        env=snakemake_env,
-        timeout=300,
-        check=False,
-    )
+    out = snakemake(work, "-n", "--cores", "2", *CONFIG, target)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "schedule " in out.stdout and "place " in out.stdout, out.stdout[-3000:]
-    run = subprocess.run(
-        [SNAKEMAKE, *RUN_FLAGS, *CONFIG, target],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        env=snakemake_env,
-        timeout=600,
-        check=False,
-    )
+    run = snakemake(work, *RUN_FLAGS, *CONFIG, target, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     log = run.stdout + run.stderr
     ran = set(re.findall(r"^rule (\w+):", log, flags=re.MULTILINE))

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -255,19 +253,11 @@ def test_config_section_is_canonical_and_names_only_its_sections():
         config_section({"a": 1}, "missing")
 
 
-def test_snakemake_lint_reports_nothing(tmp_path, copy_checkout, snakemake_env):
+def test_snakemake_lint_reports_nothing(tmp_path, copy_checkout, snakemake):
     """`snakemake --lint` on the workflow (in a copy: the Snakefile writes results/.config.json):
     not one lint, and no schema-draft warning."""
     work = copy_checkout(tmp_path / "repo")
-    out = subprocess.run(
-        [str(Path(sys.executable).parent / "snakemake"), "--lint"],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        env=snakemake_env,
-        timeout=120,
-        check=False,
-    )
+    out = snakemake(work, "--lint", timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     text = (out.stdout + out.stderr).strip()
     assert text == "Congratulations, your workflow is in a good condition!", text[-3000:]

@@ -60,10 +60,12 @@ def _read_json(path: str, mtime: float) -> dict:
 
 
 class Sweep:
+    """The sweep of one validated config; ``checkpoints`` is Snakemake's (or a stand-in)."""
+
     def __init__(self, config: dict, checkpoints):
         self.config = config
         self.checkpoints = checkpoints
-        self.results = results = RESULTS
+        self.results = results = RESULTS  # the rules' paths are literal: results/...
         self.search = config["search"]
         # model key (used in paths and tables) -> the --model argument (registry name or path)
         self.model_arg = {get_model_spec(m).name: m for m in config["models"]}
