@@ -1,12 +1,12 @@
 """Speed of the estimate stage and the tpuv4 preset's modelled figures.
 
-    python benchmarks/estimate.py [--trace DIR | --model NAME --microbatch B --tmp T] [--config FILE]
+    python benchmarks/estimate.py [--trace DIR | --model NAME --microbatch B --tp T] [--config FILE]
     python benchmarks/estimate.py --gemm-utilization [--config FILE]
 
 Times the cost model on every architecture of the space (default: upstream's full grid, i.e. all
 unique core configurations) × every operator of one model's trace (its unique layer signatures,
 forward and backward), on one core. Without --trace, the model is traced first into a temporary
-directory (`python -m phaze trace`). Then prints the tpuv4 table used in the README.
+directory (`python -m phaze trace`). Then prints the tpuv4 table of docs/estimate.md.
 
 With --gemm-utilization: the GEMM utilization of the run's space (default config/config.yaml)
 on each of its traces (models × microbatch × tensor-parallel width): FLOPs of all GEMMs (each
@@ -36,7 +36,7 @@ from phaze.estimate import matmul_cost
 from phaze.estimate.stage import estimate
 
 
-def trace(model: str, microbatch: int, tmp: int, out: str) -> None:
+def trace(model: str, microbatch: int, tp: int, out: str) -> None:
     cmd = [
         sys.executable,
         "-m",
@@ -46,8 +46,8 @@ def trace(model: str, microbatch: int, tmp: int, out: str) -> None:
         model,
         "--microbatch",
         str(microbatch),
-        "--tmp",
-        str(tmp),
+        "--tp",
+        str(tp),
         "--out",
         out,
     ]
@@ -89,7 +89,7 @@ def gemm_utilization(config: dict) -> None:
     for model in config["models"]:
         spec = get_model_spec(model)
         for b in config["trace"]["microbatch"]:
-            for t in config["trace"]["tmp"]:
+            for t in config["trace"]["tp"]:
                 if spec.heads % t:
                     continue
                 tr = trace_model(spec, b, t, None, False, False)  # unfused: GEMMs alone
@@ -116,7 +116,7 @@ def main() -> int:
     ap.add_argument("--trace", help="trace directory (ops.parquet); default: trace --model first")
     ap.add_argument("--model", default="gpt3-175b")
     ap.add_argument("--microbatch", type=int, default=1)
-    ap.add_argument("--tmp", type=int, default=8)
+    ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--config", help="config for the space/costmodel; default: full upstream grid")
     ap.add_argument("--gemm-utilization", action="store_true", help=__doc__.splitlines()[4])
     args = ap.parse_args()
@@ -133,9 +133,9 @@ def main() -> int:
         if trace_dir is None:
             trace_dir = os.path.join(tmpdir, "trace")
             t0 = time.perf_counter()
-            trace(args.model, args.microbatch, args.tmp, trace_dir)
+            trace(args.model, args.microbatch, args.tp, trace_dir)
             print(
-                f"traced {args.model} b{args.microbatch} t{args.tmp} in {time.perf_counter() - t0:.1f} s"
+                f"traced {args.model} b{args.microbatch} t{args.tp} in {time.perf_counter() - t0:.1f} s"
             )
         ops = pd.read_parquet(os.path.join(trace_dir, "ops.parquet"))
 
