@@ -185,6 +185,7 @@ def test_evaluate_cli_prints_the_contract(tmp_path):
         "recompute_s",
         "tensor_parallel_comm_s",
         "pipeline_comm_s",
+        "grad_accumulation_s",
         "pipeline_bubble_s",
         "data_parallel_comm_s",
         "optimizer_s",
@@ -257,6 +258,75 @@ def test_embedding_and_head_follow_megatron():
     blocks = 4 * plain.block.param_bytes / 2
     assert math.isclose(last["params"], blocks + plain.head.param_bytes / 2 + 1024 // 2 * 256)
     assert math.isclose(first["params"], blocks + plain.embedding.param_bytes / 2)
+
+
+def test_head_costs_megatrons_fp32_cross_entropy():
+    from phaze.estimate.model import achievable_hbm_Bps
+    from phaze.fidelity.compute import (
+        CROSS_ENTROPY_BYTES_PER_LOGIT,
+        LOSS_ATEN,
+        kernel_latencies,
+        preset_costmodel,
+    )
+    from phaze.fidelity.evaluate import trace_for
+
+    spec = tiny_gpt()
+    w = workload(spec, tp=2)
+    cm = preset_costmodel(A100, CFG["costmodel"])
+    ops = trace_for(spec, 2, 2, SEQ).ops
+    head = ops[ops["layer"] == "head"]
+    edges = trace_for(spec, 2, 2, SEQ).edges
+    logits = 2 * SEQ * 1024 // 2  # b·s·V/t fp32 logits on one rank
+    bw = float(achievable_hbm_Bps(cm))
+    # per logit: cast 2+4, max 4, subtract 4+4, exp 4+4, sum 4, divide 4+4 (forward); scale 4+4,
+    # the cast's backward 4+2 (backward)
+    assert CROSS_ENTROPY_BYTES_PER_LOGIT == {"fwd": 38.0, "bwd": 14.0}
+    for pass_, attr in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
+        o = head[head["pass"] == pass_].sort_values("op").reset_index(drop=True)
+        e = edges[(edges["layer"] == "head") & (edges["pass"] == pass_)]
+        k = kernel_latencies(o, e, gpu_core_of_a100(cm), cm, 108, 432, True)
+        kept = sum(
+            lat
+            for lat, ids in zip(k["latency_s"], k["ops"])
+            if not all(o.loc[i, "aten"] in LOSS_ATEN for i in ids)
+        )
+        # the trace's log-softmax/NLL kernels are replaced by Megatron's 38 + 14 B per logit
+        assert getattr(w.head, attr) == pytest.approx(
+            kept + logits * CROSS_ENTROPY_BYTES_PER_LOGIT[pass_] / bw, rel=1e-12
+        )
+
+
+def gpu_core_of_a100(cm):
+    from phaze.fidelity.compute import gpu_core
+
+    return gpu_core(A100, cm)
+
+
+def test_gradient_accumulation_is_paid_by_every_microbatch_but_the_first():
+    from phaze.estimate.model import achievable_hbm_Bps
+    from phaze.fidelity.compute import preset_costmodel
+
+    spec = tiny_gpt()
+    bw = float(achievable_hbm_Bps(preset_costmodel(A100, CFG["costmodel"])))
+    r = run(spec)  # 32 sequences, dp 4, microbatch 2: m = 4
+    crit = r["per_stage"][r["critical_stage"]]
+    per_param = CFG["fidelity"]["grad_accumulation_bytes_per_param"]
+    assert per_param == 6
+    assert r["breakdown"]["grad_accumulation_s"] == pytest.approx(
+        3 * crit["params"] * per_param / bw, rel=1e-12
+    )
+    # one microbatch per iteration: nothing to add
+    assert run(spec, global_batch=8)["breakdown"]["grad_accumulation_s"] == 0
+    fused = evaluate_strategy(
+        spec,
+        Strategy(devices=16, tp=2, pp=2, microbatch=2, global_batch=32),
+        A100,
+        seq=SEQ,
+        costmodel=CFG["costmodel"],
+        fidelity={**CFG["fidelity"], "grad_accumulation_bytes_per_param": 0},
+    )
+    assert fused["breakdown"]["grad_accumulation_s"] == 0
+    assert fused["iteration_time_s"] < r["iteration_time_s"]
 
 
 def test_presets_carry_sources_and_h100_beats_a100():

@@ -1,8 +1,9 @@
 """One GEMM on one preset (``python -m phaze estimate --matmul M N K --arch PRESET``).
 
 The same model and constants as the estimate stage: the config's ``costmodel`` with the preset's
-own ``costmodel:`` applied, the local buffer from the area model's sizing rule, all of the
-preset's tensor cores.
+own ``costmodel:`` applied, the local buffer as the space table has it (the preset's
+``costmodel.tc_local_buffer_bytes`` or the area model's sizing rule), all of the preset's tensor
+cores.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ from phaze.errors import PhazeError
 def preset_core(preset: str, config: dict) -> tuple[dict, dict]:
     """(core, costmodel) of a preset as the estimate stage costs it: the arch section with the
     area model's local buffer, and the config's costmodel with the preset's overrides."""
-    from phaze.arch.area import local_buffer_bytes
+    from phaze.arch.area import tc_local_buffer_bytes
     from phaze.arch.presets import load_preset
     from phaze.estimate.stage import with_overrides
 
     p = load_preset(preset)
     arch = p["arch"]
     cm = with_overrides(config["costmodel"], p["costmodel"], f"preset {preset!r}")
-    lb = local_buffer_bytes(arch["tc_width"], arch["tc_depth"], config["arch"]["area"])
+    lb = tc_local_buffer_bytes(arch["tc_width"], arch["tc_depth"], config["arch"]["area"], cm)
     return {**arch, "tc_local_buffer_bytes": float(lb)}, cm
 
 

@@ -25,7 +25,10 @@ weight-stationary ``w × d`` systolic arrays (``tc_width × tc_depth``):
   epilogue in sequence) every tile also pays writing its ``T_m × T_n`` outputs through the core's
   GLB port.
 * **GLB traffic** of a core (bytes through its GLB port, ``glb_bandwidth_Bps`` each): per tile the
-  weights once, the streamed rows once per ``d``-wide column tile, the output once.
+  weights once, the streamed rows once per ``d``-wide column tile (``glb_reuse: column_block``, a
+  systolic array holding one block of weights at a time) or once per tile (``output_tile``, a GPU
+  thread block whose warps all reuse the operand panels it staged in shared memory; then all
+  ``T_m × T_n`` accumulators are live at once, so ``T_m · T_n/d ≤ m_c``), the output once.
 * **HBM traffic**: the GEMM is blocked against the GLB capacity (blocks ``Tm×Tk`` of A, ``Tk×Tn`` of
   B, double-buffered, and an accumulating ``Tm×Tn`` block of C must fit); the block shape minimising
   traffic is chosen from halvings of each dimension. An operand whose block is the whole matrix is
@@ -33,7 +36,8 @@ weight-stationary ``w × d`` systolic arrays (``tc_width × tc_depth``):
   The whole op's traffic (the GLB is shared).
 * **Issue**: an operator takes at least ``op_issue_s`` (a GPU kernel launch; 0 for statically
   scheduled accelerators, whose operators are parts of one compiled program).
-* latency = max(compute, GLB traffic / GLB port bandwidth, HBM traffic / HBM bandwidth, issue);
+* latency = max(compute, GLB traffic / GLB port bandwidth, HBM traffic / achievable HBM
+  bandwidth (``hbm_bandwidth_Bps · hbm_efficiency``), issue);
   ``bound`` names the largest term (``compute``, ``glb``, ``hbm`` or ``issue``). Splitting k over
   cores would need a cross-core reduction and is not modelled. More cores are never slower (the
   busiest core's tile count never grows).
@@ -65,6 +69,11 @@ def _log2_ceil(x) -> int:
     """⌈log2(max(x))⌉ over an array (≥ 0): how many doublings reach its largest element."""
     top = float(np.max(_f(x), initial=1.0))
     return int(np.ceil(np.log2(max(top, 1.0)) - 1e-9))
+
+
+def achievable_hbm_Bps(costmodel):
+    """HBM bandwidth a streaming kernel reaches: ``hbm_bandwidth_Bps · hbm_efficiency``."""
+    return _f(costmodel["hbm_bandwidth_Bps"]) * costmodel["hbm_efficiency"]
 
 
 def combine_terms(compute_s, glb_s, hbm_s, issue_s):
@@ -102,7 +111,10 @@ def tile_cost(rows, cols, k, w, d, tile_rows, tile_cols, costmodel):
         cycles = weight_tiles * (tm + 2.0 * w + d - 2.0)
     true_cols = np.minimum(tn, cols)  # bytes move only for real columns
     out_bytes = elem * tm * true_cols
-    glb_bytes = elem * (k * true_cols + tm * k * col_tiles) + out_bytes
+    # the streamed rows cross the port once per d-wide column block (a systolic array holding one
+    # block of weights at a time) or once per tile (a GPU thread block reusing its staged panels)
+    streamed_passes = 1.0 if costmodel["glb_reuse"] == "output_tile" else col_tiles
+    glb_bytes = elem * (k * true_cols + tm * k * streamed_passes) + out_bytes
     return cycles, glb_bytes, out_bytes
 
 
@@ -122,6 +134,7 @@ def core_cost(m, n, k, batch, w, d, local_buffer_bytes, freq_hz, costmodel, n_co
     glb_bw = costmodel["glb_bandwidth_Bps"] * costmodel["matmul_clock_fraction"]
     skew = (w + d - 2.0) if costmodel["weight_load_overlapped"] else np.zeros_like(w)
     m_c = rows_per_chunk(d, lb, costmodel)
+    whole_tile_live = costmodel["glb_reuse"] == "output_tile"
     keys = ("time_s", "compute_s", "glb_s", "tile_m", "tile_n", "tiles", "tiles_per_core")
     best = {key: np.full(m.shape, np.inf) for key in keys}
     best["b_stationary"] = np.ones(m.shape, dtype=bool)
@@ -135,9 +148,15 @@ def core_cost(m, n, k, batch, w, d, local_buffer_bytes, freq_hz, costmodel, n_co
                 # d-wide column tiles per output tile (one for an empty GEMM)
                 blocks = np.minimum(2.0**j, np.maximum(col_blocks, 1.0))
                 tn = d * blocks
-                tiles = batch * row_tiles * _cdiv(col_blocks, blocks)
+                if whole_tile_live:
+                    # all T_m × T_n accumulators live at once: T_m · blocks ≤ m_c
+                    tm_j = np.minimum(tm, np.maximum(np.floor(m_c / blocks), 1.0))
+                    row_tiles_j = _cdiv(rows, tm_j)
+                else:
+                    tm_j, row_tiles_j = tm, row_tiles
+                tiles = batch * row_tiles_j * _cdiv(col_blocks, blocks)
                 per_core = _cdiv(tiles, p)  # the busiest core's tiles (waves)
-                cyc, glb, out = tile_cost(rows, cols, k, w, d, tm, tn, costmodel)
+                cyc, glb, out = tile_cost(rows, cols, k, w, d, tm_j, tn, costmodel)
                 comp_s = (per_core * cyc * issue_cycles + skew) / clock
                 if not costmodel["output_tile_overlapped"]:
                     comp_s = comp_s + per_core * out / glb_bw
@@ -151,8 +170,8 @@ def core_cost(m, n, k, batch, w, d, local_buffer_bytes, freq_hz, costmodel, n_co
                         t,
                         comp_s,
                         glb_s,
-                        tm if b_stationary else tn,
-                        tn if b_stationary else tm,
+                        tm_j if b_stationary else tn,
+                        tn if b_stationary else tm_j,
                         tiles,
                         per_core,
                     ),
@@ -238,7 +257,7 @@ def matmul_cost(m, n, k, batch, core: dict, costmodel: dict, n_cores=1) -> dict:
         n_cores,
     )
     hbm_bytes = hbm_traffic_bytes(m, n, k, batch, core["glb_bytes"], costmodel)
-    hbm_s = hbm_bytes / _f(costmodel["hbm_bandwidth_Bps"])
+    hbm_s = hbm_bytes / achievable_hbm_Bps(costmodel)
     comp_s, glb_s, hbm_s = np.broadcast_arrays(tiling["compute_s"], tiling["glb_s"], hbm_s)
     issue_s = np.where(hbm_bytes > 0, costmodel["op_issue_s"], 0.0) + np.zeros(comp_s.shape)
     latency, bound = combine_terms(comp_s, glb_s, hbm_s, issue_s)
@@ -282,7 +301,7 @@ def vector_cost(
     )
     comp_s = np.ceil(elements / (width * p)) * cpe / freq
     glb_s = bytes_moved / (costmodel["glb_bandwidth_Bps"] * p)
-    hbm_s = bytes_moved / _f(costmodel["hbm_bandwidth_Bps"])
+    hbm_s = bytes_moved / achievable_hbm_Bps(costmodel)
     issue_s = np.where(elements > 0, costmodel["op_issue_s"], 0.0)
     latency, bound = combine_terms(comp_s, glb_s, hbm_s, issue_s)
     return {

@@ -6,7 +6,9 @@ Time of one iteration (seconds), for p pipeline devices, V chunks each, m microb
 
 T_j = per-microbatch time of pipeline device j = compute (forward + backward kernels of its
 layers) + recomputation + exposed tensor-parallel collectives (Megatron does not overlap them) +
-exposed pipeline sends (blocking point-to-point, V per direction with interleaving). DP_j = the
+exposed pipeline sends (blocking point-to-point, V per direction with interleaving) + adding
+the microbatch's weight gradients into the stored ones (every microbatch but the first, spread
+evenly: (m − 1)/m of one HBM pass of ``grad_accumulation_bytes_per_param`` per parameter). DP_j = the
 exposed data-parallel gradient all-reduce (all of it for Megatron's local DDP, only what the last
 microbatch's backward cannot hide for PyTorch DDP), plus the tied-embedding all-reduce between
 the first and last stage; OPT_j = the optimizer step, HBM-bound (bytes per parameter counted per
@@ -22,10 +24,12 @@ from functools import lru_cache
 
 from phaze.arch.presets import preset_peak_flops
 from phaze.errors import PhazeError
+from phaze.estimate.model import achievable_hbm_Bps
 from phaze.fidelity.compute import (
     LayerWork,
     gpu_core,
     layer_work,
+    megatron_cross_entropy,
     megatron_edge_collectives,
     preset_costmodel,
 )
@@ -99,8 +103,8 @@ def build_workload(
     trace = trace_for(spec, b, tp, seq)
     ops = trace.ops
     layers = trace.layers.set_index("layer")
-    core = gpu_core(preset)
     cm = preset_costmodel(preset, costmodel)
+    core = gpu_core(preset, cm)
     arch = preset["arch"]
     common = {
         "core": core,
@@ -128,6 +132,7 @@ def build_workload(
     megatron_edge_collectives(
         embedding, head, tp=tp, microbatch=b, seq=seq, sequence_parallel=strategy.sequence_parallel
     )
+    megatron_cross_entropy(head, ops[ops["layer"] == "head"], cm)
     # a tied LM head (GPT-2's) is counted once, in the embedding; a last pipeline stage without
     # the embedding keeps its own copy (the trace's tied_param_bytes), as Megatron does
     tied_bytes = (
@@ -240,7 +245,6 @@ def evaluate_strategy(
 
             pp_comm = (v - (1 if last else 0)) * send(nxt) + (v - (1 if first else 0)) * send(prv)
         recompute = blocks_per_device * recompute_s
-        per_mb = compute + recompute + tp_comm + pp_comm
 
         params = blocks_per_device * blk.param_bytes / ELEM_BYTES
         if first:
@@ -250,6 +254,14 @@ def evaluate_strategy(
             params += w.head.param_bytes / ELEM_BYTES + (
                 w.word_embedding_params if p > 1 and w.tied_embeddings else 0
             )
+        # autograd adds every microbatch's weight gradients but the first into the stored ones
+        # (an HBM-bound pass over the device's gradients), spread over the m microbatches
+        accumulate = (
+            (params * fidelity["grad_accumulation_bytes_per_param"] / achievable_hbm_Bps(cm))
+            * (m - 1)
+            / m
+        )
+        per_mb = compute + recompute + tp_comm + pp_comm + accumulate
         dp_ranks = strategy.dp_group(0, j)
         grads = params * fidelity["grad_bytes_per_param"]
         ar = net.all_reduce(grads, dp_ranks)
@@ -264,7 +276,7 @@ def evaluate_strategy(
                 w.word_embedding_params * fidelity["grad_bytes_per_param"],
                 [strategy.rank(0, 0, 0), strategy.rank(0, 0, p - 1)],
             )
-        opt = params * fidelity["optimizer_bytes_per_param"] / cm["hbm_bandwidth_Bps"]
+        opt = params * fidelity["optimizer_bytes_per_param"] / achievable_hbm_Bps(cm)
 
         # memory
         shape = BlockShape(seq, b, spec.hidden, spec.heads, spec.ffn)
@@ -287,6 +299,7 @@ def evaluate_strategy(
                 "recompute_s": recompute,
                 "tp_comm_s": tp_comm,
                 "pp_comm_s": pp_comm,
+                "grad_accumulation_s": accumulate,
                 "dp_comm_s": dp,
                 "optimizer_s": opt,
                 "params": params,
@@ -304,6 +317,7 @@ def evaluate_strategy(
         "recompute_s": m * c["recompute_s"],
         "tensor_parallel_comm_s": m * c["tp_comm_s"],
         "pipeline_comm_s": m * c["pp_comm_s"],
+        "grad_accumulation_s": m * c["grad_accumulation_s"],
         "pipeline_bubble_s": bubble,
         "data_parallel_comm_s": tl["dp_comm_s"],
         "optimizer_s": tl["optimizer_s"],
