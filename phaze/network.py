@@ -121,6 +121,32 @@ class HierarchicalNetwork:
 
     # --- construction -------------------------------------------------------------------------
     @classmethod
+    def for_architecture(
+        cls,
+        preset_network: dict | None,
+        place_network: dict | None,
+        preset_networks: bool,
+        costmodel: dict,
+        preset_name: str = "",
+    ) -> tuple[HierarchicalNetwork, str]:
+        """The network an architecture's collectives run on, and its label: the preset's own
+        ``network:`` section (when ``preset_networks``), else config ``place.network``, else
+        one flat link of ``costmodel.link_bandwidth_Bps`` / ``link_latency_s`` (label
+        ``flat``). Every stage that prices a collective of that architecture asks here."""
+        if preset_network is not None and preset_networks:
+            where = f"preset {preset_name} network"
+            return cls.from_preset(preset_network, where), f"preset:{preset_name}"
+        if place_network is not None:
+            return cls.from_preset(place_network, "config place.network"), "config"
+        try:
+            level = LinkLevel(
+                float(costmodel["link_bandwidth_Bps"]), float(costmodel["link_latency_s"])
+            )
+        except KeyError as exc:
+            raise PhazeError(f"costmodel lacks {exc.args[0]}") from None
+        return cls.flat(level, 1), "flat"
+
+    @classmethod
     def from_preset(cls, network: dict, where: str = "preset network") -> HierarchicalNetwork:
         """``network:`` section of a preset: devices_per_node, intra_node{...}, inter_node{...}."""
         if not isinstance(network, dict):
@@ -138,7 +164,7 @@ class HierarchicalNetwork:
 
     @classmethod
     def flat(cls, level: LinkLevel, devices: int) -> HierarchicalNetwork:
-        """One level only: every device in one 'node'."""
+        """One level only (both levels equal: any group costs the flat ring, see above)."""
         return cls(max(1, devices), level, level)
 
     # --- placement ----------------------------------------------------------------------------

@@ -19,7 +19,7 @@ rule estimate_space:
         "../environment.yml"
     params:
         code=code_version("estimate"),
-        cfg=W.section("costmodel"),
+        cfg=W.section("costmodel", "place.network", "place.preset_networks"),
         trace=W.trace_dir_of,
         config=W.config_json,
     shell:
@@ -61,7 +61,7 @@ rule estimate_blind:
         "../environment.yml"
     params:
         code=code_version("estimate"),
-        cfg=W.section("costmodel"),
+        cfg=W.section("costmodel", "place.network", "place.preset_networks"),
         trace=W.trace_dir_of,
         config=W.config_json,
     shell:

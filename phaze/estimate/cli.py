@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         raise PhazeError(f"trace directory not found: {trace}")
     ops = read_table(trace / "ops.parquet")
     space = select_archs(args)
-    latency = estimate(ops, space, config["costmodel"])
+    latency = estimate(ops, space, config["costmodel"], config["place"])
     write_table(latency, args.out, "latency")
     print(f"phaze estimate: {len(ops)} ops x {len(space)} archs -> {args.out}")
     return 0

@@ -242,29 +242,21 @@ def link_parameters(costmodel: dict, preset_name: str | None) -> tuple[float, fl
 
 
 def network_for(
-    settings: PlaceSettings, preset_name: str | None
+    settings: PlaceSettings, preset_name: str | None, costmodel: dict
 ) -> tuple[PlaceNetwork | None, str]:
     """The network an architecture is placed on and its label for the output: the preset's
-    ``network:`` section, else ``place.network``, else None (the flat costmodel link)."""
-    if preset_name and settings.preset_networks:
-        from phaze.arch.presets import load_preset
+    ``network:`` section, else ``place.network``, else None (the flat costmodel link), as
+    `phaze.network.HierarchicalNetwork.for_architecture` chooses it for every stage."""
+    from phaze.arch.presets import load_preset
+    from phaze.network import HierarchicalNetwork
 
-        net = load_preset(preset_name).get("network")
-        if net is not None:
-            return (
-                PlaceNetwork.from_dict(
-                    net, f"preset {preset_name} network", settings.scatter_gather
-                ),
-                f"preset:{preset_name}",
-            )
-    if settings.network is not None:
-        return (
-            PlaceNetwork.from_dict(
-                settings.network, "config place.network", settings.scatter_gather
-            ),
-            "config",
-        )
-    return None, "flat"
+    preset_net = load_preset(preset_name).get("network") if preset_name else None
+    net, label = HierarchicalNetwork.for_architecture(
+        preset_net, settings.network, settings.preset_networks, costmodel, preset_name or ""
+    )
+    if label == "flat":
+        return None, label
+    return PlaceNetwork(net, settings.scatter_gather), label
 
 
 def place_architectures(
@@ -300,7 +292,7 @@ def place_architectures(
         preset = arch_row.get("preset") if "preset" in arch_row.index else None
         preset = preset if isinstance(preset, str) and preset else None
         bw, lat = link_parameters(costmodel, preset)
-        net, net_label = network_for(settings, preset)
+        net, net_label = network_for(settings, preset, costmodel)
         graphs = {
             t: arch_layer_graph(layers_by_t[t], lookups[t], arch, f"t={t}") for t in layers_by_t
         }
