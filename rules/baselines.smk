@@ -19,7 +19,9 @@ rule estimate_space:
         "../environment.yml"
     params:
         code=code_version("estimate"),
-        cfg=W.section("costmodel", "place.network", "place.preset_networks"),
+        cfg=W.section(
+            "costmodel", "place.network", "place.preset_networks", "place.devices"
+        ),
         trace=W.trace_dir_of,
         config=W.config_json,
     shell:
@@ -61,7 +63,9 @@ rule estimate_blind:
         "../environment.yml"
     params:
         code=code_version("estimate"),
-        cfg=W.section("costmodel", "place.network", "place.preset_networks"),
+        cfg=W.section(
+            "costmodel", "place.network", "place.preset_networks", "place.devices"
+        ),
         trace=W.trace_dir_of,
         config=W.config_json,
     shell:

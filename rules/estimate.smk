@@ -22,7 +22,9 @@ rule estimate:
         runtime=10,
     params:
         code=code_version("estimate"),
-        cfg=W.section("costmodel", "place.network", "place.preset_networks"),
+        cfg=W.section(
+            "costmodel", "place.network", "place.preset_networks", "place.devices"
+        ),
         trace=lambda wc, input: os.path.dirname(input.ops),
         config=W.config_json,
     shell:

@@ -274,7 +274,7 @@ def test_hbm_traffic_compulsory_when_it_fits_and_more_when_it_does_not(cm):
 
 def test_vector_and_collective_formulas(cm, tpu):
     t, _bound = vector_latency(1e6, 4e6, 3, tpu, cm, n_cores=2)
-    compute = np.ceil(1e6 / (128 * 2)) * 3 / 1.05e9
+    compute = np.ceil(1e6 / (tpu["vc_width"] * 2)) * 3 / 1.05e9
     assert t == pytest.approx(
         max(compute, 4e6 / cm["hbm_bandwidth_Bps"], 4e6 / (2 * cm["glb_bandwidth_Bps"]))
     )
@@ -406,6 +406,29 @@ def test_tensor_parallel_collectives_run_on_the_architectures_network(cm):
         )
     )
     assert t["a"] == pytest.approx(a100_link) and t["b"] == pytest.approx(flat)
+
+
+def test_tpuv4_collectives_run_on_its_ici_torus(cm):
+    # the tpuv4 preset's network is a 3D torus: a tensor-parallel group of t consecutive chips
+    # lies along x of the slice the largest place.devices gets (1024 chips: 8 x 8 x 16)
+    from phaze.config import schema_defaults
+    from phaze.network import TorusNetwork
+
+    ops = fixture_ops()
+    coll = ops[ops.kind == "collective"].iloc[0]
+    size, group = float(coll.bytes_in), int(coll.group_size)
+    tpu = load_preset("tpuv4")
+    space = small_space().iloc[:1].copy()
+    space["preset"] = ["tpuv4"]
+    place = schema_defaults()["place"]
+    out = estimate(ops, space, cm, place)
+    sel = (out.signature == coll.signature) & (out["pass"] == coll["pass"]) & (out.op == coll.op)
+    ici = TorusNetwork.for_devices(tpu["network"], 1024, "tpuv4")
+    assert ici.dims == (8, 8, 16)
+    want = ici.all_reduce(size, range(group))
+    assert float(out.loc[sel, "latency_allcores_s"].iloc[0]) == pytest.approx(want)
+    # group 2 on x is one link used both ways: 2 x (S/2 / 45 GB/s + 1 us)
+    assert want == pytest.approx(2 * (size / 2 / 45e9 + 1e-6))
 
 
 def test_stage_applies_preset_costmodel_overrides(cm):

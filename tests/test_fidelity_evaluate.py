@@ -123,7 +123,7 @@ def test_evaluate_rejects_invalid_interleaving_and_unknown_network():
         evaluate_strategy(
             spec,
             Strategy(8, 1, 1, 1, 8),
-            load_preset("tpuv4"),
+            load_preset("tpuv4-upstream"),
             seq=SEQ,
             costmodel=CFG["costmodel"],
             fidelity=CFG["fidelity"],

@@ -15,7 +15,7 @@ import pandas as pd
 
 from phaze.errors import PhazeError
 from phaze.estimate import model
-from phaze.network import HierarchicalNetwork
+from phaze.network import Network, network_for_architecture
 
 OPS_COLUMNS = (
     "signature",
@@ -93,7 +93,7 @@ def _unique(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
 
 
 def _estimate_group(
-    ops: pd.DataFrame, space: pd.DataFrame, cm: dict, net: HierarchicalNetwork
+    ops: pd.DataFrame, space: pd.DataFrame, cm: dict, net: Network
 ) -> dict[str, np.ndarray]:
     """Arrays of shape (archs, ops) for one cost-model variant on one network."""
     n_arch, n_ops = len(space), len(ops)
@@ -228,9 +228,10 @@ def estimate(
     """Latency table: one row per (arch, signature, pass, op), archs in space order.
 
     Collectives (the tensor-parallel all-reduces inside a layer) run on the network
-    `phaze.network.HierarchicalNetwork.for_architecture` chooses from ``place`` (the config's
-    ``place`` section: ``network``, ``preset_networks``; None = the schema's defaults): a preset's
-    own ``network:`` section, else ``place.network``, else the flat ``costmodel.link_*``."""
+    `phaze.network.network_for_architecture` chooses from ``place`` (the config's ``place``
+    section: ``network``, ``preset_networks``, ``devices``; None = the schema's defaults): a
+    preset's own ``network:`` section, else ``place.network``, else the flat
+    ``costmodel.link_*``; a torus is sliced for the largest cluster of ``place.devices``."""
     from phaze.arch.presets import load_preset
 
     if place is None:
@@ -251,13 +252,14 @@ def estimate(
         )
     n_ops = len(ops)
     arrays: dict[str, np.ndarray] = {}
+    devices = max(place["devices"])
     keys = [space["costmodel_overrides"].fillna(""), space["preset"].fillna("")]
     for (overrides, preset), grp in space.groupby(keys, sort=False):
         extra = json.loads(overrides) if overrides else {}
         cm = with_overrides(costmodel, extra, "space table")
         preset_net = load_preset(preset).get("network") if preset else None
-        net, _ = HierarchicalNetwork.for_architecture(
-            preset_net, place["network"], place["preset_networks"], cm, preset
+        net, _ = network_for_architecture(
+            preset_net, place["network"], place["preset_networks"], cm, devices, preset
         )
         part = _estimate_group(ops, grp.reset_index(drop=True), cm, net)
         for name, arr in part.items():

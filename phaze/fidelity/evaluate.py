@@ -35,7 +35,7 @@ from phaze.fidelity.compute import (
 )
 from phaze.fidelity.memory import BlockShape, block_activation_bytes, block_working_bytes
 from phaze.fidelity.strategy import Strategy
-from phaze.network import HierarchicalNetwork
+from phaze.network import Network, network_from_section
 
 ELEM_BYTES = 2  # fp16/bf16 activations and weights (the trace's convention)
 
@@ -153,7 +153,7 @@ def build_workload(
 # ---------------------------------------------------------------------------------------------
 # the iteration
 # ---------------------------------------------------------------------------------------------
-def _coll_time(net: HierarchicalNetwork, collectives, ranks) -> float:
+def _coll_time(net: Network, collectives, ranks) -> float:
     total = 0.0
     for kind, size in collectives:
         if kind == "all_reduce":
@@ -180,9 +180,9 @@ def evaluate_strategy(
     if "network" not in preset:
         raise PhazeError(
             "the preset has no `network:` section (devices_per_node, intra_node, "
-            "inter_node); `evaluate` needs one"
+            "inter_node; or topology: torus3d); `evaluate` needs one"
         )
-    net = HierarchicalNetwork.from_preset(preset["network"])
+    net = network_from_section(preset["network"], strategy.devices)
     spec.check_tp(strategy.tp)
     sched = strategy.schedule
     sched.check_layers(spec.num_blocks)

@@ -242,20 +242,29 @@ def link_parameters(costmodel: dict, preset_name: str | None) -> tuple[float, fl
 
 
 def network_for(
-    settings: PlaceSettings, preset_name: str | None, costmodel: dict
+    settings: PlaceSettings, preset_name: str | None, costmodel: dict, devices: int
 ) -> tuple[PlaceNetwork | None, str]:
     """The network an architecture is placed on and its label for the output: the preset's
     ``network:`` section, else ``place.network``, else None (the flat costmodel link), as
-    `phaze.network.HierarchicalNetwork.for_architecture` chooses it for every stage."""
+    `phaze.network.network_for_architecture` chooses it for every stage. The placement DP
+    prices two-level networks only: an architecture on a torus (tpuv4) is placed on its flat
+    costmodel link, labelled ``flat:torus``."""
     from phaze.arch.presets import load_preset
-    from phaze.network import HierarchicalNetwork
+    from phaze.network import HierarchicalNetwork, network_for_architecture
 
     preset_net = load_preset(preset_name).get("network") if preset_name else None
-    net, label = HierarchicalNetwork.for_architecture(
-        preset_net, settings.network, settings.preset_networks, costmodel, preset_name or ""
+    net, label = network_for_architecture(
+        preset_net,
+        settings.network,
+        settings.preset_networks,
+        costmodel,
+        devices,
+        preset_name or "",
     )
     if label == "flat":
         return None, label
+    if not isinstance(net, HierarchicalNetwork):
+        return None, "flat:torus"
     return PlaceNetwork(net, settings.scatter_gather), label
 
 
@@ -292,7 +301,7 @@ def place_architectures(
         preset = arch_row.get("preset") if "preset" in arch_row.index else None
         preset = preset if isinstance(preset, str) and preset else None
         bw, lat = link_parameters(costmodel, preset)
-        net, net_label = network_for(settings, preset, costmodel)
+        net, net_label = network_for(settings, preset, costmodel, max(devices_list))
         graphs = {
             t: arch_layer_graph(layers_by_t[t], lookups[t], arch, f"t={t}") for t in layers_by_t
         }
