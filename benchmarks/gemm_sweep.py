@@ -9,7 +9,8 @@ model, (2) a table of small and skinny shapes, and plots docs/gemm_sweep.png: sq
 n = k = 8192) and the GEMMs of the Megatron Table 1 models (the validation rows' blocks, forward
 and backward, at their published microbatch and tensor-parallel width). Solid lines include the
 per-operator issue floor (``op_issue_s``, a kernel launch on the GPUs); dashed lines are the
-device time alone. Reference points are measurements, not inputs of the model.
+device time alone. Reference points are measurements, not inputs of the model, except He's 8192³ pair (randn vs
+zero inputs), from which the A100's main-loop and power-limited clock fractions come.
 """
 
 from __future__ import annotations
@@ -25,10 +26,21 @@ sys.path.insert(0, str(REPO))
 
 PRESETS = ("a100-80gb", "h100-sxm", "tpuv4")
 # measured TFLOP/s (not used by the model): (preset, m, n, k, TFLOP/s, label)
+# MAMF: the finder ran torch.mm(A[M x N], B[N x K]) and printed MxNxK, so its middle number is
+# the reduction (k here). Azure: cuBLASLt fp16, random inputs, CUDA 12.5, on ND A100 v4 (8x
+# A100-SXM4-80GB), Azure/AI-benchmarking-guide Azure_Results/ND_A100_v4_results.md.
 MEASURED = (
     ("a100-80gb", 6912, 2048, 16384, 267.9, "MAMF (Bekman)"),
     ("h100-sxm", 6144, 2816, 17920, 792.1, "MAMF (Bekman)"),
     ("a100-80gb", 8192, 8192, 8192, 257.0, "randn 8192³ (He)"),
+    ("a100-80gb", 1024, 1024, 1024, 119.4, "cuBLASLt (Azure)"),
+    ("a100-80gb", 2048, 2048, 2048, 221.8, "cuBLASLt (Azure)"),
+    ("a100-80gb", 4096, 4096, 4096, 228.0, "cuBLASLt (Azure)"),
+    ("a100-80gb", 8192, 8192, 8192, 253.7, "cuBLASLt (Azure)"),
+    ("a100-80gb", 16384, 16384, 16384, 256.5, "cuBLASLt (Azure)"),
+    ("a100-80gb", 1024, 2145, 1024, 132.8, "cuBLASLt (Azure)"),
+    ("a100-80gb", 6144, 12288, 12288, 250.8, "cuBLASLt (Azure)"),
+    ("a100-80gb", 802816, 192, 768, 157.8, "cuBLASLt (Azure)"),
 )
 
 
@@ -71,7 +83,7 @@ def main() -> int:
     args = ap.parse_args()
     config = load_config(args.config) if args.config else validate_config({})
 
-    print("MAMF shapes (measured / model; the finder's shape is M x K(reduction) x N):")
+    print("measured GEMMs against the model (m x n x k, k = reduction):")
     for preset, m, n, k, measured, label in MEASURED:
         t, _, _ = costs(preset, config, m, n, k)
         print(
@@ -117,34 +129,42 @@ def main() -> int:
     for preset, m, n, k, measured, label in MEASURED:
         _, _, peak = costs(preset, config, m, n, k)
         if m == n == k:
-            axes[0].scatter([m], [100 * measured / peak], marker="x", color=colors[preset], s=50)
-            axes[0].annotate(
-                label,
-                (m, 100 * measured / peak),
-                fontsize=7,
-                xytext=(4, -10),
-                textcoords="offset points",
-            )
+            marker = "+" if "Azure" in label else "x"
+            axes[0].scatter([m], [100 * measured / peak], marker=marker, color="k", s=50)
+            if m == 8192:
+                axes[0].annotate(
+                    label,
+                    (m, 100 * measured / peak),
+                    fontsize=7,
+                    xytext=(-70, 6 if "He" in label else -12),
+                    textcoords="offset points",
+                )
         else:
+            mamf = "MAMF" in label
             axes[2].scatter(
                 [2 * m * n * k / 1e9],
                 [100 * measured / peak],
-                marker="x",
-                color=colors[preset],
+                marker="x" if mamf else "+",
+                color="k",
                 s=60,
             )
-            axes[2].annotate(
-                f"{label} {preset}",
-                (2 * m * n * k / 1e9, 100 * measured / peak),
-                fontsize=7,
-                xytext=(-60, 8),
-                textcoords="offset points",
-            )
-    axes[0].set(xscale="log", xlabel="m = n = k", title="square GEMMs (every multiple of 128)")
+            if mamf:
+                axes[2].annotate(
+                    f"{label} {preset}",
+                    (2 * m * n * k / 1e9, 100 * measured / peak),
+                    fontsize=7,
+                    xytext=(-60, 8 if preset == "a100-80gb" else -14),
+                    textcoords="offset points",
+                )
+    axes[0].set(
+        xscale="log",
+        xlabel="m = n = k (+: cuBLASLt on A100, Azure; x: randn 8192³, He)",
+        title="square GEMMs (every multiple of 128)",
+    )
     axes[1].set(xscale="log", xlabel="m (n = k = 8192)", title="skinny GEMMs")
     axes[2].set(
         xscale="log",
-        xlabel="GFLOP per GEMM (×: measured MAMF)",
+        xlabel="GFLOP per GEMM (x: measured MAMF; +: cuBLASLt on A100, Azure)",
         title="GEMMs of the Table 1 blocks (fwd + bwd)",
     )
     for ax in axes:
