@@ -107,6 +107,29 @@ class LinkLevel:
             raise PhazeError(f"{where}: {exc}") from None
 
 
+class _Collectives:
+    """The named collectives of a network, all through its ``collective(kind, size, ranks)``."""
+
+    def reduce_scatter(self, size_bytes: float, ranks: Sequence[int]) -> float:
+        return self.collective("reduce_scatter", size_bytes, ranks)
+
+    def all_gather(self, size_bytes: float, ranks: Sequence[int]) -> float:
+        # the ring all-gather is the reduce-scatter run backwards: same steps, same bytes
+        return self.collective("all_gather", size_bytes, ranks)
+
+    def all_reduce(self, size_bytes: float, ranks: Sequence[int]) -> float:
+        # reduce-scatter then all-gather
+        return self.collective("all_reduce", size_bytes, ranks)
+
+
+def _pairs_of(src_group: Sequence[int], dst_group: Sequence[int]) -> list[tuple[int, int]]:
+    """Rank i of one tensor-parallel group with rank i of the next stage's."""
+    src_group, dst_group = list(src_group), list(dst_group)
+    if len(src_group) != len(dst_group):
+        raise PhazeError("stage transfer between tensor-parallel groups of different sizes")
+    return list(zip(src_group, dst_group))
+
+
 @dataclass(frozen=True)
 class GroupShape:
     """How a communicator's ranks sit in the hierarchy: ``per_node`` ranks on each of ``nodes``."""
@@ -117,7 +140,7 @@ class GroupShape:
 
 
 @dataclass(frozen=True)
-class HierarchicalNetwork:
+class HierarchicalNetwork(_Collectives):
     devices_per_node: int
     intra: LinkLevel
     inter: LinkLevel
@@ -184,17 +207,6 @@ class HierarchicalNetwork:
         bw, lat = self._ring(shape)
         return float(ring_seconds(kind, size_bytes, shape.size, bw, lat))
 
-    def reduce_scatter(self, size_bytes: float, ranks: Sequence[int]) -> float:
-        return self.collective("reduce_scatter", size_bytes, ranks)
-
-    def all_gather(self, size_bytes: float, ranks: Sequence[int]) -> float:
-        # the ring all-gather is the reduce-scatter run backwards: same steps, same bytes
-        return self.collective("all_gather", size_bytes, ranks)
-
-    def all_reduce(self, size_bytes: float, ranks: Sequence[int]) -> float:
-        # reduce-scatter then all-gather
-        return self.collective("all_reduce", size_bytes, ranks)
-
     # --- point to point -----------------------------------------------------------------------
     def p2p(self, size_bytes: float, src: int, dst: int) -> float:
         if src == dst or size_bytes <= 0:
@@ -217,16 +229,14 @@ class HierarchicalNetwork:
         receivers rebuild the tensor with an all-gather inside their node. Used only when the
         stages are on different nodes (inside a node the plain send is already on the fast level).
         """
-        src_group, dst_group = list(src_group), list(dst_group)
-        if len(src_group) != len(dst_group):
-            raise PhazeError("stage transfer between tensor-parallel groups of different sizes")
-        t = len(src_group)
-        crosses = any(self.node_of(a) != self.node_of(b) for a, b in zip(src_group, dst_group))
+        pairs = _pairs_of(src_group, dst_group)
+        t = len(pairs)
+        crosses = any(self.node_of(a) != self.node_of(b) for a, b in pairs)
         if not scatter_gather or t == 1 or not crosses:
             # the t pairs send concurrently, each on its own link
-            return max(self.p2p(size_bytes, a, b) for a, b in zip(src_group, dst_group))
-        scatter = max(self.p2p(size_bytes / t, a, b) for a, b in zip(src_group, dst_group))
-        return scatter + self.all_gather(size_bytes, dst_group)
+            return max(self.p2p(size_bytes, a, b) for a, b in pairs)
+        scatter = max(self.p2p(size_bytes / t, a, b) for a, b in pairs)
+        return scatter + self.all_gather(size_bytes, [b for _, b in pairs])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,7 +262,7 @@ def _balanced_factors(n: int) -> tuple[int, int, int]:
 
 
 @dataclass(frozen=True)
-class TorusNetwork:
+class TorusNetwork(_Collectives):
     """A 3D torus of chips, each with one link per direction to each of its 6 neighbours.
 
     Ranks fill the slice x fastest, then y, then z (``rank = x + X·(y + Y·z)``), so consecutive
@@ -382,15 +392,6 @@ class TorusNetwork:
         phase = (g - 1) / g * size_bytes / width + hops * self.link.latency_s
         return RING_STEPS[kind] * phase
 
-    def reduce_scatter(self, size_bytes: float, ranks: Sequence[int]) -> float:
-        return self.collective("reduce_scatter", size_bytes, ranks)
-
-    def all_gather(self, size_bytes: float, ranks: Sequence[int]) -> float:
-        return self.collective("all_gather", size_bytes, ranks)
-
-    def all_reduce(self, size_bytes: float, ranks: Sequence[int]) -> float:
-        return self.collective("all_reduce", size_bytes, ranks)
-
     # --- point to point -----------------------------------------------------------------------
     def p2p(self, size_bytes: float, src: int, dst: int) -> float:
         if src == dst or size_bytes <= 0:
@@ -409,10 +410,7 @@ class TorusNetwork:
         """Every rank of a tensor-parallel group sends the activation to its counterpart in the
         next stage's group over its own links, all pairs at once (the scatter/gather of a GPU
         node's shared NICs has nothing to save on a torus, so ``scatter_gather`` is unused)."""
-        src_group, dst_group = list(src_group), list(dst_group)
-        if len(src_group) != len(dst_group):
-            raise PhazeError("stage transfer between tensor-parallel groups of different sizes")
-        return max(self.p2p(size_bytes, a, b) for a, b in zip(src_group, dst_group))
+        return max(self.p2p(size_bytes, a, b) for a, b in _pairs_of(src_group, dst_group))
 
 
 # ---------------------------------------------------------------------------------------------

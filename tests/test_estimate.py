@@ -349,6 +349,22 @@ def test_stage_matches_the_public_api(cm):
     assert (out.latency_allcores_s <= out.latency_1core_s * (1 + 1e-12)).all()
 
 
+def _collective_seconds(presets, cm, place):
+    """(the fixture's first collective: bytes, group; its seconds per arch) on a space whose
+    first archs carry the given preset names (and the presets' own costmodel overrides)."""
+    ops = fixture_ops()
+    coll = ops[ops.kind == "collective"].iloc[0]
+    space = small_space().iloc[: len(presets)].copy()
+    space["preset"] = presets
+    space["costmodel_overrides"] = [
+        json.dumps(load_preset(p)["costmodel"], sort_keys=True) if p else "" for p in presets
+    ]
+    out = estimate(ops, space, cm, place)
+    sel = (out.signature == coll.signature) & (out["pass"] == coll["pass"]) & (out.op == coll.op)
+    seconds = out.loc[sel].set_index("arch")["latency_allcores_s"]
+    return float(coll.bytes_in), int(coll.group_size), seconds
+
+
 def test_tensor_parallel_collectives_run_on_the_architectures_network(cm):
     # one pricing of a collective (phaze.network): a preset with a `network:` section on its
     # intra-node level (efficiency and per-step latency included), a grid point on the flat
@@ -356,56 +372,36 @@ def test_tensor_parallel_collectives_run_on_the_architectures_network(cm):
     from phaze.config import schema_defaults
     from phaze.network import HierarchicalNetwork, ring_seconds
 
-    ops = fixture_ops()
-    coll = ops[ops.kind == "collective"].iloc[0]
-    size, group = float(coll.bytes_in), int(coll.group_size)
     a100 = load_preset("a100-80gb")
-    space = small_space().iloc[:2].copy()
-    space["preset"] = ["a100-80gb", ""]
-    space["costmodel_overrides"] = [
-        json.dumps(a100["costmodel"], sort_keys=True),
-        "",
-    ]
-
-    def seconds(place):
-        out = estimate(ops, space, cm, place)
-        sel = (
-            (out.signature == coll.signature) & (out["pass"] == coll["pass"]) & (out.op == coll.op)
-        )
-        return out.loc[sel].set_index("arch")["latency_allcores_s"]
-
     place = schema_defaults()["place"]
+    size, group, t = _collective_seconds(["a100-80gb", ""], cm, place)
     own = HierarchicalNetwork.from_preset(a100["network"]).all_reduce(size, range(group))
     level = a100["network"]["intra_node"]
     by_hand = (
         2 * (group - 1) / group * size / (level["bandwidth_Bps"] * level["efficiency"])
         + 2 * (group - 1) * level["latency_s"]
     )
-    flat = float(
-        ring_seconds("all_reduce", size, group, cm["link_bandwidth_Bps"], cm["link_latency_s"])
-    )
-    t = seconds(place)
+
+    def flat_ring(link_cm):
+        return float(
+            ring_seconds(
+                "all_reduce", size, group, link_cm["link_bandwidth_Bps"], link_cm["link_latency_s"]
+            )
+        )
+
     assert t["a"] == pytest.approx(own) == pytest.approx(by_hand)
-    assert t["b"] == pytest.approx(flat)
+    assert t["b"] == pytest.approx(flat_ring(cm))
     slow = {
         "devices_per_node": 8,
         "intra_node": {"bandwidth_Bps": 1e9, "latency_s": 1e-5, "efficiency": 0.5},
         "inter_node": {"bandwidth_Bps": 1e8, "latency_s": 1e-5},
     }
-    t = seconds({**place, "network": slow})
+    _, _, t = _collective_seconds(["a100-80gb", ""], cm, {**place, "network": slow})
     assert t["a"] == pytest.approx(own)
     assert t["b"] == pytest.approx(2 * (group - 1) / group * size / 0.5e9 + 2 * (group - 1) * 1e-5)
-    t = seconds({**place, "preset_networks": False})
-    a100_link = float(
-        ring_seconds(
-            "all_reduce",
-            size,
-            group,
-            a100["costmodel"]["link_bandwidth_Bps"],
-            a100["costmodel"]["link_latency_s"],
-        )
-    )
-    assert t["a"] == pytest.approx(a100_link) and t["b"] == pytest.approx(flat)
+    _, _, t = _collective_seconds(["a100-80gb", ""], cm, {**place, "preset_networks": False})
+    assert t["a"] == pytest.approx(flat_ring(a100["costmodel"]))
+    assert t["b"] == pytest.approx(flat_ring(cm))
 
 
 def test_tpuv4_collectives_run_on_its_ici_torus(cm):
@@ -414,19 +410,11 @@ def test_tpuv4_collectives_run_on_its_ici_torus(cm):
     from phaze.config import schema_defaults
     from phaze.network import TorusNetwork
 
-    ops = fixture_ops()
-    coll = ops[ops.kind == "collective"].iloc[0]
-    size, group = float(coll.bytes_in), int(coll.group_size)
-    tpu = load_preset("tpuv4")
-    space = small_space().iloc[:1].copy()
-    space["preset"] = ["tpuv4"]
-    place = schema_defaults()["place"]
-    out = estimate(ops, space, cm, place)
-    sel = (out.signature == coll.signature) & (out["pass"] == coll["pass"]) & (out.op == coll.op)
-    ici = TorusNetwork.for_devices(tpu["network"], 1024, "tpuv4")
+    size, group, t = _collective_seconds(["tpuv4"], cm, schema_defaults()["place"])
+    ici = TorusNetwork.for_devices(load_preset("tpuv4")["network"], 1024, "tpuv4")
     assert ici.dims == (8, 8, 16)
     want = ici.all_reduce(size, range(group))
-    assert float(out.loc[sel, "latency_allcores_s"].iloc[0]) == pytest.approx(want)
+    assert t["a"] == pytest.approx(want)
     # group 2 on x is one link used both ways: 2 x (S/2 / 45 GB/s + 1 us)
     assert want == pytest.approx(2 * (size / 2 / 45e9 + 1e-6))
 

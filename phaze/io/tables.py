@@ -154,6 +154,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("speedup_vs_tpuv4_expert", f64),
         ("devices", i64),
         ("speedup_vs_tpuv4_phaze", f64),
+        ("speedup_vs_tpuv4_upstream_expert", f64),
         ("speedup_vs_placement_blind", f64),
     ),
     # chosen designs of the searches (mode = early_stop | exhaustive)
@@ -171,6 +172,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("dp", i64),
         ("throughput_seq_s", f64),
         ("speedup_vs_tpuv4_expert", f64),
+        ("speedup_vs_tpuv4_upstream_expert", f64),
         ("search_score", f64),
         ("last_bucket", i64),
         ("archs_visited", i64),
