@@ -95,8 +95,11 @@ def test_full_grid_matches_an_independent_filter(default_config, full_space):
         )
         low = 0.0 if (n_tc == 1 or n_vc == 1) else 0.3 * a_max
         kept += bool(low * (1 - 1e-9) <= a <= a_max * (1 + 1e-9))
-    # the space is the kept grid plus the presets that are not grid points (the faithful tpuv4)
-    assert (space.preset == "").sum() == kept and summary["kept"] == len(space) == kept + 1
+    # the space is the kept grid (upstream's TPUv4 point labelled tpuv4-upstream) plus the
+    # presets that are not grid points (the faithful tpuv4)
+    on_grid = space.preset.isin(["", "tpuv4-upstream"])
+    assert on_grid.sum() == kept and summary["kept"] == len(space) == kept + 1
+    assert (space.preset == "tpuv4-upstream").sum() == 1
     # upstream kept 29,360; our fitted area model moves a few boundary points
     assert abs(kept - 29_360) / 29_360 < 0.01
 
@@ -121,9 +124,9 @@ def test_space_is_sorted_by_area_ids_unique_and_tpuv4_present(full_space):
     # the budget is upstream's TPUv4 point (tpuv4-upstream), a grid point: no grid point is
     # larger, and that point is in the grid with exactly the budget's area
     up = load_preset("tpuv4-upstream")["arch"]
-    grid = space[space.preset == ""]
+    grid = space[space.preset != "tpuv4"]
     same = (grid[list(up)] == pd.Series(up)).all(axis=1)
-    assert same.sum() == 1
+    assert same.sum() == 1 and grid.loc[same, "preset"].iloc[0] == "tpuv4-upstream"
     assert grid.area_mm2.max() == pytest.approx(grid.loc[same, "area_mm2"].iloc[0])
     assert (
         space.peak_flops == 2 * space.n_tc * space.tc_width * space.tc_depth * space.freq_hz
