@@ -1,18 +1,24 @@
 """Benchmark the schedule stage on the paper's workloads.
 
 For every paper workload at every valid tensor-parallel width t: trace it (``phaze trace``, cached
-under --work), estimate its operators with the real cost model on the tpuv4 preset with the core
-counts replaced by (1,1), (2,2), (4,4), (8,8), (16,16), (8,2), and schedule the block layer's
+under --work), estimate its operators with the real cost model on the tpuv4-upstream preset (upstream Phaze's
+TPUv4 numbers, kept fixed so figures stay comparable) with the core counts replaced by (1,1), (2,2), (4,4), (8,8), (16,16), (8,2), and schedule the block layer's
 forward and backward graphs. Prints per instance: makespan, lower bound, gap, status, solve time;
 then median / 95th-percentile gap and solve time. Finally the cache hit rate the stage would see
 over the default config's architectures (instance keys only, no solving).
 
     .venv/bin/python benchmarks/schedule.py [--time-limit-s 10] [--models ...] [--work DIR]
+        [--csv FILE] [--dump DIR]
+
+``--dump DIR`` writes every instance in the ``schedule --instance`` JSON format (one file per
+model, t, pass, core counts), so hard ones can be re-run alone. ``cpu_s`` per instance is the CPU
+time of this process plus the solver worker's (from /proc), a measure that load does not inflate.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -69,12 +75,33 @@ def trace_dir(work: Path, model: str, t: int, microbatch: int = 1) -> Path:
     return d
 
 
+PRESET = "tpuv4-upstream"
+
+
+def _cpu_s(sch: Scheduler) -> float:
+    """CPU seconds of this process, of its reaped children (e.g. a solver worker killed by the
+    watchdog) and of the scheduler's running solver worker."""
+    import resource
+
+    ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = time.process_time() + ch.ru_utime + ch.ru_stime
+    w = sch._worker
+    proc = getattr(w, "_proc", None) if w is not None else None
+    if proc is not None and proc.poll() is None:
+        try:
+            f = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            cpu += (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            pass
+    return cpu
+
+
 def tpuv4_space(cores) -> tuple[pd.DataFrame, dict]:
-    preset = load_preset("tpuv4")
+    preset = load_preset(PRESET)
     rows = []
     for n_tc, n_vc in cores:
         r = dict(preset["arch"])
-        r.update(arch=f"tpuv4_tc{n_tc}_vc{n_vc}", n_tc=n_tc, n_vc=n_vc)
+        r.update(arch=f"{PRESET}_tc{n_tc}_vc{n_vc}", n_tc=n_tc, n_vc=n_vc)
         rows.append(r)
     cm = dict(load_config(ROOT / "config" / "config.yaml")["costmodel"])
     cm.update(preset.get("costmodel", {}))
@@ -110,9 +137,13 @@ def run_instances(args) -> pd.DataFrame:
                         inst = build_instance(
                             g, lat[(a.arch, g.signature, g.pass_)], a.n_tc, a.n_vc, ""
                         )
+                        if args.dump:
+                            _dump(args.dump, model, t, g.pass_, inst, args)
+                        c0 = _cpu_s(sch)
                         t0 = time.perf_counter()
                         r = sch.solve(inst)
                         wall = time.perf_counter() - t0
+                        cpu = _cpu_s(sch) - c0
                         rows.append(
                             {
                                 "model": model,
@@ -129,6 +160,7 @@ def run_instances(args) -> pd.DataFrame:
                                 "status": r.status,
                                 "method": r.method,
                                 "solve_s": wall,
+                                "cpu_s": cpu,
                                 "cache_hit": r.cache_hit,
                             }
                         )
@@ -137,7 +169,7 @@ def run_instances(args) -> pd.DataFrame:
                             f"{model:18s} t={t} {g.pass_} ({a.n_tc:2d},{a.n_vc:2d}) n={inst.n:2d} "
                             f"makespan {x['makespan_s'] * 1e6:10.2f} us  lb {x['lower_bound_s'] * 1e6:10.2f} us  "
                             f"list {x['list_s'] * 1e6:10.2f} us  gap {x['gap'] * 100:6.2f} %  "
-                            f"{x['status']:10s} {x['method']:5s} {wall:6.2f} s"
+                            f"{x['status']:10s} {x['method']:5s} {wall:6.2f} s (cpu {cpu:6.2f} s)"
                             f"{'  (cache hit)' if r.cache_hit else ''}",
                             flush=True,
                         )
@@ -146,6 +178,30 @@ def run_instances(args) -> pd.DataFrame:
             f"segment hits {sch.segment_hits}"
         )
     return pd.DataFrame(rows)
+
+
+def _dump(out: Path, model: str, t: int, pass_: str, inst, args) -> None:
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    obj = {
+        "n_tc": inst.n_tc,
+        "n_vc": inst.n_vc,
+        "ops": [
+            {
+                "id": inst.ids[i],
+                "core": inst.core[i],
+                "latency_1core_s": inst.l1[i],
+                "latency_allcores_s": inst.la[i],
+            }
+            for i in range(inst.n)
+        ],
+        "edges": [[inst.ids[a], inst.ids[b]] for a, b in inst.edges],
+        "time_limit_s": args.time_limit_s,
+        "gap": args.gap,
+    }
+    name = f"{model}_t{t}_{pass_}_tc{inst.n_tc}_vc{inst.n_vc}.json"
+    (out / name).write_text(json.dumps(obj, indent=1) + "\n")
 
 
 def summarize(df: pd.DataFrame) -> None:
@@ -242,6 +298,7 @@ def main() -> int:
     ap.add_argument("--no-decompose", action="store_true")
     ap.add_argument("--skip-hit-rate", action="store_true")
     ap.add_argument("--csv", type=Path, help="also write the per-instance table here")
+    ap.add_argument("--dump", type=Path, help="write every instance as --instance JSON here")
     args = ap.parse_args()
     t0 = time.perf_counter()
     df = run_instances(args)
