@@ -249,6 +249,17 @@ def test_lazy_core_assignment_is_needed_and_exact():
     assert _bf(inst) == pytest.approx(2.0)
     rep = assign_cores(inst, replay(inst, out.start, out.y))
     assert verify(inst, rep, 1e-12) == []
+    assert out.z_types == ()  # two cores: the triple constraints enforce it, no assignment
+    # four such ops on three cores: the lazy core assignment (z) must step in
+    ops = [
+        {"id": i, "core": "tc", "latency_1core_s": 1.0, "latency_allcores_s": 1.0} for i in range(4)
+    ]
+    ops.append({"id": 4, "core": "vc", "latency_1core_s": 0.5, "latency_allcores_s": 0.5})
+    inst = make_instance(3, 1, ops, [(0, 4)])
+    out = solve_once(inst, _serial(inst), 0.0, time_limit_s=30, gap=0.0, threads=1)
+    assert out.objective_s == pytest.approx(2.0) == _bf(inst)
+    assert "tc" in out.z_types
+    assert verify(inst, assign_cores(inst, replay(inst, out.start, out.y)), 1e-12) == []
 
 
 # ---- list scheduling and replay ---------------------------------------------------------------

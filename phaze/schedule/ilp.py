@@ -107,6 +107,16 @@ def build_model(inst: Instance, ub: float, lb: float, z_types=(), warm: Schedule
 
     forced = [(i, j) for i, j in pairs if must_order(i, j)]
     m.forced = pyo.Constraint(forced, rule=lambda _m, i, j: m.o[i, j] + m.o[j, i] == 1)
+    # two cores of a type: of any three pairwise incomparable ops holding it, some pair is
+    # ordered (intervals that pairwise overlap share a point, so this is exactly "at most two at
+    # once"; no core assignment needed for that type)
+    triples = triples_two_cores(inst)
+    m.two_cores = pyo.Constraint(
+        triples,
+        rule=lambda _m, i, j, k: (
+            m.o[i, j] + m.o[j, i] + m.o[i, k] + m.o[k, i] + m.o[j, k] + m.o[k, j] >= 1
+        ),
+    )
 
     kinds = ("tc", "vc")
     m.energy = pyo.Constraint(
@@ -164,6 +174,39 @@ def build_model(inst: Instance, ub: float, lb: float, z_types=(), warm: Schedule
     if warm is not None:
         _set_warm(m, inst, warm, s, z_types, pairs)
     return m
+
+
+# Types with exactly two cores get the triple constraints instead of a core assignment, up to
+# this many triples (a 28-op block at 2x2 cores has a few hundred to a few thousand).
+_MAX_TRIPLES = 20000
+
+
+def triples_two_cores(inst: Instance) -> list[tuple[int, int, int]]:
+    """(i, j, k), i < j < k, pairwise incomparable ops that all hold a core of a type with
+    exactly two cores (zero-length ops hold none); [] if that would exceed ``_MAX_TRIPLES``."""
+    out: set[tuple[int, int, int]] = set()
+    for c in ("tc", "vc"):
+        if inst.n_cores(c) != 2:
+            continue
+        mem = [i for i in range(inst.n) if inst.uses(i, c) and inst.l1[i] > 0]
+        rel = {i: inst.ancestors[i] | inst.descendants[i] for i in mem}
+        for a, i in enumerate(mem):
+            for b, j in enumerate(mem[a + 1 :], a + 1):
+                if (rel[i] >> j) & 1:
+                    continue
+                for k in mem[b + 1 :]:
+                    if not (rel[i] >> k) & 1 and not (rel[j] >> k) & 1:
+                        out.add((i, j, k))
+                        if len(out) > _MAX_TRIPLES:
+                            return []
+    return sorted(out)
+
+
+def two_core_types(inst: Instance) -> tuple[str, ...]:
+    """Core types whose capacity the triple constraints already enforce."""
+    if not triples_two_cores(inst):
+        return ()
+    return tuple(c for c in ("tc", "vc") if inst.n_cores(c) == 2)
 
 
 def add_mode_cuts(m, inst: Instance, s: float) -> None:
@@ -393,7 +436,8 @@ def solve_once(
         res.solution_loader.load_vars()
         start = [pyo.value(m.t[i]) * ub for i in range(inst.n)]
         y = [round(pyo.value(m.y[i])) for i in range(inst.n)]
-        over = [c for c in _oversubscribed(inst, start, y, 1e-6 * ub) if c not in z_types]
+        exact = set(z_types) | set(two_core_types(inst))
+        over = [c for c in _oversubscribed(inst, start, y, 1e-6 * ub) if c not in exact]
         if over:
             z_types = tuple(sorted(set(z_types) | set(over)))
             status = "time_limit"  # if the loop runs out of time before a valid answer
