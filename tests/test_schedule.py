@@ -129,6 +129,26 @@ def test_ilp_matches_brute_force_on_random_dags():
     assert checked >= 15
 
 
+def test_ilp_with_three_cores_matches_brute_force():
+    # three cores per type: the core assignment is in the model from the first solve
+    from phaze.schedule.ilp import eager_z_types
+
+    rng = random.Random(31)
+    eager = checked = 0
+    while eager < 3 or checked < 8:
+        r = random_instance(rng, n_max=7)
+        inst = Instance(3, 3, r.core, r.l1, r.la, r.edges, r.ids)
+        if inst.is_chain() or (checked >= 8 and not eager_z_types(inst)):
+            continue
+        checked += 1
+        out = solve_once(inst, _serial(inst), 0.0, time_limit_s=30, gap=0.0, threads=1)
+        assert out.status == "optimal", out
+        rep = assign_cores(inst, replay(inst, out.start, out.y))
+        assert verify(inst, rep, 1e-12) == []
+        assert rep.makespan(inst) == pytest.approx(_bf(inst), rel=1e-6)
+        eager += bool(eager_z_types(inst))
+
+
 def test_pipeline_matches_brute_force_and_bounds_are_valid():
     rng = random.Random(7)
     with Scheduler(Options(time_limit_s=30, gap=0.0, cache=False)) as sch:

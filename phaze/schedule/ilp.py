@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phaze.errors import PhazeError
-from phaze.schedule.bounds import _bits, core_limits, forced_intra, heads, tails
+from phaze.schedule.bounds import _bits, antichain_width, core_limits, forced_intra, heads, tails
 from phaze.schedule.instance import Instance
 from phaze.schedule.listsched import Schedule, assign_cores
 
@@ -207,6 +207,25 @@ def two_core_types(inst: Instance) -> tuple[str, ...]:
     if not triples_two_cores(inst):
         return ()
     return tuple(c for c in ("tc", "vc") if inst.n_cores(c) == 2)
+
+
+# Core types with at most this many cores (and more than two) get the core assignment from the
+# first solve when their ops can over-subscribe them: the assignment is small there (<= 4 z per
+# op), and a first solve without it spends its whole budget on a relaxation whose incumbents
+# are then rejected (measured on the schedule benchmark's 4x4 backward blocks).
+_EAGER_Z_CORES = 4
+
+
+def eager_z_types(inst: Instance) -> tuple[str, ...]:
+    k = core_limits(inst)
+    out = []
+    for c in ("tc", "vc"):
+        n_c = inst.n_cores(c)
+        if 2 < n_c <= _EAGER_Z_CORES and k[c] == n_c:
+            mem = [i for i in range(inst.n) if inst.uses(i, c) and inst.l1[i] > 0]
+            if antichain_width(inst, mem) > n_c:
+                out.append(c)
+    return tuple(out)
 
 
 def add_mode_cuts(m, inst: Instance, s: float) -> None:
@@ -402,7 +421,7 @@ def solve_once(
     if end is not None:
         stop = min(stop, end)
     ub = warm.makespan(inst)
-    z_types: tuple[str, ...] = ()
+    z_types = eager_z_types(inst)
     bound = 0.0
     status = "no_solution"
     if mode_bound and ilp_fits(inst, stop - time.monotonic()):
