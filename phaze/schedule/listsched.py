@@ -23,10 +23,10 @@ from phaze.schedule.budget import NO_DEADLINE, Deadline, OutOfTime
 from phaze.schedule.instance import Instance
 
 # Work allowance of one list-schedule search, in op placements (one serial-SGS run of an n-op
-# instance = n). Measured on the benchmark's block instances (schedule benchmark, up to 71 ops):
-# the full search places at most ~0.4 M ops there, so the allowance never binds on real layers;
-# it bounds a 300-op DAG's search to a few thousand SGS runs whatever the clock says (a node
-# limit for the heuristic: same answer on every machine when it binds).
+# instance = n). Measured on the schedule benchmark's block instances (up to 71 ops): the full
+# search places at most 0.15 M ops there (llama2-7b backward), so the allowance never binds on
+# real layers; it caps a 300-op DAG's search at ~6,700 SGS runs whatever the clock says (a node
+# limit for the heuristic: the same answer on every machine when it binds).
 LIST_WORK = 2_000_000
 
 
