@@ -161,6 +161,8 @@ def run_instances(args) -> pd.DataFrame:
                                 "method": r.method,
                                 "solve_s": wall,
                                 "cpu_s": cpu,
+                                "scip_nodes": r.nodes,
+                                "scip_lp_iterations": r.lp_iterations,
                                 "cache_hit": r.cache_hit,
                             }
                         )
@@ -169,7 +171,8 @@ def run_instances(args) -> pd.DataFrame:
                             f"{model:18s} t={t} {g.pass_} ({a.n_tc:2d},{a.n_vc:2d}) n={inst.n:2d} "
                             f"makespan {x['makespan_s'] * 1e6:10.2f} us  lb {x['lower_bound_s'] * 1e6:10.2f} us  "
                             f"list {x['list_s'] * 1e6:10.2f} us  gap {x['gap'] * 100:6.2f} %  "
-                            f"{x['status']:10s} {x['method']:5s} {wall:6.2f} s (cpu {cpu:6.2f} s)"
+                            f"{x['status']:10s} {x['method']:5s} {wall:6.2f} s (cpu {cpu:6.2f} s, "
+                            f"{r.nodes} nodes, {r.lp_iterations} LP it.)"
                             f"{'  (cache hit)' if r.cache_hit else ''}",
                             flush=True,
                         )
@@ -204,15 +207,19 @@ def _dump(out: Path, model: str, t: int, pass_: str, inst, args) -> None:
     (out / name).write_text(json.dumps(obj, indent=1) + "\n")
 
 
-def summarize(df: pd.DataFrame) -> None:
+def summarize(df: pd.DataFrame, gap: float) -> None:
     def stats(sub, label):
         if sub.empty:
             return
         g, s = sub["gap"].to_numpy() * 100, sub["solve_s"].to_numpy()
+        c = sub["cpu_s"].to_numpy()
         print(
             f"{label:10s} n={len(sub):4d}  gap median {np.median(g):6.3f} %  p95 "
             f"{np.percentile(g, 95):6.3f} %  max {g.max():6.2f} %  | solve median "
             f"{np.median(s):6.3f} s  p95 {np.percentile(s, 95):6.3f} s  max {s.max():6.2f} s  "
+            f"| cpu median {np.median(c):6.3f} s  p95 {np.percentile(c, 95):6.3f} s  "
+            f"| SCIP nodes {int(sub['scip_nodes'].sum())}, LP it. "
+            f"{int(sub['scip_lp_iterations'].sum())} "
             f"| list excess mean {((sub['list_s'] / sub['makespan_s'] - 1) * 100).mean():5.2f} %"
         )
 
@@ -221,6 +228,21 @@ def summarize(df: pd.DataFrame) -> None:
     for p in ("fwd", "bwd"):
         stats(df[df["pass_"] == p], p)
     print("status counts:", df["status"].value_counts().to_dict())
+    bwd = df[df["pass_"] == "bwd"]
+    print("backward gap by core counts (median / p95 / max, %):")
+    for (tc, vc), sub in bwd.groupby(["n_tc", "n_vc"]):
+        g = sub["gap"].to_numpy() * 100
+        print(
+            f"  ({tc:2d},{vc:2d}): {np.median(g):6.2f} / {np.percentile(g, 95):6.2f} / "
+            f"{g.max():6.2f}"
+        )
+    above = df[df["gap"] > gap]
+    print(f"instances above the gap target ({len(above)}):")
+    for x in above.itertuples(index=False):
+        print(
+            f"  {x.model} t={x.t} {x.pass_} ({x.n_tc},{x.n_vc}) n={x.n_ops}: gap "
+            f"{x.gap * 100:.2f} %, {x.status}"
+        )
 
 
 def cache_hit_rate(work: Path) -> None:
@@ -302,7 +324,7 @@ def main() -> int:
     args = ap.parse_args()
     t0 = time.perf_counter()
     df = run_instances(args)
-    summarize(df)
+    summarize(df, args.gap)
     if args.csv:
         df.to_csv(args.csv, index=False)
     if not args.skip_hit_rate:

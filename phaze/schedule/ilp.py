@@ -55,6 +55,8 @@ class IlpOutcome:
     bound_s: float  # proven lower bound, seconds (0 if none)
     z_types: tuple[str, ...]  # core types that needed explicit core assignment
     solve_s: float
+    nodes: int = 0  # SCIP branch-and-bound nodes, all solves of this call
+    lp_iterations: int = 0  # SCIP simplex iterations, all solves of this call
 
 
 # ---- model ---------------------------------------------------------------------------------
@@ -369,8 +371,10 @@ _SCIP_STATUS = {
 _MODE_BOUND_SHARE = 0.3
 
 
-def _scip(m, time_limit, gap, threads, node_limit, seed, warm: bool):
-    """Solve a Pyomo model with SCIP (scip_direct): (results, SCIP's status string)."""
+def _scip(m, time_limit, gap, threads, node_limit, seed, warm: bool, work=None):
+    """Solve a Pyomo model with SCIP (scip_direct): (results, SCIP's status string); adds the
+    nodes and LP iterations spent to ``work`` ([nodes, iterations]) if given."""
+    work = work if work is not None else [0, 0]
     from pyomo.contrib.solver.solvers.scip.scip_direct import ScipDirect
 
     opt = ScipDirect()
@@ -390,7 +394,10 @@ def _scip(m, time_limit, gap, threads, node_limit, seed, warm: bool):
             **({"limits/totalnodes": int(node_limit)} if node_limit else {}),
         },
     )
-    return res, opt._solver_model.getStatus()
+    sm = opt._solver_model
+    work[0] += sm.getNTotalNodes()
+    work[1] += sm.getNLPIterations()
+    return res, sm.getStatus()
 
 
 def _dual_bound(res, ub: float) -> float:
@@ -424,16 +431,17 @@ def solve_once(
     z_types = eager_z_types(inst)
     bound = 0.0
     status = "no_solution"
+    work = [0, 0]  # SCIP nodes, LP iterations
     if mode_bound and ilp_fits(inst, stop - time.monotonic()):
         budget = _MODE_BOUND_SHARE * (stop - time.monotonic())
         res, _st = _scip(
-            mode_bound_model(inst, ub, lb), budget, 0.0, threads, node_limit, seed, False
+            mode_bound_model(inst, ub, lb), budget, 0.0, threads, node_limit, seed, False, work
         )
         bound = min(_dual_bound(res, ub), ub)
         if ub - max(bound, lb) <= gap * ub:
             done = "optimal" if ub - max(bound, lb) <= 1e-9 * ub else "gap_limit"
             return IlpOutcome(
-                done, list(warm.start), list(warm.y), ub, bound, (), time.perf_counter() - t0
+                done, list(warm.start), list(warm.y), ub, bound, (), time.perf_counter() - t0, *work
             )
         lb = max(lb, bound)
     while True:
@@ -447,7 +455,7 @@ def solve_once(
         if remaining <= 0.01:
             status = "time_limit"
             break
-        res, scip_status = _scip(m, remaining, gap, threads, node_limit, seed, True)
+        res, scip_status = _scip(m, remaining, gap, threads, node_limit, seed, True, work)
         bound = max(bound, _dual_bound(res, ub))
         if res.incumbent_objective is None:
             status = "no_solution" if scip_status != "timelimit" else "time_limit"
@@ -463,9 +471,16 @@ def solve_once(
             continue
         status = _SCIP_STATUS.get(scip_status, scip_status)
         return IlpOutcome(
-            status, start, y, res.incumbent_objective * ub, bound, z_types, time.perf_counter() - t0
+            status,
+            start,
+            y,
+            res.incumbent_objective * ub,
+            bound,
+            z_types,
+            time.perf_counter() - t0,
+            *work,
         )
-    return IlpOutcome(status, None, None, None, bound, z_types, time.perf_counter() - t0)
+    return IlpOutcome(status, None, None, None, bound, z_types, time.perf_counter() - t0, *work)
 
 
 # ---- worker process + watchdog ---------------------------------------------------------------

@@ -80,6 +80,8 @@ class Result:
     solve_s: float
     schedule: Schedule
     cache_hit: bool = False
+    nodes: int = 0  # SCIP branch-and-bound nodes spent on it (all segments; 0 for a cache hit)
+    lp_iterations: int = 0  # SCIP simplex iterations spent on it
 
     @property
     def gap(self) -> float:
@@ -192,6 +194,7 @@ class Scheduler:
         y = [0] * inst.n
         t = 0.0
         lb = ub = 0.0
+        nodes = iters = 0
         statuses, methods = [], []
         whole = self._deadline
         for b in range(len(arts) + 1):
@@ -209,6 +212,8 @@ class Scheduler:
                 t += r.makespan_s
                 lb += r.lower_bound_s
                 ub += r.upper_bound_s
+                nodes += r.nodes
+                iters += r.lp_iterations
                 statuses.append(r.status)
                 methods.append(r.method)
             if b < len(arts):
@@ -225,7 +230,9 @@ class Scheduler:
         t = sched.makespan(inst)
         status = max(statuses, key=_SEVERITY.__getitem__) if statuses else "chain"
         method = "ilp" if "ilp" in methods else ("list" if "list" in methods else "chain")
-        return Result(t, min(lb, t), ub, status, method, 0.0, sched)
+        return Result(
+            t, min(lb, t), ub, status, method, 0.0, sched, nodes=nodes, lp_iterations=iters
+        )
 
     # ---- one segment ----------------------------------------------------------------------
     def _solve_segment(self, inst: Instance) -> Result:
@@ -303,7 +310,17 @@ class Scheduler:
         # remember this solution as a seed for the next architecture with the same structure
         order = priority_order(inst, [-t for t in final.start])
         self.seeds[skey] = ([(order, list(final.y))] + seeds)[:3]
-        return Result(ms, lb, ub, status, method, out.solve_s, final)
+        return Result(
+            ms,
+            lb,
+            ub,
+            status,
+            method,
+            out.solve_s,
+            final,
+            nodes=out.nodes,
+            lp_iterations=out.lp_iterations,
+        )
 
 
 def clamp_cores(inst: Instance) -> Instance:
