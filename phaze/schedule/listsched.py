@@ -419,8 +419,10 @@ def best_list_schedule(
             return best
         flip_pass()
         # adaptive-mode candidates after the flips, so the flip search's path (and result) from
-        # the fixed-mode starts is unchanged and the answer is never worse than without them
-        if any(consider(make) for make in _adaptive_candidates(inst, rev, deadline)):
+        # the fixed-mode starts is unchanged and the answer is never worse than without them;
+        # every candidate is evaluated (consider() keeps the best of them), no short-circuit
+        improved = [consider(make) for make in _adaptive_candidates(inst, rev, deadline)]
+        if any(improved):
             flip_pass()
         rng = random.Random(seed)
         for _ in range(restarts):
