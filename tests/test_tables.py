@@ -26,6 +26,11 @@ def test_valid_tables_read_back_cast_to_the_schema(tmp_path):
     # integral floats are cast back to the schema's integers
     f = _write_raw(space.astype({"n_tc": float}), tmp_path / "f.parquet")
     assert read_table(f, "space")["n_tc"].dtype == "int64"
+    # and numbers written as text (pandas' stored dtypes must not undo the cast)
+    t = _write_raw(space.astype({"n_tc": str, "freq_hz": str}), tmp_path / "t.parquet")
+    got = read_table(t, "space")
+    assert got["n_tc"].dtype == "int64" and got["freq_hz"].dtype == "float64"
+    assert list(got["n_tc"]) == list(space["n_tc"])
 
 
 @pytest.mark.parametrize(

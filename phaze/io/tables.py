@@ -341,6 +341,7 @@ def read_table(
     missing = [f for f in schema.names if f not in table.column_names]
     if missing:
         raise PhazeError(f"{path} is not a {name!r} table: missing columns {missing}")
+    cast = False
     for i, field in enumerate(table.schema):
         if field.name in schema.names and field.type != schema.field(field.name).type:
             want = schema.field(field.name).type
@@ -349,6 +350,10 @@ def read_table(
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
                 first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 raise PhazeError(f"{path}: column {field.name!r} is not {want}: {first}") from exc
+            cast = True
+    if cast:  # pandas' stored dtypes would undo the cast
+        meta = {k: v for k, v in (table.schema.metadata or {}).items() if k != b"pandas"}
+        table = table.replace_schema_metadata(meta)
     df = table.to_pandas()
     check_values(df, name, str(path))
     if nonempty and df.empty:
