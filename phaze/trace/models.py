@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from phaze.errors import PhazeError
+from phaze.io import checks
 
 # Tensor-parallel widths the workflow considers (Megatron within a node).
 TMP_CANDIDATES = (1, 2, 4, 8)
@@ -307,30 +308,31 @@ def _spec_from_path(path: Path) -> ModelSpec:
         path = path / "config.json"
     config = _load_hf_config(path)
 
-    def first(*keys, default=None):
+    def first(*keys, default=None) -> int:
         for key in keys:
             value = getattr(config, key, None)
             if value is not None:
-                return value
+                return checks.integer(value, f"{path}: {key}", 1)
         if default is None:
             raise PhazeError(f"{path}: cannot find any of {keys} in the config")
         return default
 
-    hidden = int(first("hidden_size", "n_embd", "d_model"))
-    heads = int(first("num_attention_heads", "n_head"))
-    ffn = int(first("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden) or 4 * hidden)
-    seq = int(first("max_position_embeddings", "n_positions", default=2048))
+    hidden = first("hidden_size", "n_embd", "d_model")
+    heads = first("num_attention_heads", "n_head")
+    ffn = first("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)
+    seq = first("max_position_embeddings", "n_positions", default=2048)
+    kv_heads = first("num_key_value_heads", default=heads)
     family = MODEL_TYPES.get(config.model_type, f"hf:{config.model_type}")
     name = path.parent.name if path.name == "config.json" else path.stem
     return ModelSpec(
         name=name,
         family=family,
-        num_blocks=int(first("num_hidden_layers", "n_layer")),
+        num_blocks=first("num_hidden_layers", "n_layer"),
         hidden=hidden,
         heads=heads,
         ffn=ffn,
-        vocab=int(first("vocab_size")),
+        vocab=first("vocab_size"),
         seq=seq,
-        kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+        kv_heads=kv_heads,
         config_path=str(path.resolve()),
     )
