@@ -65,7 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2, its one line already printed)
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         return int(args._run(args) or 0)
     except PhazeError as exc:

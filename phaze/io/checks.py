@@ -33,8 +33,13 @@ def integer(value, what: str, low: int | None = None, high: int | None = None) -
         raise PhazeError(f"{what} must be an integer, got {value!r}")
     v = int(value)
     if (low is not None and v < low) or (high is not None and v > high):
-        span = f"{low if low is not None else '-inf'}..{high if high is not None else 'inf'}"
-        raise PhazeError(f"{what} must be in {span}, got {value!r}")
+        if high is None:
+            span = f">= {low}"
+        elif low is None:
+            span = f"<= {high}"
+        else:
+            span = f"in {low}..{high}"
+        raise PhazeError(f"{what} must be {span}, got {value!r}")
     return v
 
 
