@@ -60,6 +60,9 @@ def test_wrong_type_and_repeated_key_and_nullable_columns(tmp_path):
     bad = _write_raw(space.assign(n_tc=["x"] * len(space)), tmp_path / "t.parquet")
     with pytest.raises(PhazeError, match="'n_tc' is not int64"):
         read_table(bad, "space")
+    missing = _write_raw(space.assign(arch=["a", None, "c"]), tmp_path / "m.parquet")
+    with pytest.raises(PhazeError, match="column 'arch' has a missing value .row 1"):
+        read_table(missing, "space")
     dup = _write_raw(pd.concat([space, space.iloc[[0]]]), tmp_path / "d.parquet")
     with pytest.raises(PhazeError, match=r"2 rows repeat the key \{'arch': 'a'\}"):
         read_table(dup, "space")

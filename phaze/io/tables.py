@@ -288,6 +288,12 @@ def check_values(df: pd.DataFrame, name: str, source: str) -> None:
                 f"{source}: column {col!r} must be finite and {rule} (row {i}: {df[col].iloc[i]!r})"
             )
     key = [c for c in KEYS.get(name, ()) if c in df.columns]
+    for col in key:
+        null = df[col].isna().to_numpy()
+        if null.any():
+            raise PhazeError(
+                f"{source}: column {col!r} has a missing value (row {int(null.argmax())})"
+            )
     if key and len(key) == len(KEYS[name]):
         dup = df.duplicated(key, keep=False)
         if dup.any():
