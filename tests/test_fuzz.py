@@ -456,7 +456,7 @@ def _run_place_tables(d: Path, tables: dict, cuts: dict, flags: dict) -> tuple[O
     write_corrupt(tables["space"], d / "space.parquet", cuts.get("space"))
     (d / "cfg.yaml").write_text(yaml.safe_dump(PLACE_CONFIG))
     out = d / "place.parquet"
-    argv = ["place", "--model", "tiny", "--tmp", "1", "2"]
+    argv = ["place", "--model", "tiny", "--tp", "1", "2"]
     argv += ["--trace-dirs", str(d / "trace1"), str(d / "trace2")]
     argv += ["--schedules", str(d / "sched1.parquet"), str(d / "sched2.parquet")]
     argv += ["--space", str(d / "space.parquet"), "--recompute", "on"]
