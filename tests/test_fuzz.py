@@ -437,14 +437,16 @@ PLACE_FLAGS = {"--hbm-gib": "32", "--microbatch": "2"}
 
 
 def _place_tables_inputs() -> dict:
-    from tests.test_place_tables import layers_frame, schedule_frame, space_frame
+    from tests.conftest import _ARCH_COLUMNS
+    from tests.test_place_tables import PEAK, layers_frame, schedule_frame
 
+    space = pd.DataFrame({"arch": list(PEAK), **_ARCH_COLUMNS, "preset": ""})
     return {
         "layers1": layers_frame(1),
         "layers2": layers_frame(2),
         "sched1": schedule_frame(1),
         "sched2": schedule_frame(2),
-        "space": space_frame(),
+        "space": space.assign(peak_flops=list(PEAK.values())),
     }
 
 
