@@ -45,11 +45,6 @@ NAN, INF = math.nan, math.inf
 _HIDDEN_WARNINGS = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
 
 
-# Targets that still find inputs a stage accepts silently or answers with a traceback (config
-# values, CLI flags); the markers go with the validation that fixes them.
-KNOWN_DEFECTS = pytest.mark.xfail(strict=True, reason="stage input validation incomplete")
-
-
 def fuzz_settings(n: int):
     # no shrinking: an example's description already names the corruption, and shrinking
     # re-runs stages many times (minutes) before a failure is reported
@@ -312,7 +307,7 @@ def place_instance_clean():
         return _place_instance_answer(d / "o")
 
 
-@fuzz_settings(250)
+@fuzz_settings(400)
 @given(case=corrupt_json(PLACE_INSTANCE, _place_role, droppable=lambda path: True))
 def test_fuzz_place_instance(place_instance_clean, case):
     what, text, must = case
@@ -361,7 +356,7 @@ def schedule_clean():
     return clean
 
 
-@fuzz_settings(120)
+@fuzz_settings(250)
 @given(
     case=corrupt_json(SCHEDULE_INSTANCE, _schedule_role, lambda p: p[0] in ("n_tc", "n_vc", "ops")),
     ilp=st.integers(0, 9),
@@ -402,7 +397,7 @@ def estimate_clean():
         return read_table(out)
 
 
-@fuzz_settings(100)
+@fuzz_settings(200)
 @given(data=st.data())
 def test_fuzz_estimate(estimate_clean, data):
     tables, cuts = _estimate_inputs(), {}
@@ -475,8 +470,7 @@ def place_tables_clean():
         return read_table(out)
 
 
-@KNOWN_DEFECTS
-@fuzz_settings(100)
+@fuzz_settings(200)
 @given(data=st.data())
 def test_fuzz_place_tables(place_tables_clean, data):
     tables, cuts, flags = _place_tables_inputs(), {}, dict(PLACE_FLAGS)
@@ -526,8 +520,7 @@ def arch_clean():
         return read_table(d / "s")
 
 
-@KNOWN_DEFECTS
-@fuzz_settings(60)
+@fuzz_settings(150)
 @given(
     case=corrupt_json(
         ARCH_CONFIG,
@@ -582,7 +575,7 @@ def validate_clean():
         return json.loads(res.stdout)
 
 
-@fuzz_settings(10)
+@fuzz_settings(40)
 @given(data=st.data())
 def test_fuzz_validate_reference(validate_clean, data):
     what, ref, cut, must = data.draw(corrupt_table(_reference(), REFERENCE_NUMBERS, parquet=False))
@@ -617,7 +610,7 @@ def trace_clean():
         return _trace_answer(out)
 
 
-@fuzz_settings(12)
+@fuzz_settings(60)
 @given(
     case=corrupt_json(
         TINY_GPT2, lambda p: "count" if p[-1] in _TRACE_NUMBERS else None, lambda p: False

@@ -204,12 +204,13 @@ SCHEMAS: dict[str, pa.Schema] = {
 # Every stage reads its inputs through ``read_table(path, name)``: a value of the wrong type, NaN,
 # inf, a negative size, count, FLOP count or time, or a repeated key is an error there, naming
 # the file, the column and the first bad row, so no stage computes with it.
-GE0, GT0, GE1 = ">= 0", "> 0", ">= 1"
+GE0, GT0, GE1, GE_NEG1 = ">= 0", "> 0", ">= 1", ">= -1"
 VALUES: dict[str, dict[str, str]] = {
     "ops": {
         **dict.fromkeys(("m", "n", "k", "batch", "elements", "flops"), GE0),
         **dict.fromkeys(("bytes_in", "bytes_out", "weight_bytes"), GE0),
         "group_size": GE1,
+        "fused_into": GE_NEG1,  # the op this one is fused into, -1 for none
     },
     "edges": {"bytes": GE0},
     "layers": dict.fromkeys(
@@ -220,6 +221,7 @@ VALUES: dict[str, dict[str, str]] = {
             "boundary_bytes",
             "fwd_flops",
             "bwd_flops",
+            "index",
         ),
         GE0,
     ),
@@ -256,16 +258,17 @@ NULLABLE: dict[str, frozenset[str]] = {
         )
     ),
 }
-# the columns that identify a row: a repeated key is an error (it would be counted twice)
-KEYS: dict[str, tuple[str, ...]] = {
-    "ops": ("signature", "pass", "op"),
-    "edges": ("signature", "pass", "src", "dst"),
-    "layers": ("layer",),
-    "space": ("arch",),
-    "latency": ("arch", "signature", "pass", "op"),
-    "schedule": ("arch", "signature", "pass"),
-    "place": ("arch", "model", "devices", "hbm_bytes", "microbatch", "recompute"),
-    "chunks": ("arch",),
+# the column sets that identify a row (a table may have several): a key column may not be
+# missing and a repeated key is an error (the row would be counted twice)
+KEYS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "ops": (("signature", "pass", "op"),),
+    "edges": (("signature", "pass", "src", "dst"),),
+    "layers": (("layer",), ("index",)),
+    "space": (("arch",),),
+    "latency": (("arch", "signature", "pass", "op"),),
+    "schedule": (("arch", "signature", "pass"),),
+    "place": (("arch", "model", "devices", "hbm_bytes", "microbatch", "recompute"),),
+    "chunks": (("arch",),),
 }
 
 
@@ -280,25 +283,26 @@ def check_values(df: pd.DataFrame, name: str, source: str) -> None:
         null = df[col].isna().to_numpy()
         if col in nullable:
             v = np.where(null, 0.0 if rule != GT0 else 1.0, v)
-        low = {GE0: v >= 0, GT0: v > 0, GE1: v >= 1}[rule]
+        low = {GE0: v >= 0, GT0: v > 0, GE1: v >= 1, GE_NEG1: v >= -1}[rule]
         bad = ~(np.isfinite(v) & low)
         if bad.any():
             i = int(np.argmax(bad))
             raise PhazeError(
                 f"{source}: column {col!r} must be finite and {rule} (row {i}: {df[col].iloc[i]!r})"
             )
-    key = [c for c in KEYS.get(name, ()) if c in df.columns]
-    for col in key:
-        null = df[col].isna().to_numpy()
-        if null.any():
-            raise PhazeError(
-                f"{source}: column {col!r} has a missing value (row {int(null.argmax())})"
-            )
-    if key and len(key) == len(KEYS[name]):
-        dup = df.duplicated(key, keep=False)
-        if dup.any():
-            row = df.loc[dup, key].iloc[0].to_dict()
-            raise PhazeError(f"{source}: {int(dup.sum())} rows repeat the key {row}")
+    for key in KEYS.get(name, ()):
+        present = [c for c in key if c in df.columns]
+        for col in present:
+            null = df[col].isna().to_numpy()
+            if null.any():
+                raise PhazeError(
+                    f"{source}: column {col!r} has a missing value (row {int(null.argmax())})"
+                )
+        if len(present) == len(key):
+            dup = df.duplicated(list(key), keep=False)
+            if dup.any():
+                row = df.loc[dup, list(key)].iloc[0].to_dict()
+                raise PhazeError(f"{source}: {int(dup.sum())} rows repeat the key {row}")
 
 
 def _check(df: pd.DataFrame, name: str) -> pa.Table:
