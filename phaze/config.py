@@ -6,15 +6,17 @@ exactly the values a workflow run sees:
 
 * ``path=None`` means ``config/config.yaml``, the config ``snakemake`` runs without
   ``--configfile``;
-* a ``.json`` file (the workflow's snapshot, ``results/.config.json``) is read with ``json``,
+* a ``.json`` file (the workflow's snapshot, ``results/.config/<hash>.json``) is read with ``json``,
   anything else as YAML;
 * absent keys take the schema's ``default`` values (JSON Schema 2020-12, validated with
   ``Draft202012Validator`` extended to fill defaults, as Snakemake's ``validate`` does). Code reads
   the validated mapping and repeats no default; ``schema_defaults()`` is the schema's defaults
   alone, for library functions called without a config.
 
-The tensor-parallel width was once called ``tmp``; a config that still uses that key is rejected
-with an error naming ``tp``.
+Beyond the schema: no number may be NaN or infinite, every microbatch size must divide the global
+batch and every preset named must exist (``_check_consistency``), so the Snakefile's validation
+stops a dry run on them. The tensor-parallel width was once called ``tmp``; a config that still
+uses that key is rejected with an error naming ``tp``.
 """
 
 from __future__ import annotations
