@@ -171,3 +171,29 @@ def test_malformed_json_config_is_reported_as_json(tmp_path, capsys):
     (tmp_path / "c.json").write_text('{"arch": {"n_tc": [4,}')
     assert main(["arch", "--config", str(tmp_path / "c.json"), "--out", str(tmp_path / "s")]) == 2
     assert "is not valid JSON" in one_error_line(capsys, "arch")
+
+
+@pytest.mark.parametrize(
+    "change,needle",
+    [
+        (lambda s: s.assign(n_tc=[0, 64, 1]), "'n_tc' must be finite and >= 1 (row 0"),
+        (lambda s: s.assign(n_tc=[-8, 64, 1]), "'n_tc' must be finite and >= 1"),
+        (lambda s: s.assign(freq_hz=[float("nan"), 1.05e9, 2e9]), "'freq_hz' must be finite"),
+        (lambda s: pd.concat([s, s.iloc[[1]]]), "2 rows repeat the key {'arch': 'b'}"),
+    ],
+)
+def test_estimate_rejects_bad_architecture_rows(tmp_path, capsys, change, needle):
+    from tests.test_estimate import fixture_ops, small_space
+
+    write_table(fixture_ops(), tmp_path / "trace" / "ops.parquet", "ops")
+    change(small_space()).to_parquet(tmp_path / "space.parquet", index=False)
+    argv = [
+        "estimate",
+        "--trace",
+        str(tmp_path / "trace"),
+        "--space",
+        str(tmp_path / "space.parquet"),
+    ]
+    assert main([*argv, "--out", str(tmp_path / "lat.parquet")]) == 2
+    assert needle in one_error_line(capsys, "estimate")
+    assert not (tmp_path / "lat.parquet").exists()
