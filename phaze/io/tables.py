@@ -287,8 +287,10 @@ def check_values(df: pd.DataFrame, name: str, source: str) -> None:
         bad = ~(np.isfinite(v) & low)
         if bad.any():
             i = int(np.argmax(bad))
+            value = df[col].iloc[i]
+            value = value.item() if hasattr(value, "item") else value  # numpy scalar -> Python
             raise PhazeError(
-                f"{source}: column {col!r} must be finite and {rule} (row {i}: {df[col].iloc[i]!r})"
+                f"{source}: column {col!r} must be finite and {rule} (row {i}: {value!r})"
             )
     for key in KEYS.get(name, ()):
         present = [c for c in key if c in df.columns]
