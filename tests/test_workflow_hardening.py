@@ -162,4 +162,18 @@ def test_config_errors_stop_the_dry_run_even_when_results_exist(
     (work / "results" / "arch").mkdir(parents=True)
     (work / "results" / "arch" / "space.parquet").write_bytes(b"an old result")
     dry = snakemake(work, "-n", "--configfile", "c.yaml", timeout=300)
-    assert dry.returncode != 0 and needle in dry.stdout + dry.stderr
+    lines = (dry.stdout + dry.stderr).strip().splitlines()
+    assert dry.returncode != 0 and len(lines) == 1 and lines[0].startswith("phaze: error: ")
+    assert needle in lines[0]
+
+
+def test_colliding_model_keys_stop_the_dry_run(tmp_path, copy_checkout, snakemake):
+    work = _nasty_checkout(tmp_path, copy_checkout, ["opt-350m", "x/opt-350m/config.json"])
+    (work / "x" / "opt-350m").mkdir(parents=True)
+    (work / "x" / "opt-350m" / "config.json").write_text(
+        (DATA / "tiny-gpt2" / "config.json").read_text()
+    )
+    dry = snakemake(work, "-n", "--configfile", "c.yaml", timeout=300)
+    lines = (dry.stdout + dry.stderr).strip().splitlines()
+    assert dry.returncode != 0 and len(lines) == 1, lines
+    assert "have the same key 'opt-350m'" in lines[0]
