@@ -50,12 +50,14 @@ def boolean(value, what: str) -> bool:
 
 
 def mapping(value, what: str) -> dict:
-    if not isinstance(value, dict):
-        raise PhazeError(f"{what} must be an object, got {_type_name(value)}")
-    return value
+    return _of_type(value, what, dict, "an object")
 
 
 def sequence(value, what: str) -> list:
-    if not isinstance(value, list):
-        raise PhazeError(f"{what} must be a list, got {_type_name(value)}")
+    return _of_type(value, what, list, "a list")
+
+
+def _of_type(value, what: str, kind: type, name: str):
+    if not isinstance(value, kind):
+        raise PhazeError(f"{what} must be {name}, got {_type_name(value)}")
     return value
