@@ -17,7 +17,7 @@ from phaze.workflow.sweep import model_keys
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
-NASTY = ("m$(touch PWNED)x", "with space", "quo'te")
+NASTY = ("m$(touch PWNED)x", "with space's")  # command substitution; a space and a quote
 # wildcards the rules constrain to digits (rules/common.smk): safe in a shell word unquoted
 DIGIT_WILDCARDS = {"mbs", "tp", "seq", "chunk", "round"}
 
@@ -59,6 +59,7 @@ def _nasty_checkout(tmp_path, copy_checkout, models, **overrides) -> Path:
     return work
 
 
+@pytest.mark.slow  # two real trace jobs: ~35 s on 2 busy cores
 def test_hostile_model_directories_trace_and_log_where_announced(
     tmp_path, copy_checkout, snakemake
 ):
