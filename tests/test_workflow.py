@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -83,6 +84,38 @@ def test_run_command_flags():
     text = (REPO / "scripts" / "run.sh").read_text()
     for flag in ("--rerun-incomplete",):
         assert flag in text
+
+
+@pytest.mark.parametrize(
+    ("args", "cores"),
+    [
+        ([], ["--cores", "2"]),
+        (["--configfile", "config/paper.yaml"], ["--cores", "2"]),
+        (["--profile", "profiles/slurm"], []),
+        (["--profile=profiles/local"], []),
+        (["-j", "32"], []),
+        (["-j32"], []),
+        (["--cores", "8"], []),
+    ],
+)
+def test_run_command_leaves_parallelism_to_a_profile(tmp_path, args, cores):
+    # run.sh in a scratch tree whose set-up is a no-op and whose snakemake prints its arguments
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(REPO / "scripts" / "run.sh", tmp_path / "scripts" / "run.sh")
+    (tmp_path / "scripts" / "setup.sh").write_text("exit 0\n")
+    fake = tmp_path / ".venv" / "bin" / "snakemake"
+    fake.parent.mkdir(parents=True)
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "PHAZE_CORES"}
+    out = subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "run.sh"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout.split()
+    assert out == [*cores, "--rerun-incomplete", "--printshellcmds", *args]
 
 
 def test_interrupted_run_resumes_and_leaves_no_truncated_parquet(run_dir):

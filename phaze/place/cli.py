@@ -16,6 +16,7 @@ is always flat, as upstream.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from phaze.config import add_config_argument
@@ -91,6 +92,7 @@ def _run_tables(args) -> int:
     from pathlib import Path
 
     from phaze.io import read_table, write_json_atomic, write_table
+    from phaze.io.tables import check_values
     from phaze.place.tables import PlaceSettings, export_instance, place_architectures
 
     _require(
@@ -113,8 +115,10 @@ def _run_tables(args) -> int:
         )
     if len(set(args.tp)) != len(args.tp):
         raise PhazeError(f"--tp lists a width twice: {args.tp}")
-    if args.hbm_gib <= 0 or args.microbatch < 1:
-        raise PhazeError("--hbm-gib must be > 0 and --microbatch >= 1")
+    if not math.isfinite(args.hbm_gib) or args.hbm_gib <= 0:
+        raise PhazeError(f"--hbm-gib must be a finite number > 0, got {args.hbm_gib}")
+    if args.microbatch < 1:
+        raise PhazeError(f"--microbatch must be >= 1, got {args.microbatch}")
     from phaze.config import load_config
 
     config = load_config(args.config)
@@ -132,11 +136,17 @@ def _run_tables(args) -> int:
     for t, trace_dir, sched in zip(args.tp, args.trace_dirs, args.schedules):
         if t < 1:
             raise PhazeError(f"tensor-parallel width must be >= 1, got {t}")
-        layers_by_t[t] = read_table(Path(trace_dir) / "layers.parquet", "layers")
+        layers = read_table(Path(trace_dir) / "layers.parquet", "layers", nonempty=True)
+        traced = sorted(set(layers["tp"])) if "tp" in layers.columns else [t]
+        if traced != [t]:
+            raise PhazeError(f"--tp {t} but {trace_dir} is a trace at tp {traced}")
+        layers_by_t[t] = layers
         files = [f for f in sched.split(",") if f]
         if not files:
             raise PhazeError(f"no schedule file given for tp={t}")
-        schedules_by_t[t] = pd.concat([read_table(f, "schedule") for f in files], ignore_index=True)
+        schedules = pd.concat([read_table(f, "schedule") for f in files], ignore_index=True)
+        check_values(schedules, "schedule", f"schedules for tp={t} ({sched})")
+        schedules_by_t[t] = schedules
     space = read_table(args.space, "space")
     if args.archs:
         wanted = [a for a in args.archs.split(",") if a]
