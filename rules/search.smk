@@ -164,14 +164,18 @@ checkpoint search_state:
     params:
         code=W.search_code(),
         cfg=W.search_params(),
+        bench=BENCH,
     run:
         manifest = W.write_manifest(
             f"{log}.manifest.json", W.state_manifest(wildcards), input
         )
         shell(
             "python3 -m phaze search state --plan {input.plan:q} --round {wildcards.round}"
-            ' --manifest {manifest:q} --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
+            ' --manifest {manifest:q} --config "$PHAZE_CONFIG" --benchmarks {params.bench:q}'
+            " --out {output:q} > {log:q} 2>&1"
         )
+        # the round's progress line, on the terminal of the Snakemake process
+        shell("grep -m 1 '^phaze search: round' {log:q} || true")
 
 
 rule search_summary:

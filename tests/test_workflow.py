@@ -171,6 +171,12 @@ def test_summary_tables_and_plots_are_nontrivial(run_dir):
     # the search visited buckets in order; every arch of the space was computed at least by bounds
     grid = explored[explored["bucket"] >= 0]
     assert grid["bucket"].min() == 0 and explored["has_ilp"].any()
+    # each round's progress line reached the Snakemake process's own output
+    rounds = sorted((res / "search").glob("r*/state.json"))
+    text = run_dir["second"].stdout + run_dir["second"].stderr
+    printed = [ln for ln in text.splitlines() if "phaze search: round " in ln]
+    assert rounds and len(printed) >= 1, text[-2000:]
+    assert "archs visited" in printed[-1] and "CPU-s" in printed[-1]
     for name in ("speedup", "convergence", "area_throughput", "arch_table", "pipeline"):
         for ext in ("png", "pdf"):
             f = res / "plots" / f"{name}.{ext}"
