@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from phaze.errors import PhazeError
 from phaze.place.megatron import Axes, fill, optimize
-from phaze.step.model import Layout, StageTerms, iteration_time, price
+from phaze.step.model import Layout, PlacedChain, StageTerms, iteration_time, price
 from phaze.step.strategy import Strategy
 from tests.step_cases import (
     random_chain,
@@ -59,7 +59,7 @@ def brute_force(chains, net, consts, devices, global_batch, hbm, axes):
                 except PhazeError:
                     continue
                 layout = Layout.build(net, t, p, s.dp)
-                terms = StageTerms(chain, layout, s.schedule, rc, zero, ddp, consts)
+                terms = StageTerms(PlacedChain(chain, layout, consts), s.schedule, rc, zero, ddp)
                 for stages in compositions(chain.blocks, p):
                     if Strategy(**kw, stages=stages).layers_reason(chain.blocks):
                         continue
@@ -190,7 +190,9 @@ def test_each_ranks_tail_has_interval_sublevel_sets(seed, zero, ddp, rc):
         ddp=ddp,
         stages=None,
     )
-    terms = StageTerms(chain, Layout.build(net, t, p, d), s.schedule, rc, zero, ddp, consts)
+    terms = StageTerms(
+        PlacedChain(chain, Layout.build(net, t, p, d), consts), s.schedule, rc, zero, ddp
+    )
     n = np.broadcast_to(np.arange(13.0), (p, 13))
     tail, mem = terms.tail(n), terms.memory(n)
     assert (np.diff(mem, axis=1) >= -1e-12 * np.abs(mem[:, 1:])).all()

@@ -41,7 +41,7 @@ import numpy as np
 
 from phaze.fidelity.network import HierarchicalNetwork
 from phaze.step.layers import ChainCost
-from phaze.step.model import Layout, StageTerms, StepConstants
+from phaze.step.model import Layout, PlacedChain, StageTerms, StepConstants
 from phaze.step.strategy import (
     DDP_MODES,
     RECOMPUTE_MODES,
@@ -170,8 +170,7 @@ def _divisors(n: int) -> list[int]:
 class _Config:
     bound: float
     order: int
-    chain: ChainCost
-    layout: Layout
+    placed: PlacedChain
     schedule: PipelineSchedule
     recompute: str
     sequence_parallel: bool
@@ -197,6 +196,7 @@ def optimize(
     result = Result(None, INF)
     configs: list[_Config] = []
     layouts: dict[tuple[int, int, int], Layout] = {}
+    placed: dict[tuple[int, int, int, int, bool], PlacedChain] = {}
     order = 0
     for t, b in sorted({(t, b) for t, b, _ in chains}):
         if devices % t:
@@ -227,21 +227,22 @@ def optimize(
                         result.skipped[why] += 1
                         continue
                     schedule = PipelineSchedule(p, v, m)
+                    key = (t, b, p, d, sp)
+                    if key not in placed:
+                        if (t, p, d) not in layouts:
+                            layouts[(t, p, d)] = Layout.build(net, t, p, d)
+                        placed[key] = PlacedChain(chain, layouts[(t, p, d)], consts)
                     for rc in axes.recompute:
                         for zero in axes.distributed_optimizer:
                             if zero and d == 1:
                                 result.skipped["the distributed optimizer needs dp > 1"] += 1
                                 continue
                             for ddp in axes.ddp:
-                                key = (t, p, d)
-                                if key not in layouts:
-                                    layouts[key] = Layout.build(net, t, p, d)
                                 configs.append(
                                     _Config(
                                         0.0,
                                         order,
-                                        chain,
-                                        layouts[key],
+                                        placed[key],
                                         schedule,
                                         rc,
                                         sp,
@@ -254,13 +255,7 @@ def optimize(
     terms_of = {}
     for cfg in configs:
         terms = StageTerms(
-            cfg.chain,
-            cfg.layout,
-            cfg.schedule,
-            cfg.recompute,
-            cfg.distributed_optimizer,
-            cfg.ddp,
-            consts,
+            cfg.placed, cfg.schedule, cfg.recompute, cfg.distributed_optimizer, cfg.ddp
         )
         terms_of[cfg.order] = terms
         cfg.bound = _lower_bound(terms, cfg.schedule, L)
@@ -279,9 +274,9 @@ def optimize(
             result.time_s = time_s
             result.strategy = Strategy(
                 devices=devices,
-                tp=cfg.layout.tp,
-                pp=cfg.layout.pp,
-                microbatch=cfg.chain.microbatch,
+                tp=cfg.placed.layout.tp,
+                pp=cfg.placed.layout.pp,
+                microbatch=cfg.placed.chain.microbatch,
                 global_batch=global_batch,
                 interleave=cfg.schedule.chunks,
                 recompute=cfg.recompute,

@@ -45,7 +45,7 @@ import numpy as np
 
 from phaze.errors import PhazeError
 from phaze.fidelity.network import HierarchicalNetwork
-from phaze.step.layers import ChainCost, LayerCost
+from phaze.step.layers import ChainCost
 from phaze.step.strategy import PipelineSchedule, Strategy
 
 
@@ -205,21 +205,46 @@ class Layout:
 # ---------------------------------------------------------------------------------------------
 # per-stage terms as functions of the blocks a stage holds
 # ---------------------------------------------------------------------------------------------
+class PlacedChain:
+    """A chain on a layout: the collective and send times every (V, recompute, distributed
+    optimizer, ddp) setting of the same (t, b, sequence parallelism, p, d) shares."""
+
+    def __init__(self, chain: ChainCost, layout: Layout, consts: StepConstants):
+        if chain.tp != layout.tp:
+            raise AssertionError("the chain was built for another tp than the layout's")
+        self.chain, self.layout, self.consts = chain, layout, consts
+        coll = layout.collectives_s
+        self.coll = {
+            name: (coll(layer.fwd_collectives), coll(layer.bwd_collectives))
+            for name, layer in (
+                ("first", chain.first),
+                ("block", chain.block),
+                ("last", chain.last),
+            )
+        }
+        sp, sg = chain.sequence_parallel, consts.scatter_gather
+        self.x_next = layout.send_s(chain.boundary_bytes, "next", sp, sg)  # (d, p)
+        self.x_prev = layout.send_s(chain.boundary_bytes, "prev", sp, sg)
+        self.tied_s = 0.0
+        if layout.pp > 1 and chain.tied:
+            size = chain.last.tied_params * consts.grad_bytes_per_param
+            self.tied_s = 2 * float(ring_time(size, 2, layout.tied_bw, layout.tied_lat))
+
+
 class StageTerms:
-    """The terms of every pipeline rank of one (chain, layout, interleave, recompute, distributed
+    """The terms of every pipeline rank of one (placed chain, schedule, recompute, distributed
     optimizer, ddp) as affine (or max-of-affine) functions of its block count n. Methods take n
     of shape (p,) (one value per rank) or (p, K) (a lattice per rank) and return that shape."""
 
     def __init__(
         self,
-        chain: ChainCost,
-        layout: Layout,
+        placed: PlacedChain,
         schedule: PipelineSchedule,
         recompute: str,
         distributed_optimizer: bool,
         ddp: str,
-        consts: StepConstants,
     ):
+        chain, layout, consts = placed.chain, placed.layout, placed.consts
         p = layout.pp
         if schedule.stages != p:
             raise AssertionError("schedule and layout disagree on pp")
@@ -228,11 +253,9 @@ class StageTerms:
         self.consts = consts
         first = np.arange(p) == 0
         last = np.arange(p) == p - 1
-        self.first, self.last = first, last
-        coll = layout.collectives_s
         B, E, H = chain.block, chain.first, chain.last
         full = recompute == "full"
-        bf, bb = coll(B.fwd_collectives), coll(B.bwd_collectives)
+        bf, bb = placed.coll["block"]
         rc = B.recompute_s(recompute)
         # per block
         self.compute_per_block = B.fwd_s + B.bwd_s
@@ -240,22 +263,16 @@ class StageTerms:
         self.tp_per_block = bf * (2 if full else 1) + bb
         self.slope = self.compute_per_block + rc + self.tp_per_block
         self.bwd_slope = B.bwd_s + rc + bb + (bf if full else 0.0)
-
-        def end(layer: LayerCost):
-            fc, bc = coll(layer.fwd_collectives), coll(layer.bwd_collectives)
-            return layer.fwd_s + layer.bwd_s, fc + bc, layer.bwd_s + bc
-
-        (ec, et, eb), (hc, ht, hb) = end(E), end(H)
-        self.compute_0 = np.where(first, ec, 0.0) + np.where(last, hc, 0.0)
-        self.tp_0 = np.where(first, et, 0.0) + np.where(last, ht, 0.0)
+        (ef, eb), (hf, hb) = placed.coll["first"], placed.coll["last"]
+        self.compute_0 = np.where(first, E.fwd_s + E.bwd_s, 0.0) + np.where(
+            last, H.fwd_s + H.bwd_s, 0.0
+        )
+        self.tp_0 = np.where(first, ef + eb, 0.0) + np.where(last, hf + hb, 0.0)
         sends = np.array([schedule.sends(j) for j in range(p)], dtype=float).reshape(p, 2)
-        sp, sg = chain.sequence_parallel, consts.scatter_gather
-        x_next = layout.send_s(chain.boundary_bytes, "next", sp, sg)
-        x_prev = layout.send_s(chain.boundary_bytes, "prev", sp, sg)
         # at the slowest replica
-        self.pp_comm = (sends[:, 0] * x_next + sends[:, 1] * x_prev).max(axis=0)
+        self.pp_comm = (sends[:, 0] * placed.x_next + sends[:, 1] * placed.x_prev).max(axis=0)
         self.intercept = self.compute_0 + self.tp_0 + self.pp_comm
-        self.bwd_intercept = np.where(first, eb, 0.0) + np.where(last, hb, 0.0)
+        self.bwd_intercept = np.where(first, E.bwd_s + eb, 0.0) + np.where(last, H.bwd_s + hb, 0.0)
         # parameters (a last stage with a tied LM head keeps its own copy of the embedding)
         self.param_slope = B.params
         tied_copy = H.tied_params if p > 1 else 0.0
@@ -263,12 +280,7 @@ class StageTerms:
             last, H.params + tied_copy, 0.0
         )
         self.dp_bw, self.dp_lat = layout.dp_bw, layout.dp_lat
-        tied_s = 0.0
-        if p > 1 and chain.tied:
-            tied_s = 2 * float(
-                ring_time(H.tied_params * consts.grad_bytes_per_param, 2, *_pair(layout))
-            )
-        self.tied_s = np.where(first | last, tied_s, 0.0)
+        self.tied_s = np.where(first | last, placed.tied_s, 0.0)
         # memory
         self.inflight = np.array([schedule.inflight(j) for j in range(p)])
         self.state = consts.state_bytes(distributed_optimizer, layout.dp)
@@ -328,10 +340,6 @@ class StageTerms:
         )
 
 
-def _pair(layout: Layout):
-    return layout.tied_bw, layout.tied_lat
-
-
 # ---------------------------------------------------------------------------------------------
 # one strategy
 # ---------------------------------------------------------------------------------------------
@@ -348,13 +356,11 @@ def stage_terms(
     check_chain(chain, strategy)
     layout = Layout.build(net, strategy.tp, strategy.pp, strategy.dp)
     return StageTerms(
-        chain,
-        layout,
+        PlacedChain(chain, layout, consts),
         strategy.schedule,
         strategy.recompute,
         strategy.distributed_optimizer,
         strategy.ddp,
-        consts,
     )
 
 
