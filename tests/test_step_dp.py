@@ -227,3 +227,66 @@ def test_fill_is_the_min_max_split():
         M, k = got
         assert M == pytest.approx(want) and k.sum() == K
         assert allowed[np.arange(p), k].all() and T[np.arange(p), k].max() == pytest.approx(M)
+
+
+def _scaled(chain, factor):
+    """The chain with every computation time multiplied by `factor` (collectives kept)."""
+    from dataclasses import replace
+
+    def layer(x):
+        return replace(
+            x,
+            fwd_s=x.fwd_s * factor,
+            bwd_s=x.bwd_s * factor,
+            attention_fwd_s=x.attention_fwd_s * factor,
+        )
+
+    return replace(
+        chain, first=layer(chain.first), block=layer(chain.block), last=layer(chain.last)
+    )
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_lower_bound_chain_with_an_achievable_window_prices_a_lower_bound(seed):
+    """What the search's bound tier relies on: layer latencies below the achievable ones, with
+    the achievable ones as the DDP overlap's window, never price a strategy — nor the optimum —
+    above the achievable chain's time."""
+    from dataclasses import replace
+
+    chains, net, consts, devices, global_batch, hbm, axes = draw(seed)
+    rng = np.random.default_rng(seed)
+    factor = float(rng.uniform(0.3, 1.0))
+    low = {k: replace(_scaled(c, factor), window=c) for k, c in chains.items()}
+    got = optimize(low, net, consts, devices, global_batch, hbm, axes)
+    real = optimize(chains, net, consts, devices, global_batch, hbm, axes)
+    assert (got.strategy is None) == (real.strategy is None)  # memory does not depend on time
+    if real.strategy is None:
+        return
+    assert got.time_s <= real.time_s * (1 + 1e-12)
+    s = real.strategy
+    key = (s.tp, s.microbatch, s.sequence_parallel)
+    assert price(low[key], s, net, consts, 1.0)["iteration_time_s"] <= real.time_s * (1 + 1e-12)
+
+
+def test_without_the_window_a_faster_backward_can_price_a_step_slower():
+    """Why `ChainCost.window` exists: with interleaving, rank 0 critical through communication
+    and rank 1 holding many blocks, halving the latencies shortens rank 1's backward, exposes
+    more of its gradient all-reduce than the pipeline gains. The window restores the bound."""
+    from dataclasses import replace
+
+    from phaze.fidelity.network import HierarchicalNetwork, LinkLevel
+    from phaze.step.layers import ChainCost, LayerCost
+    from phaze.step.model import StepConstants
+
+    level = LinkLevel(1.0, 0.0, 1.0)
+    net = HierarchicalNetwork(8, level, level)
+    heavy_comm = LayerCost(0.0, 0.0, 0.0, 0.0, fwd_collectives=(("all_reduce", 10.0),))
+    block = LayerCost(fwd_s=0.0, bwd_s=1.0, params=4.0, activation_bytes=0.0)
+    last = LayerCost(0.0, 0.0, 0.0, 0.0)
+    real = ChainCost(heavy_comm, block, last, 12, 2, 1, False, boundary_bytes=0.0)
+    consts = StepConstants(16, 12, 2, 2, 0, 1e-6, 1e12, True)
+    s = Strategy(devices=8, tp=2, pp=2, microbatch=1, global_batch=4, interleave=2, stages=(2, 10))
+    t_real = price(real, s, net, consts, 1.0)["iteration_time_s"]
+    low = _scaled(real, 0.5)
+    assert price(low, s, net, consts, 1.0)["iteration_time_s"] > t_real
+    assert price(replace(low, window=real), s, net, consts, 1.0)["iteration_time_s"] <= t_real

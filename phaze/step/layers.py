@@ -101,6 +101,11 @@ class ChainCost:
     microbatch: int
     sequence_parallel: bool
     boundary_bytes: float  # the activation between two stages (b·s·h·2: the full tensor)
+    # The chain whose computation times bound the backward a DDP overlap hides the gradient
+    # reduction behind (None = this chain). A placement priced on lower bounds of the layer
+    # latencies passes achievable ones here: its time then stays a lower bound of every
+    # achievable time (a shorter backward would otherwise hide less and could make it larger).
+    window: ChainCost | None = field(default=None, compare=False)
     meta: dict = field(default_factory=dict, compare=False)  # caller's notes (names, sources)
 
     def __post_init__(self) -> None:
@@ -110,6 +115,20 @@ class ChainCost:
             raise AssertionError("a sequence-parallel chain needs tp > 1")
         if not self.boundary_bytes >= 0:
             raise AssertionError("boundary bytes must be >= 0")
+        if self.window is not None:
+            w = self.window
+            same = (w.blocks, w.tp, w.microbatch, w.sequence_parallel) == (
+                self.blocks,
+                self.tp,
+                self.microbatch,
+                self.sequence_parallel,
+            )
+            if not same or w.window is not None:
+                raise AssertionError("a window chain must be a plain chain of the same shape")
+
+    @property
+    def overlap_window(self) -> ChainCost:
+        return self.window if self.window is not None else self
 
     @property
     def tied(self) -> bool:

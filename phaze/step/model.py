@@ -262,7 +262,10 @@ class StageTerms:
         self.recompute_per_block = rc
         self.tp_per_block = bf * (2 if full else 1) + bb
         self.slope = self.compute_per_block + rc + self.tp_per_block
-        self.bwd_slope = B.bwd_s + rc + bb + (bf if full else 0.0)
+        # the backward the DDP overlap hides behind (ChainCost.window)
+        win = chain.overlap_window
+        self.bwd_slope = win.block.bwd_s + win.block.recompute_s(recompute) + bb
+        self.bwd_slope += bf if full else 0.0
         (ef, eb), (hf, hb) = placed.coll["first"], placed.coll["last"]
         self.compute_0 = np.where(first, E.fwd_s + E.bwd_s, 0.0) + np.where(
             last, H.fwd_s + H.bwd_s, 0.0
@@ -272,7 +275,9 @@ class StageTerms:
         # at the slowest replica
         self.pp_comm = (sends[:, 0] * placed.x_next + sends[:, 1] * placed.x_prev).max(axis=0)
         self.intercept = self.compute_0 + self.tp_0 + self.pp_comm
-        self.bwd_intercept = np.where(first, E.bwd_s + eb, 0.0) + np.where(last, H.bwd_s + hb, 0.0)
+        self.bwd_intercept = np.where(first, win.first.bwd_s + eb, 0.0) + np.where(
+            last, win.last.bwd_s + hb, 0.0
+        )
         # parameters (a last stage with a tied LM head keeps its own copy of the embedding)
         self.param_slope = B.params
         tied_copy = H.tied_params if p > 1 else 0.0
