@@ -397,3 +397,40 @@ def test_stage_splits():
     with pytest.raises(PhazeError, match="cannot be split evenly over pp = 3"):
         s.check_layers(8)
     assert Strategy(**{**s.__dict__, "stages": (2, 3, 3)}).check_layers(8) == (2, 3, 3)
+
+
+def test_megatron_arguments_and_layout_string():
+    import re
+
+    from phaze.step.megatron_args import megatron_arguments, pipeline_layout
+
+    s = Strategy(
+        devices=64,
+        tp=8,
+        pp=2,
+        microbatch=1,
+        global_batch=64,
+        interleave=2,
+        recompute="selective",
+        sequence_parallel=True,
+        distributed_optimizer=True,
+        stages=(4, 8),
+    )
+    args = megatron_arguments(s, 12)
+    assert args[:4] == [
+        "--tensor-model-parallel-size 8",
+        "--pipeline-model-parallel-size 2",
+        "--micro-batch-size 1",
+        "--global-batch-size 64",
+    ]
+    layout = pipeline_layout((4, 8), 2)
+    assert f"--pipeline-model-parallel-layout {layout}" in args
+    # Megatron's parser: unroll x*n, split on '|'; segment v·pp + j holds rank j's chunk v
+    segments = [re.sub(r"(.)\*(\d+)", lambda m: m[1] * int(m[2]), x) for x in layout.split("|")]
+    assert segments == ["Ett", "tttt", "tt", "ttttL"]
+    assert {"--recompute-granularity selective", "--sequence-parallel"} <= set(args)
+    assert {"--use-distributed-optimizer", "--overlap-grad-reduce"} <= set(args)
+    even = Strategy(devices=64, tp=8, pp=2, microbatch=1, global_batch=64, interleave=3)
+    args = megatron_arguments(even, 12)
+    assert "--num-layers-per-virtual-pipeline-stage 2" in args
+    assert not any("layout" in a for a in args)
