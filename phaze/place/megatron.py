@@ -220,9 +220,13 @@ def optimize(
                     result.skipped["no layer costs for this sequence-parallel setting"] += 1
                     continue
                 for v in axes.interleave:
-                    why = schedule_reason(p, v, m)
-                    if not why and v > 1 and (L % v or p * v > L):
-                        why = "interleave does not divide the blocks per stage"
+                    why = ""
+                    if v > 1 and p == 1:
+                        why = "interleaving needs pp > 1"
+                    elif schedule_reason(p, v, m):
+                        why = "interleaving needs the microbatches per pipeline divisible by pp"
+                    elif v > 1 and (L % v or p * v > L):
+                        why = "the interleave does not divide the blocks of every stage"
                     if why:
                         result.skipped[why] += 1
                         continue
