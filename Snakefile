@@ -1,10 +1,10 @@
 # phaze: integrated accelerator architecture and device placement search.
 # `snakemake -j 2` runs config/config.yaml; `--configfile config/paper.yaml` the paper's sweep.
+# The rules are in rules/*.smk; everything they compute lives in phaze.workflow (tested Python).
 import os
 import sys
-from pathlib import Path
 
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 min_version("9.0")
 
@@ -15,36 +15,55 @@ if not workflow.overwrite_configfiles:
     configfile: "config/config.yaml"
 
 
-validate(config, "config/schema.yaml", set_default=True)
-
-# Jobs run `python -m phaze ...` with this interpreter and this checkout's package.
-os.environ["PYTHONPATH"] = workflow.basedir + os.pathsep + os.environ.get("PYTHONPATH", "")
+# Jobs run `python3 -m phaze ...`: the interpreter running Snakemake comes first on PATH and this
+# checkout's package first on PYTHONPATH (under --sdm conda the rules' environment comes first).
+os.environ["PATH"] = os.pathsep.join(
+    [os.path.dirname(sys.executable), os.environ["PATH"]]
+)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [workflow.basedir, *filter(None, [os.environ.get("PYTHONPATH")])]
+)
 sys.path.insert(0, workflow.basedir)
 
-from phaze.workflow import code_version, config_section, snapshot_config  # noqa: E402
 
-PHAZE = f"{sys.executable} -m phaze"
-RESULTS = "results"
-CONFIG_JSON = snapshot_config(config, f"{RESULTS}/.config.json")
+envvars:
+    "PATH",
+    "PYTHONPATH",
+
+
+from phaze.config import validate_config  # noqa: E402
+from phaze.workflow import Sweep, code_version, snapshot_config  # noqa: E402
+
+# The same validator (and schema defaults) as every `python -m phaze <stage> --config`.
+validate_config(config)
+W = Sweep(config, checkpoints)
+snapshot_config(config, W.config_json)
 
 
 report: "report/workflow.rst"
 
 
-# The default target: the summary tables and the plots (defined in rules/search.smk, report.smk).
+# The default target: the summary tables and the plots.
 rule all:
-    input:
-        lambda wc: list(SUMMARY.values()) + [f"{RESULTS}/summary/search_stats.json"] + PLOTS,
     default_target: True
+    input:
+        W.all_targets(),
 
 
 # Light bookkeeping jobs run on the submitting host, never as cluster jobs.
-localrules: all, search_plan, search_prune, search_state
+localrules:
+    all,
+    search_plan,
+    search_prune,
+    search_state,
 
 
 include: "rules/common.smk"
-
-
-for _rules in ("trace", "arch", "estimate", "schedule", "place", "search", "report"):
-    if Path(workflow.basedir, "rules", f"{_rules}.smk").exists():
-        include: f"rules/{_rules}.smk"
+include: "rules/trace.smk"
+include: "rules/arch.smk"
+include: "rules/estimate.smk"
+include: "rules/schedule.smk"
+include: "rules/place.smk"
+include: "rules/search.smk"
+include: "rules/baselines.smk"
+include: "rules/report.smk"

@@ -1,11 +1,11 @@
 """Speed of the estimate stage and the tpuv4 preset's modelled figures.
 
-    python benchmarks/estimate.py [--trace DIR | --model NAME --microbatch B --tmp T] [--config FILE]
+    python benchmarks/estimate.py [--trace DIR | --model NAME --microbatch B --tp T] [--config FILE]
 
 Times the cost model on every architecture of the space (default: upstream's full grid, i.e. all
 unique core configurations) × every operator of one model's trace (its unique layer signatures,
 forward and backward), on one core. Without --trace, the model is traced first into a temporary
-directory (`python -m phaze trace`). Then prints the tpuv4 table used in the README.
+directory (`python -m phaze trace`). Then prints the tpuv4 table of docs/estimate.md.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from phaze.estimate import matmul_cost
 from phaze.estimate.stage import estimate
 
 
-def trace(model: str, microbatch: int, tmp: int, out: str) -> None:
+def trace(model: str, microbatch: int, tp: int, out: str) -> None:
     cmd = [
         sys.executable,
         "-m",
@@ -38,8 +38,8 @@ def trace(model: str, microbatch: int, tmp: int, out: str) -> None:
         model,
         "--microbatch",
         str(microbatch),
-        "--tmp",
-        str(tmp),
+        "--tp",
+        str(tp),
         "--out",
         out,
     ]
@@ -72,7 +72,7 @@ def main() -> int:
     ap.add_argument("--trace", help="trace directory (ops.parquet); default: trace --model first")
     ap.add_argument("--model", default="gpt3-175b")
     ap.add_argument("--microbatch", type=int, default=1)
-    ap.add_argument("--tmp", type=int, default=8)
+    ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--config", help="config for the space/costmodel; default: full upstream grid")
     args = ap.parse_args()
     config = load_config(args.config) if args.config else validate_config({})
@@ -85,9 +85,9 @@ def main() -> int:
         if trace_dir is None:
             trace_dir = os.path.join(tmpdir, "trace")
             t0 = time.perf_counter()
-            trace(args.model, args.microbatch, args.tmp, trace_dir)
+            trace(args.model, args.microbatch, args.tp, trace_dir)
             print(
-                f"traced {args.model} b{args.microbatch} t{args.tmp} in {time.perf_counter() - t0:.1f} s"
+                f"traced {args.model} b{args.microbatch} t{args.tp} in {time.perf_counter() - t0:.1f} s"
             )
         ops = pd.read_parquet(os.path.join(trace_dir, "ops.parquet"))
 

@@ -1,7 +1,7 @@
 """Placement solver speed on the paper's problem size, in upstream's instance format.
 
 GPT-3-like chain (embedding, 96 blocks, head), t in {4, 8}, 1,024 devices, 4,096 microbatches,
-recompute on (phaze.place.examples.gpt3_like_instance). Prints, separately:
+recompute on (tests/place_instances.py: gpt3_like_instance). Prints, separately:
 * the solve itself (in-process, after imports, best of --repeat runs), and
 * the whole `python -m phaze place --instance FILE` process (interpreter start-up, imports,
   JSON parse, solve, print), and the start-up alone (`python -m phaze place --help`).
@@ -23,11 +23,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # the synthetic instance is a test fixture
+
+from place_instances import gpt3_like_instance
 
 from phaze.arch.presets import load_preset
 from phaze.place import AllReduce, StageRule, data_parallel_degrees, solve
-from phaze.place.examples import gpt3_like_instance
 from phaze.place.network import PlaceNetwork
 from phaze.place.upstream import instance_graphs, solve_instance
 

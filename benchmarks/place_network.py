@@ -27,8 +27,8 @@ import pandas as pd
 from phaze.arch.presets import load_preset
 from phaze.config import load_config
 from phaze.fidelity.evaluate import build_workload, trace_for
-from phaze.fidelity.network import HierarchicalNetwork
 from phaze.fidelity.strategy import Strategy
+from phaze.network import HierarchicalNetwork
 from phaze.place.tables import PlaceSettings, place_architectures
 from phaze.trace.models import get_model_spec
 
@@ -99,31 +99,29 @@ def main() -> int:
     ap.add_argument("--hbm-gib", type=float, default=80.0)
     ap.add_argument("--global-batch", type=int, default=4096)
     args = ap.parse_args()
-    widths = get_model_spec(args.model).valid_tmp
+    widths = get_model_spec(args.model).valid_tp
     t0 = time.perf_counter()
     layers_by_t, sched_by_t, space, cfg = tables_for(
         args.model, widths, args.microbatch, args.devices
     )
     print(
         f"{args.model} on {args.devices} x {PRESET}, {args.hbm_gib:g} GiB, microbatch "
-        f"{args.microbatch}, global batch {args.global_batch}, adam, t in {list(widths)} "
+        f"{args.microbatch}, global batch {args.global_batch}, {cfg['place']['optimizer']}, "
+        f"tp in {list(widths)} "
         f"(traces and layer latencies: {time.perf_counter() - t0:.1f} s)"
     )
-    expert = cfg["place"]["expert"].get(args.model)
     for recompute in (False, True):
         for preset_networks in (False, True):
-            settings = PlaceSettings(
-                model=args.model,
-                hbm_bytes=int(args.hbm_gib * 2**30),
-                microbatch=args.microbatch,
-                recompute=recompute,
-                global_batch=args.global_batch,
-                optimizer="adam",
-                bytes_per_element=2,
-                dp_must_divide_batch=False,
-                dp_must_divide_devices=False,
-                expert=expert,
-                preset_networks=preset_networks,
+            settings = PlaceSettings.from_config(
+                {
+                    **cfg["place"],
+                    "global_batch": args.global_batch,
+                    "preset_networks": preset_networks,
+                },
+                args.model,
+                int(args.hbm_gib * 2**30),
+                args.microbatch,
+                recompute,
             )
             t1 = time.perf_counter()
             row = place_architectures(

@@ -28,7 +28,7 @@ from phaze.arch.presets import load_preset
 from phaze.config import load_config
 from phaze.estimate.stage import estimate
 from phaze.schedule.solve import Options, Scheduler
-from phaze.schedule.tables import build_instance, latency_lookup, load_graphs
+from phaze.schedule.tables import build_instance, load_op_graphs, op_latencies
 from phaze.trace.models import get_model_spec
 
 PAPER_MODELS = [
@@ -46,7 +46,7 @@ CORES = [(1, 1), (2, 2), (4, 4), (8, 8), (16, 16), (8, 2)]
 
 def trace_dir(work: Path, model: str, t: int, microbatch: int = 1) -> Path:
     spec = get_model_spec(model)
-    d = work / "trace" / model / f"b{microbatch}_s{spec.seq}_t{t}"
+    d = work / "trace" / model / f"b{microbatch}_s{spec.seq}_tp{t}"
     if not (d / "ops.parquet").exists():
         subprocess.run(
             [
@@ -58,7 +58,7 @@ def trace_dir(work: Path, model: str, t: int, microbatch: int = 1) -> Path:
                 model,
                 "--microbatch",
                 str(microbatch),
-                "--tmp",
+                "--tp",
                 str(t),
                 "--out",
                 str(d),
@@ -98,12 +98,12 @@ def run_instances(args) -> pd.DataFrame:
     rows = []
     with Scheduler(opts) as sch:
         for model in args.models:
-            for t in get_model_spec(model).valid_tmp:
+            for t in get_model_spec(model).valid_tp:
                 d = trace_dir(args.work, model, t)
                 ops = pd.read_parquet(d / "ops.parquet")
-                lat = latency_lookup(estimate(ops, space, cm))
+                lat = op_latencies(estimate(ops, space, cm))
                 blocks = block_signatures(d)
-                for g in load_graphs(d):
+                for g in load_op_graphs(d):
                     if g.signature not in blocks:
                         continue
                     for a in space.itertuples(index=False):
@@ -178,7 +178,7 @@ def cache_hit_rate(work: Path) -> None:
     micros = list(cfg["trace"]["microbatch"])
     print(
         f"\ncache hit rate over the default config's {len(space)} architectures "
-        f"(models {cfg['models']}, microbatch {micros}, t {cfg['trace']['tmp']} where valid; "
+        f"(models {cfg['models']}, microbatch {micros}, t {cfg['trace']['tp']} where valid; "
         f"one job = all archs of one trace):"
     )
     tot_inst = tot_hit = 0
@@ -186,14 +186,14 @@ def cache_hit_rate(work: Path) -> None:
         for micro, t in [
             (b, t)
             for b in micros
-            for t in get_model_spec(model).valid_tmp
-            if t in cfg["trace"]["tmp"]
+            for t in get_model_spec(model).valid_tp
+            if t in cfg["trace"]["tp"]
         ]:
             d = trace_dir(work, model, t, micro)
             ops = pd.read_parquet(d / "ops.parquet")
             lat = estimate(ops, space, cm)
-            lookup = latency_lookup(lat)
-            graphs = load_graphs(d)
+            lookup = op_latencies(lat)
+            graphs = load_op_graphs(d)
             keys, seg_keys, n_inst, n_seg = set(), set(), 0, 0
             for a in space.itertuples(index=False):
                 for g in graphs:

@@ -97,7 +97,7 @@ def _paper_counts(paper: Path) -> dict:
         archs = len(pd.read_parquet(out, columns=["arch"]))
     traces = sum(
         len(cfg["trace"]["microbatch"])
-        * len([t for t in cfg["trace"]["tmp"] if t in get_model_spec(m).valid_tmp])
+        * len([t for t in cfg["trace"]["tp"] if t in get_model_spec(m).valid_tp])
         for m in cfg["models"]
     )
     settings = (

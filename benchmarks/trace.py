@@ -4,7 +4,7 @@ Runs `python -m phaze trace` in a fresh subprocess so the time includes interpre
 the torch/transformers imports, exactly what a Snakemake job pays; peak RSS is the child's
 ru_maxrss. Default: gpt3-175b, microbatch 1, seq 2048, t 8 (targets: <= 30 s, <= 2 GB).
 
-    .venv/bin/python benchmarks/trace.py [--model M --microbatch B --seq S --tmp T --repeat N]
+    .venv/bin/python benchmarks/trace.py [--model M --microbatch B --seq S --tp T --repeat N]
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def run_once(args) -> tuple[float, int]:
             args.model,
             "--microbatch",
             str(args.microbatch),
-            "--tmp",
-            str(args.tmp),
+            "--tp",
+            str(args.tp),
             "--seq",
             str(args.seq),
             "--out",
@@ -56,7 +56,7 @@ def main() -> int:
     p.add_argument("--model", default="gpt3-175b")
     p.add_argument("--microbatch", type=int, default=1)
     p.add_argument("--seq", type=int, default=2048)
-    p.add_argument("--tmp", type=int, default=8)
+    p.add_argument("--tp", type=int, default=8)
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
     walls, peak = [], 0
@@ -65,7 +65,7 @@ def main() -> int:
         walls.append(wall)
     best, worst = min(walls), max(walls)
     print(
-        f"trace {args.model} b{args.microbatch} s{args.seq} t{args.tmp}: wall "
+        f"trace {args.model} b{args.microbatch} s{args.seq} t{args.tp}: wall "
         f"{best:.2f} s best / {worst:.2f} s worst of {args.repeat} (incl. imports, target "
         f"<= {TARGET_S:.0f} s); peak RSS {peak / 2**20:.0f} MiB (target <= 2048 MiB); "
         f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"

@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
-COPY = ("Snakefile", "rules", "config", "phaze", "report")
+COPY = ("Snakefile", "rules", "config", "phaze", "report", "environment.yml")
 
 
 def cpu_by_rule(results: Path) -> tuple[Counter, Counter, float]:

@@ -26,23 +26,12 @@ STAGES: dict[str, tuple[str, str]] = {
 }
 
 
-def _load(module_name: str):
-    try:
-        return importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            return None  # stage not available in this build
-        raise
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="phaze", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="stage", metavar="STAGE")
     sub.required = True
     for name, (module_name, help_text) in STAGES.items():
-        module = _load(module_name)
-        if module is None:
-            continue
+        module = importlib.import_module(module_name)  # a missing stage is a broken install
         sp = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(sp)
         sp.set_defaults(_run=module.run)

@@ -1,13 +1,26 @@
-"""Load a workflow config (YAML) and validate it against config/schema.yaml.
+"""The one config loader: read a workflow config and validate it against config/schema.yaml.
 
-The same schema is used by the Snakefile (``snakemake.utils.validate``) and by every
-``python -m phaze <stage> --config FILE``, so a stage run alone sees exactly the defaults a
-workflow run sees.
+``load_config(path)`` is what every ``python -m phaze <stage> --config FILE`` calls, and the
+Snakefile validates its merged config with the same ``validate_config``, so a stage run alone sees
+exactly the values a workflow run sees:
+
+* ``path=None`` means ``config/config.yaml``, the config ``snakemake`` runs without
+  ``--configfile``;
+* a ``.json`` file (the workflow's snapshot, ``results/.config.json``) is read with ``json``,
+  anything else as YAML;
+* absent keys take the schema's ``default`` values (JSON Schema 2020-12, validated with
+  ``Draft202012Validator`` extended to fill defaults, as Snakemake's ``validate`` does). Code reads
+  the validated mapping and repeats no default; ``schema_defaults()`` is the schema's defaults
+  alone, for library functions called without a config.
+
+The tensor-parallel width was once called ``tmp``; a config that still uses that key is rejected
+with an error naming ``tp``.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from pathlib import Path
 
@@ -19,6 +32,8 @@ from phaze.errors import PhazeError
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_PATH = REPO_ROOT / "config" / "schema.yaml"
 DEFAULT_CONFIG = REPO_ROOT / "config" / "config.yaml"
+# keys that were renamed: old name -> new name (reported, never silently accepted)
+RENAMED_KEYS = {"tmp": "tp"}
 
 
 def _extend_with_default(validator_class):
@@ -35,17 +50,40 @@ def _extend_with_default(validator_class):
     return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
 
 
-_Validator = _extend_with_default(jsonschema.Draft7Validator)
+_Validator = _extend_with_default(jsonschema.Draft202012Validator)
 
 
-def load_schema() -> dict:
+@functools.lru_cache(maxsize=1)
+def _schema() -> dict:
     with open(SCHEMA_PATH) as fh:
         return yaml.safe_load(fh)
 
 
+def load_schema() -> dict:
+    return copy.deepcopy(_schema())
+
+
+def _renamed_key(node, where: str = "") -> str | None:
+    """The first renamed key in a nested mapping, as ``a.b.key``; None if there is none."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            path = f"{where}.{key}" if where else str(key)
+            if key in RENAMED_KEYS:
+                return path
+            found = _renamed_key(value, path)
+            if found:
+                return found
+    return None
+
+
 def validate_config(config: dict) -> dict:
     """Validate in place (filling defaults) and return the config."""
-    errors = sorted(_Validator(load_schema()).iter_errors(config), key=lambda e: list(e.path))
+    old = _renamed_key(config)
+    if old:
+        head, _, key = old.rpartition(".")
+        new = f"{head}.{RENAMED_KEYS[key]}" if head else RENAMED_KEYS[key]
+        raise PhazeError(f"config key {old} was renamed: write {new}")
+    errors = sorted(_Validator(_schema()).iter_errors(config), key=lambda e: list(e.path))
     if errors:
         e = errors[0]
         where = "/".join(str(p) for p in e.path) or "<top>"
@@ -53,17 +91,40 @@ def validate_config(config: dict) -> dict:
     return config
 
 
+@functools.lru_cache(maxsize=1)
+def _defaults() -> dict:
+    return validate_config({})
+
+
+def schema_defaults() -> dict:
+    """The schema's defaults alone (a fresh copy): the config of an empty config file."""
+    return copy.deepcopy(_defaults())
+
+
 def load_config(path: str | Path | None = None) -> dict:
     """Read and validate a config file; ``None`` means the default config/config.yaml."""
     path = Path(path) if path is not None else DEFAULT_CONFIG
-    if not path.exists():
+    if not path.is_file():
         raise PhazeError(f"config file not found: {path}")
+    is_json = path.suffix == ".json"
     try:
         with open(path) as fh:
             # JSON through json: YAML 1.1 reads `1e-06` (no dot) as a string.
-            config = (json.load(fh) if path.suffix == ".json" else yaml.safe_load(fh)) or {}
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise PhazeError(f"config file {path} is not valid YAML: {exc}") from exc
+            config = (json.load(fh) if is_json else yaml.safe_load(fh)) or {}
+    except json.JSONDecodeError as exc:
+        raise PhazeError(f"config file {path} is not valid JSON: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise PhazeError(
+            f"config file {path} is not valid YAML: {' '.join(str(exc).split())}"
+        ) from exc
     if not isinstance(config, dict):
         raise PhazeError(f"config file {path} must hold a mapping at the top level")
     return validate_config(config)
+
+
+def add_config_argument(parser) -> None:
+    """The ``--config`` option every stage CLI takes."""
+    parser.add_argument(
+        "--config",
+        help="workflow config (YAML, or the workflow's JSON snapshot); default config/config.yaml",
+    )

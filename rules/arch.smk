@@ -2,35 +2,23 @@
 # a preset file, or a costmodel constant that a preset overrides changes.
 
 
-def _arch_presets():
-    names = list(config["arch"]["presets"]) + [config["arch"]["area_budget"]["reference_preset"]]
-    return sorted(set(names))
-
-
-def _arch_cfg(wildcards):
-    # costmodel keys a preset overrides decide whether that preset is its own point (and its id)
-    from phaze.arch.presets import load_preset
-
-    overridden = sorted({k for p in _arch_presets() for k in load_preset(p)["costmodel"]})
-    return _json.dumps({"arch": config["arch"],
-                        "costmodel": {k: config["costmodel"].get(k) for k in overridden}},
-                       sort_keys=True)
-
-
 rule arch:
     input:
-        presets=[f"config/presets/{p}.yaml" for p in _arch_presets()],
+        presets=[f"config/presets/{p}.yaml" for p in W.arch_presets()],
     output:
-        f"{RESULTS}/arch/space.parquet",
+        "results/arch/space.parquet",
     log:
-        f"{RESULTS}/logs/arch/space.log",
+        "results/logs/arch/space.log",
     benchmark:
-        f"{RESULTS}/benchmarks/arch/space.tsv"
-    params:
-        code=code_version("arch"),
-        cfg=_arch_cfg,
+        "results/benchmarks/arch/space.tsv"
+    conda:
+        "../environment.yml"
     resources:
         mem_mb=1000,
         runtime=5,
+    params:
+        code=code_version("arch"),
+        cfg=W.arch_params(),
+        config=W.config_json,
     shell:
-        "{PHAZE} arch --config {CONFIG_JSON} --out {output:q} > {log:q} 2>&1"
+        "python3 -m phaze arch --config {params.config:q} --out {output:q} > {log:q} 2>&1"

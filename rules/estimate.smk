@@ -1,28 +1,31 @@
 # Stage 3: operator latencies. One job per trace directory x architecture chunk; chunks.parquet
-# (columns arch, chunk) is written by the workflow rules (rules/search.smk).
+# (columns arch, chunk) is the search plan (checkpoint search_plan, rules/search.smk).
 
 
 rule estimate:
     input:
-        ops=f"{RESULTS}/trace/{{model}}/{{tag}}/ops.parquet",
-        space=f"{RESULTS}/arch/space.parquet",
-        chunks=f"{RESULTS}/arch/chunks.parquet",
+        ops="results/trace/{model}/{tag}/ops.parquet",
+        space="results/arch/space.parquet",
+        chunks="results/arch/chunks.parquet",
     output:
-        f"{RESULTS}/estimate/{{model}}/{{tag}}/{{chunk}}.parquet",
+        "results/estimate/{model}/{tag}/{chunk}.parquet",
     log:
-        f"{RESULTS}/logs/estimate/{{model}}/{{tag}}/{{chunk}}.log",
+        "results/logs/estimate/{model}/{tag}/{chunk}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/estimate/{{model}}/{{tag}}/{{chunk}}.tsv"
+        "results/benchmarks/estimate/{model}/{tag}/{chunk}.tsv"
     wildcard_constraints:
-        tag=r"b\d+_s\d+_t\d+",
-    params:
-        code=code_version("estimate"),
-        cfg=config_section(config, "costmodel"),
-        trace=lambda wildcards, input: os.path.dirname(input.ops),
+        tag=r"b\d+_s\d+_tp\d+",
+    conda:
+        "../environment.yml"
     resources:
         mem_mb=2000,
         runtime=10,
+    params:
+        code=code_version("estimate"),
+        cfg=W.section("costmodel"),
+        trace=lambda wc, input: os.path.dirname(input.ops),
+        config=W.config_json,
     shell:
-        "{PHAZE} estimate --trace {params.trace:q} --space {input.space:q} "
-        "--chunks {input.chunks:q} --chunk {wildcards.chunk} --config {CONFIG_JSON} "
-        "--out {output:q} > {log:q} 2>&1"
+        "python3 -m phaze estimate --trace {params.trace:q} --space {input.space:q}"
+        " --chunks {input.chunks:q} --chunk {wildcards.chunk} --config {params.config:q}"
+        " --out {output:q} > {log:q} 2>&1"

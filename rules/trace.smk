@@ -1,46 +1,31 @@
 # Stage 1: trace. One job per model x microbatch x tensor-parallel width (x sequence length).
-# Path helpers trace_dir(model, mbs, tmp), model_seq(model), model_tmps(model) and MODEL_ARG live in
-# rules/common.smk; trace_tmps is the name the trace stage's contract promises.
-import json as _trace_json
-
-
-def trace_tmps(model):
-    """Configured t values (config trace.tmp) that the model admits (t divides its heads)."""
-    return model_tmps(model)
-
-
-def _trace_input(wildcards):
-    # A model given as a config.json path: re-trace when that file changes.
-    arg = MODEL_ARG.get(wildcards.model, wildcards.model)
-    if os.path.isdir(arg):
-        return [os.path.join(arg, "config.json")]
-    return [arg] if arg.endswith(".json") else []
 
 
 rule trace:
     input:
-        _trace_input,
+        W.trace_config_inputs,
     output:
-        ops=f"{RESULTS}/trace/{{model}}/b{{mbs}}_s{{seq}}_t{{tmp}}/ops.parquet",
-        edges=f"{RESULTS}/trace/{{model}}/b{{mbs}}_s{{seq}}_t{{tmp}}/edges.parquet",
-        layers=f"{RESULTS}/trace/{{model}}/b{{mbs}}_s{{seq}}_t{{tmp}}/layers.parquet",
+        ops="results/trace/{model}/b{mbs}_s{seq}_tp{tp}/ops.parquet",
+        edges="results/trace/{model}/b{mbs}_s{seq}_tp{tp}/edges.parquet",
+        layers="results/trace/{model}/b{mbs}_s{seq}_tp{tp}/layers.parquet",
     log:
-        f"{RESULTS}/logs/trace/{{model}}/b{{mbs}}_s{{seq}}_t{{tmp}}.log",
+        "results/logs/trace/{model}/b{mbs}_s{seq}_tp{tp}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/trace/{{model}}/b{{mbs}}_s{{seq}}_t{{tmp}}.tsv"
+        "results/benchmarks/trace/{model}/b{mbs}_s{seq}_tp{tp}.tsv"
     wildcard_constraints:
-        tmp=r"1|2|4|8",
-    params:
-        code=code_version("trace"),
-        # Only what changes a trace's content: the microbatch/t/seq lists choose WHICH traces
-        # exist, so editing them must not re-run the ones already made.
-        cfg=lambda wildcards: _trace_json.dumps({"fuse": config["trace"]["fuse"]}),
-        model=lambda wildcards: MODEL_ARG.get(wildcards.model, wildcards.model),
-        out=lambda wildcards, output: os.path.dirname(output.ops),
+        tp=r"1|2|4|8",
+    conda:
+        "../environment.yml"
     resources:
         mem_mb=2000,
         runtime=10,
+    params:
+        code=code_version("trace"),
+        cfg=W.trace_params(),
+        model=W.trace_model,
+        out=lambda wc, output: os.path.dirname(output.ops),
+        config=W.config_json,
     shell:
-        "{PHAZE} trace --model {params.model:q} --microbatch {wildcards.mbs} "
-        "--tmp {wildcards.tmp} --seq {wildcards.seq} --config {CONFIG_JSON} "
-        "--out {params.out:q} > {log:q} 2>&1"
+        "python3 -m phaze trace --model {params.model:q} --microbatch {wildcards.mbs}"
+        " --tp {wildcards.tp} --seq {wildcards.seq} --config {params.config:q}"
+        " --out {params.out:q} > {log:q} 2>&1"

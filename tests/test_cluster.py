@@ -25,8 +25,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cluster.checkout import copy_checkout
-
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[1]
@@ -353,7 +351,7 @@ def _summary_mismatches(on_slurm, local) -> tuple[list[str], list[str]]:
 
 
 @pytest.mark.timeout(600)
-def test_workflow_on_slurm_matches_local_run(slurm_cluster, tmp_path):
+def test_workflow_on_slurm_matches_local_run(slurm_cluster, tmp_path, copy_checkout):
     """config/test.yaml end to end through SLURM: every job a COMPLETED SLURM job with the
     profile's resources for its rule, and the summary throughputs equal a local run's within 1e-6
     relative."""

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.cluster.checkout import REPO, copy_checkout
-
+REPO = Path(__file__).resolve().parents[1]
 PROFILE = REPO / "profiles" / "slurm" / "config.yaml"
 RESOURCE_KEYS = {"runtime", "mem_mb", "cpus_per_task"}
 
@@ -55,22 +53,18 @@ def test_account_and_partition_come_from_sbatch_environment(monkeypatch, account
 
 def _local_rules(checkout: Path) -> set[str]:
     names: set[str] = set()
+    # `localrules: a, b` on one line, or (as snakefmt writes it) one indented name per line
+    pattern = re.compile(r"^localrules:[ \t]*(.*)\n((?:[ \t]+\S.*\n)*)", flags=re.MULTILINE)
     for f in [checkout / "Snakefile", *sorted((checkout / "rules").glob("*.smk"))]:
-        for m in re.finditer(r"^localrules:\s*(.+)$", f.read_text(), flags=re.MULTILINE):
-            names |= {n.strip() for n in m.group(1).split(",") if n.strip()}
+        for m in pattern.finditer(f.read_text()):
+            text = m.group(1) + "," + m.group(2)
+            names |= {n.strip() for n in text.replace("\n", ",").split(",") if n.strip()}
     return names
 
 
-def test_profile_sizes_exactly_the_rules_that_run_as_jobs(tmp_path):
+def test_profile_sizes_exactly_the_rules_that_run_as_jobs(tmp_path, copy_checkout, snakemake):
     checkout = copy_checkout(tmp_path / "checkout")
-    listed = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--list-rules", "--configfile", "config/test.yaml"],
-        cwd=checkout,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    listed = snakemake(checkout, "--list-rules", "--configfile", "config/test.yaml", timeout=120)
     assert listed.returncode == 0, listed.stderr[-3000:]
     # One rule name per unindented line; docstrings follow indented.
     rules = {line.split()[0] for line in listed.stdout.splitlines() if line[:1].strip()}

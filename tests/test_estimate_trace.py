@@ -12,27 +12,10 @@ from phaze.io.tables import read_table
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, trace_cli):
     d = tmp_path_factory.mktemp("real")
     test_cfg = str(REPO_ROOT / "config" / "test.yaml")
-    assert (
-        main(
-            [
-                "trace",
-                "--model",
-                "opt-350m",
-                "--microbatch",
-                "1",
-                "--tmp",
-                "2",
-                "--seq",
-                "128",
-                "--out",
-                str(d / "trace"),
-            ]
-        )
-        == 0
-    )
+    trace_cli(d / "trace", "opt-350m", microbatch=1, tp=2, seq=128)
     assert main(["arch", "--config", test_cfg, "--out", str(d / "space.parquet")]) == 0
     assert (
         main(

@@ -260,7 +260,7 @@ def test_embedding_and_head_follow_megatron():
 
 
 def test_presets_carry_sources_and_h100_beats_a100():
-    from phaze.fidelity.evaluate import peak_flops
+    from phaze.arch.presets import preset_peak_flops as peak_flops
 
     h100 = load_preset("h100-sxm")
     assert math.isclose(peak_flops(A100), 312e12, rel_tol=0.001)

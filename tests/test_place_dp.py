@@ -12,9 +12,9 @@ from phaze.place import (
     StageRule,
     chain_graph,
     data_parallel_degrees,
-    evaluate,
     solve,
     solve_width,
+    time_placement,
 )
 from phaze.place.graph import build_chain_table, build_generic_table
 
@@ -154,7 +154,7 @@ def test_dp_equals_brute_force_on_random_chains(seed):
     assert got is not None
     assert got.time_per_batch == pytest.approx(want, rel=1e-9)
     # the returned placement is what it claims: re-evaluated by walking its stages
-    again, reason = evaluate(g, rule, t, got.stages, got.d, devices, mbs, ar)
+    again, reason = time_placement(g, rule, t, got.stages, got.d, devices, mbs, ar)
     assert reason == ""
     assert again.time_per_batch == pytest.approx(got.time_per_batch, rel=1e-9)
     assert got.devices_used <= devices
@@ -163,7 +163,7 @@ def test_dp_equals_brute_force_on_random_chains(seed):
 
 def brute_dag(g: LayerGraph, rule, t, devices, mbs, ar):
     """All ordered partitions into contiguous stages: every labelling whose edges never go to an
-    earlier stage; costs by walking each stage (phaze.place.evaluate)."""
+    earlier stage; costs by walking each stage (phaze.place.time_placement)."""
     best = math.inf
     n = g.n
     for pp in range(1, min(devices, n) + 1):
@@ -175,8 +175,8 @@ def brute_dag(g: LayerGraph, rule, t, devices, mbs, ar):
                 continue
             stages = [np.flatnonzero(lab == i) for i in range(pp)]
             for d in range(1, min(devices, mbs) + 1):
-                p, _ = evaluate(g, rule, t, stages, d, devices, mbs, ar)
-                # evaluate checks devices against the whole cluster; the DP gives each pipeline
+                p, _ = time_placement(g, rule, t, stages, d, devices, mbs, ar)
+                # time_placement checks devices against the whole cluster; the DP gives each pipeline
                 # floor(devices / d)
                 if p is not None and sum(p.devices_per_stage) <= devices // d:
                     best = min(best, p.time_per_batch)
@@ -279,7 +279,7 @@ def test_hand_computed_three_layer_example():
     #  stage 0 (position 2): fw 1+2, bw 2+4, gradient in 2.5 -> 11.5; memory 2*2 + 4 + 1*4 = 12
     #  stage 1 (position 1): activation in 2.5, fw 3, bw 6 -> 11.5; memory 2*1 + 2 = 4
     #  time = 11.5 * (4 + 2 - 1) = 57.5 (no all-reduce with d = 1)
-    p, reason = evaluate(g, rule, 1, [[0, 1], [2]], 1, 2, 4, ar)
+    p, reason = time_placement(g, rule, 1, [[0, 1], [2]], 1, 2, 4, ar)
     assert reason == ""
     assert p.stage_loads == [11.5, 11.5]
     assert p.stage_mem == [12.0, 4.0]
@@ -299,7 +299,7 @@ def test_hand_computed_three_layer_example():
         memory_capacity=100.0,
         max_positions=2,
     )
-    p, _ = evaluate(g, rule_rc, 1, [[0, 1], [2]], 1, 2, 4, ar)
+    p, _ = time_placement(g, rule_rc, 1, [[0, 1], [2]], 1, 2, 4, ar)
     assert p.stage_loads == [12.0, 11.5]
     # recompute stash of the first stage = the model input (0 here): memory 2*2 + 4 = 8
     assert p.stage_mem == [8.0, 4.0]
@@ -317,7 +317,7 @@ def test_memory_infeasible_is_reported_not_raised():
     )
     ar = AllReduce(mode="max", bandwidth=1.0)
     assert solve({1: g}, rule, 8, 8, data_parallel_degrees(8, 8, False, False), ar) is None
-    p, reason = evaluate(g, rule, 1, [[0], [1]], 1, 8, 8, ar)
+    p, reason = time_placement(g, rule, 1, [[0], [1]], 1, 8, 8, ar)
     assert p is None and "GiB" in reason
 
 

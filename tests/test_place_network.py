@@ -1,6 +1,6 @@
 """Placement on a hierarchical network: the DP against brute force that costs every transfer and
 all-reduce from explicit rank lists (Megatron's order, stages numbered from the last) with
-phaze.fidelity.network, the flat link as the special case of equal levels, a hand-computed case."""
+phaze.network, the flat link as the special case of equal levels, a hand-computed case."""
 
 import functools
 import itertools
@@ -11,15 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phaze.fidelity.network import HierarchicalNetwork, LinkLevel
+from phaze.network import HierarchicalNetwork, LinkLevel
 from phaze.place import (
     AllReduce,
     StageRule,
     chain_graph,
     data_parallel_degrees,
-    evaluate,
     solve,
     solve_width,
+    time_placement,
 )
 from phaze.place.network import INTER, INTRA, MIXED, PlaceNetwork
 
@@ -204,7 +204,7 @@ def test_dp_equals_brute_force_on_a_hierarchical_network(seed):
     assert got is not None
     assert got.time_per_batch == pytest.approx(want, rel=1e-9)
     assert all(a == t for a in got.devices_per_stage)  # Megatron's layout
-    again, reason = evaluate(g, rule, t, got.stages, got.d, devices, mbs, ar)
+    again, reason = time_placement(g, rule, t, got.stages, got.d, devices, mbs, ar)
     assert reason == ""
     assert again.time_per_batch == pytest.approx(got.time_per_batch, rel=1e-9)
 
@@ -304,13 +304,13 @@ def test_hand_computed_two_stage_pipeline_across_nodes():
         max_positions=16,
     )
     ar = AllReduce("max", 1.0, network=net)
-    p, reason = evaluate(g, rule, 8, [[0], [1]], 1, 16, 4, ar)
+    p, reason = time_placement(g, rule, 8, [[0], [1]], 1, 16, 4, ar)
     assert reason == ""
     # each stage: in or out transfer (scatter/gather) + 1 ms fw + 2 ms bw
     assert p.stage_loads == pytest.approx([3e-3 + sg, 3e-3 + sg], rel=1e-12)
     assert p.time_per_batch == pytest.approx((3e-3 + sg) * (4 + 2 - 1), rel=1e-12)
     # without scatter/gather the plain send is used
-    p2, _ = evaluate(
+    p2, _ = time_placement(
         g,
         rule,
         8,
@@ -323,7 +323,7 @@ def test_hand_computed_two_stage_pipeline_across_nodes():
     assert p2.stage_loads[0] == pytest.approx(3e-3 + plain, rel=1e-12)
     # d = 2, one stage per replica, 16 GPUs: the ring of 2 replicas with 1 GPU per node runs on
     # the NICs: 2 * (1/2) * 2 MB / 23.5 GB/s + 2 * 5 us
-    p3, _ = evaluate(g, rule, 8, [[0, 1]], 2, 16, 4, ar)
+    p3, _ = time_placement(g, rule, 8, [[0, 1]], 2, 16, 4, ar)
     assert p3.time_per_batch == pytest.approx(
         6e-3 * 2 + 2 * 0.5 * 2e6 / (25e9 * 0.94) + 2 * 5e-6, rel=1e-12
     )
@@ -342,7 +342,7 @@ def test_tensor_width_must_fit_in_a_node():
     )
     ar = AllReduce("max", 1.0, network=net)
     assert solve_width(g, rule, 8, 64, 8, data_parallel_degrees(64, 8, False, False), ar) is None
-    p, reason = evaluate(g, rule, 8, [[0, 1, 2]], 1, 64, 8, ar)
+    p, reason = time_placement(g, rule, 8, [[0, 1, 2]], 1, 64, 8, ar)
     assert p is None and "devices per node" in reason
     # solve over several widths still finds the ones that fit
     g4 = chain_graph([1.0] * 3, [2.0] * 3, [1.0] * 3, [1.0] * 3, [1.0] * 3, [True] * 3)

@@ -91,29 +91,8 @@ def schedule_frame(t, archs=("fast", "slow"), drop=None):
     return pd.DataFrame(rows)
 
 
-def space_frame():
-    return pd.DataFrame(
-        [
-            {
-                "arch": a,
-                "n_tc": 8,
-                "n_vc": 2,
-                "tc_width": 128,
-                "tc_depth": 128,
-                "vc_width": 128,
-                "glb_bytes": 2**27,
-                "freq_hz": 1e9,
-                "area_mm2": 100.0,
-                "peak_flops": PEAK[a],
-                "preset": "",
-            }
-            for a in ("fast", "slow")
-        ]
-    )
-
-
 @pytest.fixture
-def inputs(tmp_path):
+def inputs(tmp_path, space_table):
     args = {"trace": [], "sched": []}
     for t in (1, 2):
         d = tmp_path / f"trace_t{t}"
@@ -121,7 +100,8 @@ def inputs(tmp_path):
         write_table(schedule_frame(t), tmp_path / f"sched_t{t}.parquet", "schedule")
         args["trace"].append(str(d))
         args["sched"].append(str(tmp_path / f"sched_t{t}.parquet"))
-    write_table(space_frame(), tmp_path / "space.parquet", "space")
+    space = space_table(["fast", "slow"], peak_flops=[PEAK["fast"], PEAK["slow"]], preset="")
+    write_table(space, tmp_path / "space.parquet", "space")
     cfg = {
         "models": ["tiny"],
         "place": {
@@ -139,7 +119,7 @@ def run_place(tmp_path, args, *extra, hbm="32", out="place.parquet", config="cfg
         "place",
         "--model",
         "tiny",
-        "--tmp",
+        "--tp",
         "1",
         "2",
         "--trace-dirs",
@@ -259,7 +239,7 @@ def test_inconsistent_inputs_are_errors(inputs, capsys):
     assert run_place(tmp_path, bad) == 2
     assert "no schedule for arch slow signature blk2 pass bwd" in capsys.readouterr().err
     assert main(["place", "--model", "tiny"]) == 2
-    assert "--tmp" in capsys.readouterr().err
+    assert "--tp" in capsys.readouterr().err
 
 
 def test_comma_joined_schedule_chunks(inputs):
@@ -284,7 +264,7 @@ def test_export_instance_round_trip(inputs):
         "place",
         "--model",
         "tiny",
-        "--tmp",
+        "--tp",
         "1",
         "2",
         "--trace-dirs",
@@ -413,7 +393,7 @@ def test_slow_inter_node_level_costs_time_and_bounds_tensor_width(inputs):
 
 def test_a_presets_network_is_used_for_its_architecture(inputs):
     tmp_path, args = inputs
-    space = space_frame()
+    space = read_table(tmp_path / "space.parquet", "space")
     space.loc[space["arch"] == "fast", "preset"] = "a100-80gb"
     write_table(space, tmp_path / "space.parquet", "space")
     assert run_place(tmp_path, args) == 0

@@ -4,9 +4,9 @@ import json
 from pathlib import Path
 
 import pytest
+from place_instances import gpt3_like_instance
 
 from phaze.cli import main
-from phaze.place.examples import gpt3_like_instance
 from phaze.place.upstream import solve_instance
 
 REF = json.loads((Path(__file__).parent / "data" / "place_upstream_reference.json").read_text())

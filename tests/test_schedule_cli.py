@@ -116,23 +116,10 @@ def _write_trace(d: Path) -> None:
     write_table(edges, d / "edges.parquet", "edges")
 
 
-def test_table_path_end_to_end(tmp_path, capsys):
+def test_table_path_end_to_end(tmp_path, capsys, space_table):
     trace = tmp_path / "trace"
     _write_trace(trace)
-    space = pd.DataFrame(
-        {
-            "arch": ["a1", "a2", "a3"],
-            "n_tc": [1, 2, 2],
-            "n_vc": [1, 1, 1],
-            "tc_width": 128,
-            "tc_depth": 128,
-            "vc_width": 128,
-            "glb_bytes": 1 << 27,
-            "freq_hz": 1e9,
-            "area_mm2": 100.0,
-            "peak_flops": 1e14,
-        }
-    )
+    space = space_table(["a1", "a2", "a3"], n_tc=[1, 2, 2], n_vc=[1, 1, 1])
     write_table(space, tmp_path / "space.parquet", "space")
     lat_by_op = {
         0: (1e-6, 1e-6),
@@ -209,23 +196,10 @@ def test_table_path_end_to_end(tmp_path, capsys):
     assert len(b) == 1 and b["makespan_s"].iloc[0] >= df.loc["a2", "makespan_s"] * (1 - 1e-12)
 
 
-def test_table_path_reports_missing_latency(tmp_path, capsys):
+def test_table_path_reports_missing_latency(tmp_path, capsys, space_table):
     trace = tmp_path / "trace"
     _write_trace(trace)
-    space = pd.DataFrame(
-        {
-            "arch": ["a1"],
-            "n_tc": [1],
-            "n_vc": [1],
-            "tc_width": 128,
-            "tc_depth": 128,
-            "vc_width": 128,
-            "glb_bytes": 1 << 27,
-            "freq_hz": 1e9,
-            "area_mm2": 1.0,
-            "peak_flops": 1e14,
-        }
-    )
+    space = space_table(["a1"], n_tc=[1], n_vc=[1], area_mm2=1.0)
     write_table(space, tmp_path / "space.parquet", "space")
     lat = pd.DataFrame(
         {

@@ -4,6 +4,7 @@ solving every ILP (brute force), Phaze-Common scoring."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pandas as pd
@@ -12,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from phaze.errors import PhazeError
-from phaze.search.evaluate import (
+from phaze.search.plan import bucket_of, make_plan
+from phaze.search.scores import (
     COMPONENT_KEY,
     SEARCH_KEY,
     SearchSettings,
@@ -25,7 +27,6 @@ from phaze.search.evaluate import (
     search_states,
     select_for_ilp,
 )
-from phaze.search.plan import bucket_of, make_plan
 from phaze.search.stop import stop_bucket
 
 # ---------------------------------------------------------------------------------------------
@@ -299,24 +300,21 @@ def test_bucket_best_uses_achievable_max():
 # CLI
 
 
-def test_cli_plan_and_errors(tmp_path, capsys):
+def test_cli_plan_and_errors(tmp_path, capsys, space_table):
     from phaze.cli import main
     from phaze.io import read_table, write_table
 
-    space = pd.DataFrame(
-        {
-            "arch": ["a", "b", "c"],
-            "n_tc": 1,
-            "n_vc": 1,
-            "tc_width": 2,
-            "tc_depth": 2,
-            "vc_width": 2,
-            "glb_bytes": 2**21,
-            "freq_hz": 1e9,
-            "area_mm2": [3.0, 2.0, 1.0],
-            "peak_flops": 1e12,
-            "preset": ["", "", "tpuv4"],
-        }
+    space = space_table(
+        ["a", "b", "c"],
+        n_tc=1,
+        n_vc=1,
+        tc_width=2,
+        tc_depth=2,
+        vc_width=2,
+        glb_bytes=2**21,
+        area_mm2=[3.0, 2.0, 1.0],
+        peak_flops=1e12,
+        preset=["", "", "tpuv4"],
     )
     write_table(space, tmp_path / "space.parquet", "space")
     assert (
@@ -336,6 +334,8 @@ def test_cli_plan_and_errors(tmp_path, capsys):
     assert list(plan.sort_values("bucket")["arch"]) == ["a", "b", "c"]
     assert plan.set_index("arch").loc["c", "round"] == 0  # the pinned baseline
     # no placement results: a clear error, exit code 2
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"place": []}')
     assert (
         main(
             [
@@ -345,7 +345,8 @@ def test_cli_plan_and_errors(tmp_path, capsys):
                 str(tmp_path / "chunks.parquet"),
                 "--space",
                 str(tmp_path / "space.parquet"),
-                "--inputs",
+                "--manifest",
+                str(empty),
                 "--out-dir",
                 str(tmp_path),
             ]
@@ -353,6 +354,9 @@ def test_cli_plan_and_errors(tmp_path, capsys):
         == 2
     )
     assert "no placement files" in capsys.readouterr().err
+    missing = tmp_path / "missing.json"
+    entry = {"model": "m", "microbatch": 1, "round": 0, "tier": "ub"}
+    missing.write_text(json.dumps({"place": [{"path": str(tmp_path / "nope.parquet"), **entry}]}))
     assert (
         main(
             [
@@ -362,8 +366,8 @@ def test_cli_plan_and_errors(tmp_path, capsys):
                 str(tmp_path / "chunks.parquet"),
                 "--round",
                 "0",
-                "--place",
-                str(tmp_path / "nope" / "r0_ub.parquet"),
+                "--manifest",
+                str(missing),
                 "--out",
                 str(tmp_path / "s.json"),
             ]

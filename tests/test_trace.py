@@ -29,7 +29,7 @@ PAPER = [
     "megatron-gpt-8.3b",
     "gpt3-175b",
 ]
-# design.md's workload table: blocks, hidden, heads, FFN, vocab, seq, valid t
+# docs/design.md's workload table: blocks, hidden, heads, FFN, vocab, seq, valid t
 DESIGN_TABLE = {
     "bert-large": (24, 1024, 16, 4096, 30522, 512, (1, 2, 4, 8)),
     "gpt2-xl": (48, 1600, 25, 6400, 50257, 1024, (1,)),
@@ -57,12 +57,10 @@ VIEW_OPS = {
 
 
 @functools.cache
-def _trace(
-    model: str, microbatch: int = 1, tmp: int = 1, seq: int | None = None, fuse: bool = True
-):
+def _trace(model: str, microbatch: int = 1, tp: int = 1, seq: int | None = None, fuse: bool = True):
     from phaze.trace.tracer import trace_model
 
-    return trace_model(get_model_spec(model), microbatch, tmp, seq=seq, fuse=fuse)
+    return trace_model(get_model_spec(model), microbatch, tp, seq=seq, fuse=fuse)
 
 
 def _block(trace, pass_=None, kind=None):
@@ -109,7 +107,7 @@ def test_registry_matches_design_table(name):
         vocab,
         seq,
     )
-    assert spec.valid_tmp == valid
+    assert spec.valid_tp == valid
     config = spec.hf_config()
     assert config.num_hidden_layers == blocks and config.hidden_size == hidden
     assert config.num_attention_heads == heads and config.vocab_size == vocab
@@ -223,11 +221,11 @@ def test_vocab_parallel_embedding_and_head(name, t):
 
 def test_bad_tensor_parallel_width_says_why():
     with pytest.raises(PhazeError, match="25 attention heads"):
-        get_model_spec("gpt2-xl").check_tmp(2)
+        get_model_spec("gpt2-xl").check_tp(2)
     with pytest.raises(PhazeError, match="divide"):
-        get_model_spec("megatron-gpt-2.5b").check_tmp(8)  # 20 heads
+        get_model_spec("megatron-gpt-2.5b").check_tp(8)  # 20 heads
     with pytest.raises(PhazeError, match="not supported"):
-        get_model_spec("opt-350m").check_tmp(3)
+        get_model_spec("opt-350m").check_tp(3)
 
 
 # --- memory ---------------------------------------------------------------------------------
@@ -248,7 +246,7 @@ def test_block_activation_bytes_match_korthikanti(name):
     parallelism), plus the two LayerNorms' mean/rstd (4*s*b 16-bit values), which it omits."""
     spec = get_model_spec(name)
     s, h, a = spec.seq, spec.hidden, spec.heads
-    for t in spec.valid_tmp:
+    for t in spec.valid_tp:
         for b in (1, 2) if t == 1 else (1,):
             expected = s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) + 4 * s * b * 2
             row = _block_row(_trace(name, b, t))
@@ -360,7 +358,7 @@ def test_config_json_by_path(tmp_path):
     from phaze.trace.tracer import trace_model
 
     spec = get_model_spec(str(DATA / "tiny-gpt2" / "config.json"))
-    assert (spec.name, spec.num_blocks, spec.hidden, spec.heads, spec.valid_tmp) == (
+    assert (spec.name, spec.num_blocks, spec.hidden, spec.heads, spec.valid_tp) == (
         "tiny-gpt2",
         3,
         64,
@@ -372,42 +370,28 @@ def test_config_json_by_path(tmp_path):
     assert _block_row(trace)["param_bytes"] == 2 * _block_params_per_rank(spec, 2)
     # an architecture without tensor-parallel rules traces at t = 1 only
     neox = get_model_spec(str(DATA / "tiny-neox"))
-    assert neox.valid_tmp == (1,)
+    assert neox.valid_tp == (1,)
     assert len(trace_model(neox, 1, 1, seq=16).layers) == 5
     with pytest.raises(PhazeError, match="gpt_neox"):
-        neox.check_tmp(2)
+        neox.check_tp(2)
 
 
 # --- CLI ------------------------------------------------------------------------------------
 
 
-def test_cli_writes_the_three_tables(tmp_path):
-    out = tmp_path / "trace"
-    assert (
-        main(
-            [
-                "trace",
-                "--model",
-                "opt-350m",
-                "--microbatch",
-                "1",
-                "--tmp",
-                "2",
-                "--seq",
-                "64",
-                "--config",
-                str(DATA.parents[1] / "config" / "test.yaml"),
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
+def test_cli_writes_the_three_tables(tmp_path, trace_cli):
+    out = trace_cli(
+        tmp_path / "trace",
+        "opt-350m",
+        tp=2,
+        seq=64,
+        config=DATA.parents[1] / "config" / "test.yaml",
     )
     ops, edges, layers = (read_table(out / f"{n}.parquet", n) for n in ("ops", "edges", "layers"))
     assert len(layers) == 26 and set(ops["signature"]) <= set(layers["signature"])
     assert set(edges["signature"]) <= set(ops["signature"])
     meta = json.loads((out / "trace.json").read_text())
-    assert (meta["model"], meta["seq_len"], meta["tmp"]) == ("opt-350m", 64, 2)
+    assert (meta["model"], meta["seq_len"], meta["tp"]) == ("opt-350m", 64, 2)
     assert meta["transformers"] == "5.24.0"
 
 
@@ -415,10 +399,10 @@ def test_cli_writes_the_three_tables(tmp_path):
     "argv,needle",
     [
         (["--model", "no-such-model"], "unknown model 'no-such-model'"),
-        (["--model", "gpt2-xl", "--tmp", "2"], "25 attention heads"),
+        (["--model", "gpt2-xl", "--tp", "2"], "25 attention heads"),
         (["--model", "tests/data/missing/config.json"], "not found"),
         (["--model", "opt-350m", "--microbatch", "0"], "--microbatch"),
-        (["--model", "opt-350m", "--tmp", "3"], "not supported"),
+        (["--model", "opt-350m", "--tp", "3"], "not supported"),
     ],
 )
 def test_cli_errors_exit_2_with_one_line(argv, needle, tmp_path, capsys):
@@ -507,9 +491,9 @@ def test_identities_hold_for_random_block_shapes():
     )
     def check(family, heads, head_dim, ffn_mult, b, s, t):
         spec = _random_spec(family, heads, head_dim, ffn_mult)
-        if t not in spec.valid_tmp:
+        if t not in spec.valid_tp:
             with pytest.raises(PhazeError):
-                spec.check_tmp(t)
+                spec.check_tp(t)
             return
         trace = trace_model(spec, b, t, seq=s)
         h = spec.hidden

@@ -2,8 +2,9 @@
 
 One module fixture runs the workflow, interrupting it (Ctrl-C, SIGINT to the process group) while
 a `schedule` job runs and re-running it with the README's command; the tests then check the
-summary tables and plots, that no truncated Parquet file was ever left under a final name, and —
-with dry runs in further copies — that edits re-run exactly what depends on them.
+summary tables and plots, that no truncated Parquet file was ever left under a final name, that
+edits re-run exactly what depends on them (dry runs in further copies), and that the stand-alone
+stage rules `schedule` and `place` run on the finished run's inputs.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,34 +27,7 @@ SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 # The flags of scripts/run.sh (the README's run command); test_run_command_flags checks they match.
 RUN_FLAGS = ["--cores", "2", "--rerun-incomplete", "--printshellcmds"]
 CONFIG = ["--configfile", "config/test.yaml"]
-COPY = ("Snakefile", "rules", "config", "phaze", "report")
-
 pytestmark = pytest.mark.slow
-
-
-def _copy_repo(dst: Path, results_from: Path | None = None) -> Path:
-    """Copy the repository's workflow files (or, with ``results_from``, that earlier copy's code
-    AND its results/metadata: the code must be the one that made the results, even while the
-    repository is being edited)."""
-    dst.mkdir(parents=True, exist_ok=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    root = results_from if results_from is not None else REPO
-    for name in COPY:
-        src = root / name
-        if src.is_dir():
-            shutil.copytree(src, dst / name, ignore=ignore)
-        else:
-            shutil.copy2(src, dst / name)
-    if results_from is not None:  # copy2 keeps mtimes, so Snakemake sees the same state
-        for name in ("results", ".snakemake"):
-            shutil.copytree(results_from / name, dst / name, ignore=shutil.ignore_patterns("locks"))
-    return dst
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    return env
 
 
 def _all_parquet_readable(root: Path) -> list[str]:
@@ -68,8 +41,8 @@ def _all_parquet_readable(root: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    work = _copy_repo(tmp_path_factory.mktemp("wf") / "repo")
+def run_dir(tmp_path_factory, copy_checkout, snakemake_env, snakemake):
+    work = copy_checkout(tmp_path_factory.mktemp("wf") / "repo")
     with open(work / "first_run.log", "w") as log:
         proc = subprocess.Popen(
             [SNAKEMAKE, *RUN_FLAGS, *CONFIG],
@@ -77,7 +50,7 @@ def run_dir(tmp_path_factory):
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env=_env(),
+            env=snakemake_env,
         )
         interrupted = False
         deadline = time.time() + 300
@@ -95,15 +68,7 @@ def run_dir(tmp_path_factory):
             time.sleep(0.2)
         proc.wait(timeout=120)
     truncated_after_kill = _all_parquet_readable(work / "results")
-    second = subprocess.run(
-        [SNAKEMAKE, *RUN_FLAGS, *CONFIG],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=900,
-        check=False,
-    )
+    second = snakemake(work, *RUN_FLAGS, *CONFIG, timeout=900)
     (work / "second_run.log").write_text(second.stdout + second.stderr)
     return {
         "dir": work,
@@ -164,16 +129,9 @@ def test_summary_tables_and_plots_are_nontrivial(run_dir):
             assert f.exists() and f.stat().st_size > 5_000, f
 
 
-def _dry_run_jobs(work: Path) -> dict[str, int]:
-    out = subprocess.run(
-        [SNAKEMAKE, "-n", "--cores", "2", *CONFIG],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=300,
-        check=False,
-    )
+def _dry_run_jobs(work: Path, snakemake, *args: str) -> dict[str, int]:
+    # targets first: --configfile takes every argument after it
+    out = snakemake(work, *args, "-n", "--cores", "2", *CONFIG)
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout + out.stderr
     if "Nothing to be done" in text:
@@ -235,30 +193,22 @@ EDITS = {
 
 
 @pytest.mark.parametrize("what", list(EDITS))
-def test_incremental_reruns(run_dir, tmp_path, what):
+def test_incremental_reruns(run_dir, tmp_path, what, copy_checkout, snakemake):
     assert run_dir["second"].returncode == 0
-    work = _copy_repo(tmp_path / "repo", results_from=run_dir["dir"])
+    work = copy_checkout(tmp_path / "repo", results_from=run_dir["dir"])
     edit, must, must_not = EDITS[what]
     edit(work)
-    jobs = _dry_run_jobs(work)
+    jobs = _dry_run_jobs(work, snakemake)
     assert must <= set(jobs), (what, jobs)
     assert not (must_not & set(jobs)), (what, jobs)
     if what == "nothing":
         assert jobs == {}, jobs
 
 
-def test_snakemake_html_report_embeds_plots_with_captions(run_dir):
+def test_snakemake_html_report_embeds_plots_with_captions(run_dir, snakemake):
     assert run_dir["second"].returncode == 0
     work = run_dir["dir"]
-    out = subprocess.run(
-        [SNAKEMAKE, "--cores", "1", *CONFIG, "--report", "results/report.html"],
-        cwd=work,
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=300,
-        check=False,
-    )
+    out = snakemake(work, "--cores", "1", *CONFIG, "--report", "results/report.html")
     assert out.returncode == 0, out.stderr[-3000:]
     html = (work / "results" / "report.html").read_text(errors="replace")
     for name in (
@@ -270,3 +220,42 @@ def test_snakemake_html_report_embeds_plots_with_captions(run_dir):
     ):
         assert name in html
     assert "Phaze-Per-Model" in html  # a caption from report/
+
+
+def test_stand_alone_schedule_and_place_rules(run_dir, tmp_path, copy_checkout, snakemake):
+    """rule schedule and rule place (one stage through Snakemake, outside the search) on a chunk
+    of the finished run: only those jobs run, the ILP-tier placement of each arch lies between
+    the search's list-schedule (lo) and lower-bound (ub) placements of the same arch, and equals
+    the search's ILP-tier placement where the search ran the ILP."""
+    assert run_dir["second"].returncode == 0
+    work = copy_checkout(tmp_path / "repo", results_from=run_dir["dir"])
+    target = "results/place/opt-350m/h32_b1_roff/0.parquet"
+    # An estimate job that the fixture's interrupt cut short can keep Snakemake's incomplete
+    # marker (the resumed run reached it only behind the search_plan checkpoint, which it does
+    # not re-check): --rerun-incomplete re-runs it here; nothing else may run.
+    jobs = _dry_run_jobs(work, snakemake, target, "--rerun-incomplete")
+    assert {k: v for k, v in jobs.items() if k != "estimate"} == {"schedule": 2, "place": 1}
+    assert jobs.get("estimate", 0) <= 2, jobs
+    run = snakemake(work, target, *RUN_FLAGS, *CONFIG, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    log = run.stdout + run.stderr
+    ran = set(re.findall(r"^(?:local)?rule (\w+):", log, flags=re.MULTILINE))
+    assert {"schedule", "place"} <= ran <= {"estimate", "schedule", "place"}, ran
+    res = work / "results"
+    chunk0 = set(pd.read_parquet(res / "arch" / "chunks.parquet").query("chunk == 0")["arch"])
+    for tp in (1, 2):
+        tag = next((res / "trace" / "opt-350m").glob(f"b1_s*_tp{tp}")).name
+        sched = pd.read_parquet(res / "schedule" / "opt-350m" / tag / "0.parquet")
+        assert set(sched["arch"]) == chunk0
+        assert "bounds" not in set(sched["status"]), sched["status"]  # the ILP tier ran
+    got = pd.read_parquet(work / target).set_index("arch")["throughput_seq_s"]
+    assert set(got.index) == chunk0 and (got > 0).all()
+    d = res / "place" / "opt-350m" / "h32_b1_roff"
+    lo = pd.read_parquet(d / "r0_lo.parquet").set_index("arch")["throughput_seq_s"]
+    ub = pd.read_parquet(d / "r0_ub.parquet").set_index("arch")["throughput_seq_s"]
+    ilp = pd.read_parquet(d / "r0_ilp.parquet").set_index("arch")["throughput_seq_s"]
+    for arch, thr in got.items():
+        assert lo[arch] * (1 - 1e-12) <= thr <= ub[arch] * (1 + 1e-12), (arch, lo[arch], thr)
+    # an arch the search solved by ILP (the pinned tpuv4 at least): the same placement
+    both = sorted(set(ilp.index) & set(got.index))
+    assert both and all(abs(got[a] - ilp[a]) <= 1e-9 * ilp[a] for a in both), (got, ilp)

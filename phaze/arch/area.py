@@ -10,7 +10,7 @@ An accelerator is ``n_tc`` tensor cores + ``n_vc`` vector cores + ONE shared glo
   (what CACTI reports for upstream's 22 nm buffers).
 
 All constants come from the ``arch.area`` config section; ``phaze/arch/calibrate.py`` fits them to
-the anchor areas upstream's Accelergy/CACTI flow produced (design.md) and says how well they fit.
+the anchor areas upstream's Accelergy/CACTI flow produced (docs/design.md) and says how well they fit.
 Every function broadcasts over numpy arrays.
 """
 

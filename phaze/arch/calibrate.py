@@ -1,7 +1,7 @@
 """Fit the area-model constants to upstream's anchor areas: `python -m phaze.arch.calibrate`.
 
 The anchors are the per-component areas upstream's Accelergy + CACTI (22 nm) flow produced, as
-recorded in design.md. The model (``phaze/arch/area.py``) is linear in the four area constants once
+recorded in docs/design.md. The model (``phaze/arch/area.py``) is linear in the four area constants once
 the SRAM exponent is fixed, so the fit is a 1-D scan over the exponent with, at each value, a
 least-squares solve on RELATIVE error that is iteratively re-weighted towards the worst anchor
 (an approximate minimax fit). Constants must be non-negative (no negative periphery cost).
@@ -14,7 +14,7 @@ import numpy as np
 
 from phaze.arch.area import MiB, local_buffer_bytes
 
-# (component, size) -> area_mm2, from upstream's 22 nm Accelergy/CACTI runs (design.md).
+# (component, size) -> area_mm2, from upstream's 22 nm Accelergy/CACTI runs (docs/design.md).
 TENSOR_CORE_ANCHORS_MM2 = {2: 0.0092, 16: 0.207, 64: 3.23, 128: 12.90, 256: 51.4}  # square arrays
 VECTOR_CORE_ANCHORS_MM2 = {2: 0.0077, 16: 0.0183, 64: 0.0548, 128: 0.1055, 256: 0.2071}
 GLB_ANCHORS_MM2 = {2: 3.35, 4: 6.09, 8: 12.0, 16: 23.8, 32: 46.8, 64: 88.6, 128: 175.4}  # MiB

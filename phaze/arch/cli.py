@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import argparse
 
+from phaze.config import add_config_argument
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        help="workflow config (YAML/JSON); default: the schema's defaults, "
-        "i.e. upstream's full grid",
-    )
+    add_config_argument(parser)
     parser.add_argument("--out", required=True, help="output space.parquet")
 
 
 def run(args: argparse.Namespace) -> int:
     from phaze.arch.space import build_space
-    from phaze.config import load_config, validate_config
+    from phaze.config import load_config
     from phaze.io.tables import write_table
 
-    config = load_config(args.config) if args.config else validate_config({})
+    config = load_config(args.config)
     space, summary = build_space(config)
     write_table(space, args.out, "space")
     print(

@@ -59,3 +59,11 @@ def load_preset(name: str) -> dict:
     import copy
 
     return copy.deepcopy(_load(name))
+
+
+def preset_peak_flops(preset: dict) -> float:
+    """Tensor-core peak FLOP/s of a preset's architecture (phaze.arch.area.peak_flops)."""
+    from phaze.arch.area import peak_flops
+
+    a = preset["arch"]
+    return float(peak_flops(a["n_tc"], a["tc_width"], a["tc_depth"], a["freq_hz"]))

@@ -43,6 +43,7 @@ from phaze.estimate.model import (  # noqa: F401
 
 
 def default_costmodel() -> dict:
-    from phaze.config import validate_config
+    """The schema's costmodel constants (config/schema.yaml)."""
+    from phaze.config import schema_defaults
 
-    return validate_config({})["costmodel"]
+    return schema_defaults()["costmodel"]

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from phaze.network import ring_seconds
+
 BOUNDS = np.array(["compute", "glb", "hbm"])
 _MAX_SPLIT_LOG2 = 16  # up to 65,536 cores per type
 
@@ -248,19 +250,12 @@ def vector_latency(
 
 
 def collective_latency(bytes_, group_size, costmodel: dict, kind="all_reduce"):
-    """Seconds of a ring collective of ``bytes_`` (the full tensor) over ``group_size`` devices.
+    """Seconds of a ring collective of ``bytes_`` (the full tensor) over ``group_size`` devices on
+    the flat link ``costmodel.link_*`` (phaze.network.ring_seconds):
 
     all_reduce: 2(t−1)/t·bytes/link_bw + 2(t−1)·link_latency; all_gather / reduce_scatter: half.
     t ≤ 1 costs nothing.
     """
-    b, t = np.broadcast_arrays(_f(bytes_), _f(group_size))
-    steps = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}
-    if kind not in steps:
-        raise ValueError(f"unknown collective {kind!r}; known: {sorted(steps)}")
-    phases = steps[kind]
-    tt = np.maximum(t, 1.0)
-    seconds = phases * (
-        (tt - 1.0) / tt * b / costmodel["link_bandwidth_Bps"]
-        + (tt - 1.0) * costmodel["link_latency_s"]
+    return ring_seconds(
+        kind, bytes_, group_size, costmodel["link_bandwidth_Bps"], costmodel["link_latency_s"]
     )
-    return np.where(t > 1, seconds, 0.0)

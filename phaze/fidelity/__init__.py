@@ -1,11 +1,10 @@
-"""Fidelity: GPU-shaped presets, a hierarchical network, evaluation of a given parallel strategy
-with modern pipeline schedules, and validation against published Megatron-LM runs.
+"""Fidelity: evaluation of a given parallel strategy on GPU-shaped presets with modern pipeline
+schedules, and validation against published Megatron-LM runs. The network (ring collectives and
+point-to-point on a two-level network, Megatron's scatter/gather) is the shared
+:mod:`phaze.network`.
 
 Modules (pure Python unless noted):
 
-* ``network``  — ``HierarchicalNetwork`` / ``LinkLevel``: NCCL-style ring all-reduce,
-  reduce-scatter, all-gather and point-to-point on the level they cross; Megatron's
-  scatter/gather of inter-stage activations. ``HierarchicalNetwork.from_preset(preset["network"])``.
 * ``pipeline`` — ``PipelineSchedule``: 1F1B and interleaved 1F1B (bubble, traffic, in-flight
   activations; invalid interleaving rejected).
 * ``memory``   — Korthikanti et al. 2022 activation bytes per block (none / selective / full

@@ -20,6 +20,7 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 
+from phaze.arch.presets import preset_peak_flops
 from phaze.errors import PhazeError
 from phaze.fidelity.compute import (
     LayerWork,
@@ -29,8 +30,8 @@ from phaze.fidelity.compute import (
     preset_costmodel,
 )
 from phaze.fidelity.memory import BlockShape, block_activation_bytes, block_working_bytes
-from phaze.fidelity.network import HierarchicalNetwork
 from phaze.fidelity.strategy import Strategy
+from phaze.network import HierarchicalNetwork
 
 ELEM_BYTES = 2  # fp16/bf16 activations and weights (the trace's convention)
 
@@ -161,11 +162,6 @@ def _coll_time(net: HierarchicalNetwork, collectives, ranks) -> float:
     return total
 
 
-def peak_flops(preset: dict) -> float:
-    a = preset["arch"]
-    return 2.0 * a["n_tc"] * a["tc_width"] * a["tc_depth"] * a["freq_hz"]
-
-
 def evaluate_strategy(
     spec,
     strategy: Strategy,
@@ -182,7 +178,7 @@ def evaluate_strategy(
             "inter_node); `evaluate` needs one"
         )
     net = HierarchicalNetwork.from_preset(preset["network"])
-    spec.check_tmp(strategy.tp)
+    spec.check_tp(strategy.tp)
     sched = strategy.schedule
     sched.check_layers(spec.num_blocks)
     if workload is None:
@@ -319,7 +315,7 @@ def evaluate_strategy(
     head_fwd = w.head.fwd_flops * t / b
     model_flops = sequences * (4 * spec.num_blocks * block_fwd + 3 * head_fwd)
     useful_flops = sequences * 3 * (spec.num_blocks * block_fwd + head_fwd)
-    peak = peak_flops(preset)
+    peak = preset_peak_flops(preset)
     n = strategy.devices
     peak_memory = max(d["memory_bytes"] for d in devices)
     capacity = (preset.get("gpu") or {}).get("hbm_bytes")

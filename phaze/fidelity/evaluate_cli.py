@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from phaze.config import add_config_argument
 from phaze.errors import PhazeError
 
 
@@ -18,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="preset with a `network:` section (config/presets/NAME.yaml), e.g. a100-80gb",
     )
     parser.add_argument("--devices", type=int, required=True, help="number of devices N")
-    parser.add_argument("--tp", type=int, required=True, help="tensor-parallel width t")
+    parser.add_argument("--tp", type=int, required=True, help="tensor-parallel width tp")
     parser.add_argument("--pp", type=int, required=True, help="pipeline stages p")
     parser.add_argument("--microbatch", type=int, required=True, help="microbatch size b")
     parser.add_argument("--global-batch", type=int, required=True, help="sequences per iteration")
@@ -47,12 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "or after it (Megatron local DDP)",
     )
     parser.add_argument("--seq", type=int, help="sequence length (default: the model's)")
-    parser.add_argument("--config", help="workflow config (YAML, or the workflow's JSON snapshot)")
+    add_config_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from phaze.arch.presets import load_preset
-    from phaze.fidelity._config import load
+    from phaze.config import load_config
     from phaze.fidelity.strategy import Strategy
     from phaze.trace.models import get_model_spec
 
@@ -70,9 +71,9 @@ def run(args: argparse.Namespace) -> int:
         sequence_parallel=args.sequence_parallel,
         ddp=args.ddp,
     )
-    config = load(args.config)
+    config = load_config(args.config)
     spec = get_model_spec(args.model if args.model else args.hf_config)
-    spec.check_tmp(strategy.tp)
+    spec.check_tp(strategy.tp)
     strategy.schedule.check_layers(spec.num_blocks)
     preset = load_preset(args.arch)
     if "network" not in preset:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from phaze.config import add_config_argument
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -13,14 +15,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="print rows, mean_abs_error, max_abs_error, spearman as JSON",
     )
     parser.add_argument("--reference", help="reference CSV (default: the packaged Table 1)")
-    parser.add_argument("--config", help="workflow config (YAML, or the workflow's JSON snapshot)")
+    add_config_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from phaze.fidelity._config import load
+    from phaze.config import load_config
     from phaze.fidelity.validate import REFERENCE, format_table, validate
 
-    report = validate(load(args.config), args.reference or REFERENCE)
+    report = validate(load_config(args.config), args.reference or REFERENCE)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

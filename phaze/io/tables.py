@@ -201,7 +201,7 @@ SCHEMAS: dict[str, pa.Schema] = {
 
 def _check(df: pd.DataFrame, name: str) -> pa.Table:
     if name not in SCHEMAS:
-        raise PhazeError(f"unknown table schema {name!r}")
+        raise ValueError(f"unknown table schema {name!r} (known: {sorted(SCHEMAS)})")
     schema = SCHEMAS[name]
     missing = [f.name for f in schema if f.name not in df.columns]
     if missing:

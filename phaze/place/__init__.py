@@ -5,15 +5,22 @@ of the layer graph (phaze.place.graph).
 Public API:
 * ``solve(graphs, rule, devices, microbatches, d_values, allreduce)`` — best placement over the
   tensor-parallel widths in ``graphs`` ({t: LayerGraph}); ``solve_width`` for one t.
-* ``evaluate(...)`` — time and memory of a given placement (used for expert placements).
+* ``time_placement(...)`` — time and memory of a given placement (used for expert placements).
 * ``phaze.place.upstream`` — upstream's JSON instances (``solve_instance``, ``load_instance``).
 * ``phaze.place.tables`` — our mode: layer/schedule/space tables to placement rows.
 * ``PlaceNetwork`` (phaze.place.network) — a two-level network for the placement; pass it as
-  ``AllReduce(mode="max", ..., network=...)`` and the same ``solve``/``evaluate`` cost pipeline
-  transfers and all-reduces on the level they cross (Megatron's rank layout).
+  ``AllReduce(mode="max", ..., network=...)`` and the same ``solve``/``time_placement`` cost
+  pipeline transfers and all-reduces on the level they cross (Megatron's rank layout).
 """
 
-from phaze.place.dp import AllReduce, Placement, data_parallel_degrees, evaluate, solve, solve_width
+from phaze.place.dp import (
+    AllReduce,
+    Placement,
+    data_parallel_degrees,
+    solve,
+    solve_width,
+    time_placement,
+)
 from phaze.place.graph import LayerGraph, StageRule, chain_graph
 from phaze.place.network import PlaceNetwork
 
@@ -25,7 +32,7 @@ __all__ = [
     "StageRule",
     "chain_graph",
     "data_parallel_degrees",
-    "evaluate",
     "solve",
     "solve_width",
+    "time_placement",
 ]

@@ -1,7 +1,7 @@
 """`python -m phaze place`: pipeline/data/tensor-parallel placement.
 
 Two modes:
-* tables (the workflow's): ``--model --tmp T.. --trace-dirs D.. --schedules S.. --space F
+* tables (the workflow's): ``--model --tp T.. --trace-dirs D.. --schedules S.. --space F
   --hbm-gib H --microbatch B --recompute on|off --out place.parquet`` — one row per architecture ×
   cluster size; ``--export-instance FILE.json`` instead writes upstream's instance format for one
   architecture (``--archs ID``).
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from phaze.config import add_config_argument
 from phaze.errors import PhazeError
 
 
@@ -25,15 +26,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instance", help="solve an upstream-format placement instance (JSON)")
     parser.add_argument("--model", help="model name (recorded in the output)")
     parser.add_argument(
-        "--tmp", type=int, nargs="+", help="tensor-parallel widths, one per trace dir"
+        "--tp", type=int, nargs="+", help="tensor-parallel widths, one per trace dir"
     )
     parser.add_argument(
-        "--trace-dirs", nargs="+", help="trace output dir per t (holds layers.parquet)"
+        "--trace-dirs", nargs="+", help="trace output dir per tp (holds layers.parquet)"
     )
     parser.add_argument(
         "--schedules",
         nargs="+",
-        help="schedule table(s) per t; comma-join several chunk files of one t",
+        help="schedule table(s) per tp; comma-join several chunk files of one tp",
     )
     parser.add_argument("--space", help="architecture space (space.parquet)")
     parser.add_argument(
@@ -51,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--devices", type=int, nargs="+", help="cluster sizes (default: config place.devices)"
     )
-    parser.add_argument("--config", help="config file (YAML or the workflow's JSON snapshot)")
+    add_config_argument(parser)
     parser.add_argument(
         "--export-instance",
         metavar="FILE",
@@ -95,7 +96,7 @@ def _run_tables(args) -> int:
     _require(
         args,
         "model",
-        "tmp",
+        "tp",
         "trace_dirs",
         "schedules",
         "space",
@@ -105,49 +106,36 @@ def _run_tables(args) -> int:
     )
     if not args.out and not args.export_instance:
         raise PhazeError("give --out (placement table) or --export-instance FILE")
-    if len(args.tmp) != len(args.trace_dirs) or len(args.tmp) != len(args.schedules):
+    if len(args.tp) != len(args.trace_dirs) or len(args.tp) != len(args.schedules):
         raise PhazeError(
-            f"--tmp ({len(args.tmp)}), --trace-dirs ({len(args.trace_dirs)}) and "
-            f"--schedules ({len(args.schedules)}) need one entry per t"
+            f"--tp ({len(args.tp)}), --trace-dirs ({len(args.trace_dirs)}) and "
+            f"--schedules ({len(args.schedules)}) need one entry per tp"
         )
-    if len(set(args.tmp)) != len(args.tmp):
-        raise PhazeError(f"--tmp lists a width twice: {args.tmp}")
+    if len(set(args.tp)) != len(args.tp):
+        raise PhazeError(f"--tp lists a width twice: {args.tp}")
     if args.hbm_gib <= 0 or args.microbatch < 1:
         raise PhazeError("--hbm-gib must be > 0 and --microbatch >= 1")
     from phaze.config import load_config
 
-    config = load_config(args.config)  # YAML or the workflow's JSON snapshot (JSON is YAML)
-    pc = config.get("place") or {}
-    expert = (pc.get("expert") or {}).get(args.model)
-    settings = PlaceSettings(
-        model=args.model,
-        hbm_bytes=round(args.hbm_gib * 2**30),
-        microbatch=args.microbatch,
-        recompute=args.recompute == "on",
-        global_batch=int(pc.get("global_batch", 4096)),
-        optimizer=pc.get("optimizer", "adam"),
-        bytes_per_element=int(pc.get("bytes_per_element", 2)),
-        dp_must_divide_batch=bool(pc.get("dp_must_divide_batch", False)),
-        dp_must_divide_devices=bool(pc.get("dp_must_divide_devices", False)),
-        expert=expert,
-        network=pc.get("network"),
-        preset_networks=bool(pc.get("preset_networks", True)),
-        scatter_gather=bool(pc.get("scatter_gather", True)),
+    config = load_config(args.config)
+    pc = config["place"]
+    settings = PlaceSettings.from_config(
+        pc, args.model, round(args.hbm_gib * 2**30), args.microbatch, args.recompute == "on"
     )
-    devices_list = args.devices or list(pc.get("devices", [1024]))
+    devices_list = args.devices or list(pc["devices"])
     if any(d < 1 for d in devices_list):
         raise PhazeError(f"cluster sizes must be >= 1, got {devices_list}")
 
     layers_by_t, schedules_by_t = {}, {}
     import pandas as pd
 
-    for t, trace_dir, sched in zip(args.tmp, args.trace_dirs, args.schedules):
+    for t, trace_dir, sched in zip(args.tp, args.trace_dirs, args.schedules):
         if t < 1:
             raise PhazeError(f"tensor-parallel width must be >= 1, got {t}")
         layers_by_t[t] = read_table(Path(trace_dir) / "layers.parquet", "layers")
         files = [f for f in sched.split(",") if f]
         if not files:
-            raise PhazeError(f"no schedule file given for t={t}")
+            raise PhazeError(f"no schedule file given for tp={t}")
         schedules_by_t[t] = pd.concat([read_table(f, "schedule") for f in files], ignore_index=True)
     space = read_table(args.space, "space")
     if args.archs:
@@ -157,7 +145,7 @@ def _run_tables(args) -> int:
             raise PhazeError(f"arch ids not in {args.space}: {unknown[:5]}")
         space = space[space["arch"].isin(wanted)]
         schedules_by_t = {t: df[df["arch"].isin(wanted)] for t, df in schedules_by_t.items()}
-    costmodel = config.get("costmodel") or {}
+    costmodel = config["costmodel"]
 
     if args.export_instance:
         archs = sorted(

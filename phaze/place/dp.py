@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from phaze.errors import PhazeError
+from phaze.network import ring_seconds
 from phaze.place.graph import LayerGraph, StageRule, StageTable, build_stage_table, stage_costs
 from phaze.place.network import PlaceNetwork
 
@@ -78,17 +79,16 @@ class AllReduce:
         count, needed on a hierarchical network (which ring is the worst depends on it)."""
         if self.network is not None:
             if stages is None:
-                raise PhazeError("internal error: hierarchical all-reduce needs the stage counts")
+                raise RuntimeError("hierarchical all-reduce needs the stage counts")
             p = self.grad_factor * np.asarray(params, dtype=float)
             st = np.broadcast_to(np.asarray(stages, dtype=np.int64), p.shape)
             return self.network.all_reduce(self.t, d, p, st)
         d = np.asarray(d, dtype=float)[:, None]
         p = np.asarray(params, dtype=float)[None, :]
         if self.mode == "first":
+            # upstream's formula (device_placement.cpp), kept verbatim for bit-identical results
             return 4.0 * (d - 1) * p / self.bandwidth / d
-        return (
-            2.0 * (d - 1) / d * self.grad_factor * p / self.bandwidth + 2.0 * (d - 1) * self.latency
-        )
+        return ring_seconds("all_reduce", self.grad_factor * p, d, self.bandwidth, self.latency)
 
 
 @dataclass
@@ -277,12 +277,12 @@ class _WidthDP:
         while cur != 0:
             k = int(self.path_pair[cur, cur_s, c])
             if k < 0:
-                raise PhazeError("internal error: placement DP path is broken")
+                raise RuntimeError("placement DP path is broken")
             stages.append(k)
             c -= int(self.tracked[k])
             cur, cur_s = int(self.table.sub[k]), cur_s - 1
         if cur_s != 0 or c != 0:
-            raise PhazeError("internal error: placement DP path left stages over")
+            raise RuntimeError("placement DP path left stages over")
         return stages
 
     def reconstruct(self, k_first: int, s: int, K: int) -> list[int]:
@@ -305,9 +305,9 @@ class _WidthDP:
                     found = True
                     break
             if not found:
-                raise PhazeError("internal error: placement DP reconstruction found no stage")
+                raise RuntimeError("placement DP reconstruction found no stage")
         if cur_s != 0:
-            raise PhazeError("internal error: placement DP reconstruction left stages over")
+            raise RuntimeError("placement DP reconstruction left stages over")
         return stages
 
 
@@ -415,7 +415,7 @@ def min_max_stage_params(table: StageTable, bound_s: int) -> np.ndarray:
     return dp[table.full, 1:]
 
 
-def evaluate(
+def time_placement(
     g: LayerGraph,
     rule: StageRule,
     t: int,
@@ -637,9 +637,7 @@ def solve_width(
                     g, rule, t, table, pairs, d, devices, microbatches, allreduce, w
                 )
                 if not math.isclose(best.time_per_batch, found[0], rel_tol=1e-9):
-                    raise PhazeError(
-                        "internal error: placement DP path does not reproduce its value"
-                    )
+                    raise RuntimeError("placement DP path does not reproduce its value")
                 best_time = found[0]
             if found is None or not math.isfinite(limit):
                 break

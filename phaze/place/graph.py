@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from phaze.errors import PhazeError
+from phaze.network import p2p_seconds
 
 #: Enumerating downsets of a wide DAG explodes; upstream stops at the same order of magnitude.
 MAX_DOWNSETS = 40_000
@@ -47,7 +48,7 @@ class StageRule:
     strict_upstream: bool = False  # upstream fails on layers that are not connected in order
 
     def transfer(self, nbytes):
-        return self.latency + nbytes / self.bandwidth
+        return p2p_seconds(nbytes, self.bandwidth, self.latency)
 
 
 @dataclass

@@ -28,7 +28,7 @@ Consequences (all derived from that layout, nothing is a free choice):
   it is faster than the plain send (Megatron's default turns it on): each of the t ranks sends 1/t
   over its own NIC, then the receivers all-gather inside their node.
 * The data-parallel all-reduce of a stage is a ring over its d replicas (stride t in the stage's
-  block of ``t·d`` ranks), costed with `phaze.fidelity.network.HierarchicalNetwork`'s two-level
+  block of ``t·d`` ranks), costed with `phaze.network.HierarchicalNetwork`'s two-level
   ring. The rings of all stages run concurrently and the batch waits for the slowest; the
   placement costs it as the largest stage's gradients on the pipeline's worst-placed ring
   (positions 1 … stages). That is exact whenever the ring's shape does not depend on the position
@@ -44,8 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from phaze.errors import PhazeError
-from phaze.fidelity.network import HierarchicalNetwork, LinkLevel
+from phaze.network import HierarchicalNetwork, LinkLevel, p2p_seconds, ring_seconds
 
 #: boundary classes: all replica pairs on one node / all across nodes / some of each
 INTRA, INTER, MIXED = 0, 1, 2
@@ -89,15 +88,12 @@ class PlaceNetwork:
         """(3, n) seconds to move each boundary between two stages, per class INTRA/INTER/MIXED."""
         b = np.asarray(nbytes, dtype=float)
         intra, inter = self.net.intra, self.net.inter
-        t_intra = b / intra.effective_Bps + intra.latency_s
-        t_inter = b / inter.effective_Bps + inter.latency_s
+        t_intra = p2p_seconds(b, intra.effective_Bps, intra.latency_s)
+        t_inter = p2p_seconds(b, inter.effective_Bps, inter.latency_s)
         if t > 1 and self.scatter_gather:
             # 1/t per rank over its own NIC, then a ring all-gather of the whole tensor in the node
-            sg = (
-                b / t / inter.effective_Bps
-                + inter.latency_s
-                + (t - 1) / t * b / intra.effective_Bps
-                + (t - 1) * intra.latency_s
+            sg = p2p_seconds(b / t, inter.effective_Bps, inter.latency_s) + ring_seconds(
+                "all_gather", b, t, intra.effective_Bps, intra.latency_s
             )
             t_inter = np.minimum(t_inter, sg)
         return np.stack([t_intra, t_inter, np.maximum(t_intra, t_inter)])
@@ -163,11 +159,8 @@ class PlaceNetwork:
         params = np.asarray(params, dtype=float)
         stages = np.asarray(stages, dtype=np.int64)
         if params.shape != stages.shape:
-            raise PhazeError(
-                "internal error: all-reduce parameters and stage counts differ in shape"
-            )
+            raise RuntimeError("all-reduce parameters and stage counts differ in shape")
         if d.size == 0 or params.size == 0:
             return np.zeros((d.size, params.size))
         bw, lat = self.ring_worst(t, d, stages)
-        df = d[:, None].astype(float)
-        return 2.0 * (df - 1) / df * params[None, :] / bw + 2.0 * (df - 1) * lat
+        return ring_seconds("all_reduce", params[None, :], d[:, None], bw, lat)

@@ -4,7 +4,7 @@ cluster size, in seconds and bytes.
 Per architecture and tensor-parallel width t the layer chain comes from ``layers.parquet`` (one
 row per layer of the whole model, per-device quantities for that t) with each layer's forward and
 backward latency = its signature's schedule (``makespan_s``, or ``lower_bound_s`` for a throughput
-upper bound). Our rules (see README, section place):
+upper bound). Our rules (see docs/place.md):
 * link transfers cost ``link_latency_s + bytes / link_bandwidth_Bps`` (config ``costmodel``; an
   architecture's preset may override them) — unless a two-level network is configured (the
   preset's ``network:`` section, else config ``place.network``): then pipeline transfers and the
@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from phaze.errors import PhazeError
-from phaze.place.dp import AllReduce, Placement, data_parallel_degrees, evaluate, solve
+from phaze.place.dp import AllReduce, Placement, data_parallel_degrees, solve, time_placement
 from phaze.place.graph import LayerGraph, StageRule, chain_graph
 from phaze.place.network import PlaceNetwork
 
@@ -47,9 +47,31 @@ class PlaceSettings:
     dp_must_divide_batch: bool
     dp_must_divide_devices: bool
     expert: dict | None  # {"pp", "dp", "tp"} or None
-    network: dict | None = None  # config place.network (two levels) or None = flat link
-    preset_networks: bool = True  # a preset's own network: section wins for its architecture
-    scatter_gather: bool = True  # Megatron's scatter/gather for inter-node stage transfers
+    network: dict | None  # config place.network (two levels) or None = flat link
+    preset_networks: bool  # a preset's own network: section wins for its architecture
+    scatter_gather: bool  # Megatron's scatter/gather for inter-node stage transfers
+
+    @classmethod
+    def from_config(
+        cls, place: dict, model: str, hbm_bytes: int, microbatch: int, recompute: bool
+    ) -> PlaceSettings:
+        """The settings of one placement job: the outer axes given, the rest from the validated
+        config section ``place`` (phaze.config.load_config fills its defaults)."""
+        return cls(
+            model=model,
+            hbm_bytes=int(hbm_bytes),
+            microbatch=int(microbatch),
+            recompute=bool(recompute),
+            global_batch=place["global_batch"],
+            optimizer=place["optimizer"],
+            bytes_per_element=place["bytes_per_element"],
+            dp_must_divide_batch=place["dp_must_divide_batch"],
+            dp_must_divide_devices=place["dp_must_divide_devices"],
+            expert=place["expert"].get(model),
+            network=place["network"],
+            preset_networks=place["preset_networks"],
+            scatter_gather=place["scatter_gather"],
+        )
 
     @property
     def microbatches(self) -> int:
@@ -94,7 +116,7 @@ def check_layers(layers: pd.DataFrame, where: str) -> pd.DataFrame:
     return layers
 
 
-def latency_lookup(schedule: pd.DataFrame, column: str, where: str) -> dict:
+def layer_latencies(schedule: pd.DataFrame, column: str, where: str) -> dict:
     """{(arch, signature, pass): latency_s}"""
     if column not in schedule.columns:
         raise PhazeError(f"{where}: schedule table lacks column {column!r}")
@@ -107,7 +129,7 @@ def latency_lookup(schedule: pd.DataFrame, column: str, where: str) -> dict:
     return dict(zip(zip(schedule["arch"], schedule["signature"], schedule["pass"]), vals))
 
 
-def layer_graph(layers: pd.DataFrame, lookup: dict, arch: str, where: str) -> LayerGraph:
+def arch_layer_graph(layers: pd.DataFrame, lookup: dict, arch: str, where: str) -> LayerGraph:
     fw, bw = [], []
     for sig in layers["signature"]:
         try:
@@ -257,7 +279,7 @@ def place_architectures(
     """One row per architecture (those scheduled for every t) × cluster size."""
     layers_by_t = {t: check_layers(df, f"layers (t={t})") for t, df in layers_by_t.items()}
     lookups = {
-        t: latency_lookup(df, latency_column, f"schedule (t={t})")
+        t: layer_latencies(df, latency_column, f"schedule (t={t})")
         for t, df in schedules_by_t.items()
     }
     arch_sets = [set(df["arch"]) for df in schedules_by_t.values()]
@@ -279,7 +301,9 @@ def place_architectures(
         preset = preset if isinstance(preset, str) and preset else None
         bw, lat = link_parameters(costmodel, preset)
         net, net_label = network_for(settings, preset)
-        graphs = {t: layer_graph(layers_by_t[t], lookups[t], arch, f"t={t}") for t in layers_by_t}
+        graphs = {
+            t: arch_layer_graph(layers_by_t[t], lookups[t], arch, f"t={t}") for t in layers_by_t
+        }
         unplaceable = {t: net.width_reason(t) for t in graphs if net and net.width_reason(t)}
         peak = float(arch_row["peak_flops"])
         for devices in devices_list:
@@ -342,7 +366,7 @@ def evaluate_expert(settings, layers_by_t, graphs, rule, ar, devices, M):
         return None, str(exc)
     if pp * tp * dp > devices:
         return None, f"expert placement needs {pp * tp * dp} devices, more than {devices}"
-    return evaluate(graphs[tp], rule, tp, stages, dp, devices, M, ar)
+    return time_placement(graphs[tp], rule, tp, stages, dp, devices, M, ar)
 
 
 def export_instance(
@@ -361,8 +385,8 @@ def export_instance(
     n_blocks = None
     for t, layers in sorted(layers_by_t.items()):
         layers = check_layers(layers, f"layers (t={t})")
-        lookup = latency_lookup(schedules_by_t[t], latency_column, f"schedule (t={t})")
-        g = layer_graph(layers, lookup, arch, f"t={t}")
+        lookup = layer_latencies(schedules_by_t[t], latency_column, f"schedule (t={t})")
+        g = arch_layer_graph(layers, lookup, arch, f"t={t}")
         nodes[str(t)] = [
             {
                 "id": i,

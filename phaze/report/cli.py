@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from phaze.config import add_config_argument
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--summary", required=True, help="directory with best/comparison/explored.parquet"
     )
-    parser.add_argument("--config")
+    add_config_argument(parser)
     parser.add_argument("--out-dir", required=True, help="plot directory")
 
 
@@ -18,11 +20,11 @@ def run(args: argparse.Namespace) -> int:
 
     import matplotlib.pyplot as plt
 
-    from phaze.config import load_config, validate_config
+    from phaze.config import load_config
     from phaze.io import atomic_path, read_table
     from phaze.report.plots import make_figures
 
-    cfg = (load_config(args.config) if args.config else validate_config({}))["report"]
+    cfg = load_config(args.config)["report"]
     d = Path(args.summary)
     best = read_table(d / "best.parquet", "best")
     comparison = read_table(d / "comparison.parquet", "comparison")

@@ -13,6 +13,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from phaze.report import FIGURES
+
 GIB = 2**30
 BASELINES = [
     ("tpuv4_expert", "TPUv4 + expert placement"),
@@ -261,15 +263,16 @@ def pipeline_stages(best: pd.DataFrame, hbm_bytes: int):
     return fig
 
 
-FIGURES = ("speedup", "convergence", "area_throughput", "arch_table", "pipeline")
-
-
 def make_figures(best, comparison, explored, hbm_gib=None) -> dict:
+    """{name: Figure} for every name of FIGURES."""
     h = pick_hbm(comparison, hbm_gib)
-    return {
+    figs = {
         "speedup": speedup_bars(comparison, h),
         "convergence": convergence(explored, h),
         "area_throughput": area_throughput(explored, best, h),
         "arch_table": arch_table(best, comparison, h),
         "pipeline": pipeline_stages(best, h),
     }
+    if list(figs) != list(FIGURES):
+        raise AssertionError(f"make_figures makes {list(figs)}, FIGURES lists {list(FIGURES)}")
+    return figs

@@ -4,8 +4,8 @@ n_vc vector cores (upstream Phaze's ILP, solved exactly where cheap and with pro
 Modules: ``instance`` (the instance and its DAG facts), ``bounds`` (cheap lower bounds),
 ``listsched`` (list scheduling, replay, verification), ``ilp`` (Pyomo + SCIP model in a
 watchdog-guarded worker), ``solve`` (decomposition, cache, the pipeline: ``Scheduler``),
-``tables`` (instances from trace/estimate tables and from JSON), ``stage`` and ``cli``. See the
-README's schedule section.
+``tables`` (instances from trace/estimate tables and from JSON), ``stage`` and ``cli``. See
+docs/schedule.md.
 """
 
 from phaze.schedule.instance import Instance, make_instance  # noqa: F401

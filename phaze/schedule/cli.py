@@ -8,13 +8,14 @@ import json
 import sys
 import time
 
+from phaze.config import add_config_argument
 from phaze.errors import PhazeError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--instance",
-        help="solve one instance given as JSON (see README); prints the result as JSON",
+        help="solve one instance given as JSON (see docs/schedule.md); prints the result as JSON",
     )
     parser.add_argument("--trace", help="trace directory (ops.parquet, edges.parquet)")
     parser.add_argument("--latency", help="latency table from the estimate stage")
@@ -30,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="ilp: exact ILP within the limits (default); bounds: list-schedule "
         "upper bound and cheap lower bounds only, no solver",
     )
-    parser.add_argument("--config", help="workflow config (YAML/JSON); section `schedule`")
+    add_config_argument(parser)  # section `schedule`
     parser.add_argument("--out", help="output table (schedule schema)")
 
 
@@ -38,18 +39,8 @@ def _options(args, overrides: dict | None = None):
     from phaze.config import load_config
     from phaze.schedule.solve import Options
 
-    cfg = dict(load_config(args.config)["schedule"])
-    cfg.update(overrides or {})
-    return Options(
-        tier=args.tier,
-        time_limit_s=float(cfg["time_limit_s"]),
-        gap=float(cfg["gap"]),
-        threads=int(cfg["threads"]),
-        cache=bool(cfg["cache"]),
-        watchdog_s=float(cfg["watchdog_s"]),
-        decompose=bool(cfg["decompose"]),
-        node_limit=int(cfg["node_limit"]),
-    )
+    cfg = {**load_config(args.config)["schedule"], **(overrides or {})}
+    return Options.from_config(cfg, args.tier)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -372,7 +372,9 @@ def best_list_schedule(
     flip_pass()
     # adaptive-mode candidates after the flips, so the flip search's path (and result) from the
     # fixed-mode starts is unchanged and the answer is never worse than without them
-    if any(consider(s) for s in _adaptive_candidates(inst, rev)):
+    # every candidate is evaluated (consider() keeps the best of them), so no short-circuit here
+    improved = [consider(s) for s in _adaptive_candidates(inst, rev)]
+    if any(improved):
         flip_pass()
     rng = random.Random(seed)
     for _ in range(restarts):

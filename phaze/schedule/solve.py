@@ -1,6 +1,6 @@
 """Solve one layer instance: exact decomposition, chain path, cache, list schedule, ILP.
 
-Pipeline for an instance (each step measured to pay, see the README):
+Pipeline for an instance (each step measured to pay, see docs/schedule.md):
 
 1. Decompose at *articulation ops* (ops comparable to every other op): everything else is
    entirely before or after them, so the layer splits into independent segments whose
@@ -24,6 +24,7 @@ import hashlib
 import time
 from dataclasses import dataclass
 
+from phaze.config import schema_defaults
 from phaze.errors import PhazeError
 from phaze.schedule.bounds import lower_bound
 from phaze.schedule.ilp import SolverWorker
@@ -36,6 +37,8 @@ from phaze.schedule.listsched import (
     replay,
     verify,
 )
+
+_DEFAULT = schema_defaults()["schedule"]
 
 # Severity order used when segments with different statuses are combined.
 _SEVERITY = {
@@ -53,15 +56,31 @@ _SEVERITY = {
 
 @dataclass
 class Options:
-    tier: str = "ilp"  # ilp | bounds
-    time_limit_s: float = 2.0
-    gap: float = 0.01
-    threads: int = 1
-    cache: bool = True
-    watchdog_s: float = 30.0
-    decompose: bool = True
+    """Solver settings; the defaults of the config keys are config/schema.yaml's (``schedule``)."""
+
+    tier: str = "ilp"  # ilp | bounds (a CLI choice, not a config key)
+    time_limit_s: float = _DEFAULT["time_limit_s"]
+    gap: float = _DEFAULT["gap"]
+    threads: int = _DEFAULT["threads"]
+    cache: bool = _DEFAULT["cache"]
+    watchdog_s: float = _DEFAULT["watchdog_s"]
+    decompose: bool = _DEFAULT["decompose"]
     local_search: bool = True
-    node_limit: int = 0  # SCIP branch-and-bound nodes per solve; 0 = no limit
+    node_limit: int = _DEFAULT["node_limit"]  # SCIP branch-and-bound nodes per solve; 0 = none
+
+    @classmethod
+    def from_config(cls, schedule: dict, tier: str) -> Options:
+        """From a validated config section ``schedule`` (phaze.config.load_config)."""
+        return cls(
+            tier=tier,
+            time_limit_s=float(schedule["time_limit_s"]),
+            gap=float(schedule["gap"]),
+            threads=int(schedule["threads"]),
+            cache=bool(schedule["cache"]),
+            watchdog_s=float(schedule["watchdog_s"]),
+            decompose=bool(schedule["decompose"]),
+            node_limit=int(schedule["node_limit"]),
+        )
 
 
 @dataclass
@@ -257,7 +276,7 @@ class Scheduler:
             rms = rep.makespan(inst)
             tol = 1e-6 * ub * (inst.n + 1)
             if rms > out.objective_s + tol:
-                raise PhazeError(
+                raise RuntimeError(
                     f"replayed ILP schedule ({rms:.9g} s) is longer than the solver's "
                     f"makespan ({out.objective_s:.9g} s): scheduling bug"
                 )
@@ -266,8 +285,9 @@ class Scheduler:
                 final, method = rep, "ilp"
         ms = final.makespan(inst)
         if lb > ms * (1 + 1e-6):
-            raise PhazeError(
-                f"lower bound {lb:.9g} s exceeds a valid schedule's makespan {ms:.9g} s"
+            raise RuntimeError(
+                f"lower bound {lb:.9g} s exceeds a valid schedule's makespan {ms:.9g} s: "
+                "scheduling bug"
             )
         lb = min(lb, ms)
         status = out.status
@@ -298,7 +318,7 @@ def _structure_key(inst: Instance) -> str:
 def _check(inst: Instance, sched: Schedule, makespan: float) -> None:
     bad = verify(inst, sched, tol=1e-9 * max(makespan, 1e-300))
     if bad:
-        raise PhazeError(f"invalid schedule produced (bug): {bad[:3]}")
+        raise RuntimeError(f"invalid schedule produced (bug): {bad[:3]}")
 
 
 def _retime(inst: Instance, res: Result, f: float) -> Result:

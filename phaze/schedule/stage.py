@@ -10,16 +10,17 @@ from phaze.errors import PhazeError
 from phaze.io.select import select_archs
 from phaze.io.tables import read_table, write_table
 from phaze.schedule.solve import Options, Scheduler, peak_cores
-from phaze.schedule.tables import build_instance, latency_lookup, load_graphs
+from phaze.schedule.tables import build_instance, load_op_graphs, op_latencies
 
 
 def schedule_tables(args: argparse.Namespace, opts: Options) -> dict:
-    graphs = load_graphs(args.trace)
+    graphs = load_op_graphs(args.trace)
     space = select_archs(args)
     lat = read_table(args.latency, "latency")
     lat = lat[lat["arch"].isin(set(space["arch"]))]
-    lookup = latency_lookup(lat)
+    lookup = op_latencies(lat)
     rows = []
+    instances = 0  # layer instances solved (layers with ops that take time)
     with Scheduler(opts) as sch:
         for a in space.itertuples(index=False):
             for g in graphs:
@@ -31,6 +32,7 @@ def schedule_tables(args: argparse.Namespace, opts: Options) -> dict:
                 if part is None:
                     raise PhazeError(f"{where}: no rows in {args.latency}")
                 inst = build_instance(g, part, a.n_tc, a.n_vc, where)
+                instances += 1
                 r = sch.solve(inst)
                 ptc, pvc = peak_cores(inst, r.schedule)
                 rows.append(
@@ -51,9 +53,9 @@ def schedule_tables(args: argparse.Namespace, opts: Options) -> dict:
                 )
         stats = {
             "rows": len(rows),
-            "instances": sch.lookups,
+            "instances": instances,
             "hits": sch.hits,
-            "lookups": sch.lookups,
+            "lookups": sch.lookups,  # whole-instance cache lookups (0 with schedule.cache off)
             "segment_hits": sch.segment_hits,
             "ilp_solves": sch.ilp_solves,
         }

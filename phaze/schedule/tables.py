@@ -21,7 +21,10 @@ from phaze.schedule.instance import CORE_TYPES, Instance, make_instance
 
 
 @dataclass
-class LayerGraph:
+class OpGraph:
+    """The operator DAG of one layer signature and pass, as the scheduler sees it (fused and
+    no-op operators contracted); the latencies come per architecture from the estimate stage."""
+
     signature: str
     pass_: str
     ids: list[int]  # op ids kept, in the instance's index order
@@ -29,7 +32,7 @@ class LayerGraph:
     edges: tuple[tuple[int, int], ...]  # over indices
 
 
-def load_graphs(trace_dir: str | Path) -> list[LayerGraph]:
+def load_op_graphs(trace_dir: str | Path) -> list[OpGraph]:
     trace_dir = Path(trace_dir)
     ops = read_table(trace_dir / "ops.parquet", "ops")
     edges = read_table(trace_dir / "edges.parquet", "edges")
@@ -54,7 +57,7 @@ def load_graphs(trace_dir: str | Path) -> list[LayerGraph]:
     return graphs
 
 
-def _contract(sig: str, ps: str, g: pd.DataFrame, pairs: list[tuple[int, int]]) -> LayerGraph:
+def _contract(sig: str, ps: str, g: pd.DataFrame, pairs: list[tuple[int, int]]) -> OpGraph:
     fused = dict(zip(g["op"].astype(int), g["fused_into"].fillna(-1).astype(int)))
     kind = dict(zip(g["op"].astype(int), g["kind"]))
     core = dict(zip(g["op"].astype(int), g["core"]))
@@ -77,16 +80,16 @@ def _contract(sig: str, ps: str, g: pd.DataFrame, pairs: list[tuple[int, int]]) 
             succ[p] |= succ[o] - {p}
         del succ[o]
     if not succ:  # nothing that takes time
-        return LayerGraph(sig, ps, [], (), ())
+        return OpGraph(sig, ps, [], (), ())
     ops = [
         {"id": o, "core": core[o], "latency_1core_s": 1.0, "latency_allcores_s": 1.0}
         for o in sorted(succ)
     ]
     inst = make_instance(1, 1, ops, [(a, b) for a in succ for b in succ[a]])  # validates; orders
-    return LayerGraph(sig, ps, list(inst.ids), inst.core, inst.edges)
+    return OpGraph(sig, ps, list(inst.ids), inst.core, inst.edges)
 
 
-def latency_lookup(lat: pd.DataFrame) -> dict[tuple[str, str, str], pd.DataFrame]:
+def op_latencies(lat: pd.DataFrame) -> dict[tuple[str, str, str], pd.DataFrame]:
     """(arch, signature, pass) -> frame indexed by op."""
     for col in ("arch", "signature", "pass", "op", "latency_1core_s", "latency_allcores_s"):
         if col not in lat.columns:
@@ -95,7 +98,7 @@ def latency_lookup(lat: pd.DataFrame) -> dict[tuple[str, str, str], pd.DataFrame
 
 
 def build_instance(
-    graph: LayerGraph, lat_rows: pd.DataFrame, n_tc: int, n_vc: int, where: str
+    graph: OpGraph, lat_rows: pd.DataFrame, n_tc: int, n_vc: int, where: str
 ) -> Instance:
     try:
         rows = lat_rows.loc[graph.ids]

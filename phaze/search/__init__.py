@@ -7,7 +7,7 @@ tables:
 
 * :mod:`phaze.search.plan` — area buckets (visited largest first), rounds of K buckets, chunks.
 * :mod:`phaze.search.stop` — the early-stop test.
-* :mod:`phaze.search.evaluate` — per-search values (lower/upper/exact throughput), the running
+* :mod:`phaze.search.scores` — per-search values (lower/upper/exact throughput), the running
   search state, pruning decisions, the answers.
 * :mod:`phaze.search.baselines` — tpuv4 + expert, tpuv4 + our placement, placement-blind.
 * :mod:`phaze.search.summary` — ``best``, ``comparison`` and ``explored`` tables.

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 
+from phaze.config import add_config_argument
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
@@ -20,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("plan", help="area buckets, rounds and chunks of the architecture space")
     p.add_argument("--space", required=True)
-    p.add_argument("--config")
+    add_config_argument(p)
     p.add_argument("--out", required=True, help="chunks.parquet")
 
     for name, help_text in (
@@ -31,17 +33,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--plan", required=True, help="chunks.parquet")
         p.add_argument("--round", type=int, required=True)
         p.add_argument(
-            "--place",
-            nargs="*",
-            default=[],
-            help="placement files .../place/**/r{R}_{tier}.parquet (other paths ignored)",
+            "--manifest",
+            required=True,
+            help="JSON manifest (phaze.io.manifest) of kind 'place': every placement table of the "
+            "rounds so far with its model, microbatch, round and tier (ub | lo | ilp); a paper "
+            "sweep's file list exceeds the 128 KiB limit of one command-line argument",
         )
-        p.add_argument(
-            "--place-list",
-            help="file with more --place paths, one per line (a paper "
-            "sweep's file list exceeds the 128 KiB limit of one command-line argument)",
-        )
-        p.add_argument("--config")
+        add_config_argument(p)
         p.add_argument(
             "--out", required=True, help="prune: output directory; state: state JSON file"
         )
@@ -66,15 +64,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--plan", required=True)
     p.add_argument("--space", required=True)
     p.add_argument(
-        "--inputs",
-        nargs="*",
-        default=[],
-        help="every input file of the summary; sorted by path: place/**/r{R}_{tier}."
-        "parquet, place/**/blind.parquet, baselines/blind/*/choice.parquet, "
-        "schedule/** (ILP counts); other files are ignored",
+        "--manifest",
+        required=True,
+        help="JSON manifest of the summary's inputs: place (model, microbatch, round, tier), "
+        "blind_place (model, microbatch, tier), blind (model: the baseline's choice) and "
+        "schedules (model, microbatch, tp, tier bounds | ilp | blind: the ILP counts)",
     )
-    p.add_argument("--inputs-list", help="file with more --inputs paths, one per line")
-    p.add_argument("--config")
+    add_config_argument(p)
     p.add_argument("--out-dir", required=True)
 
 

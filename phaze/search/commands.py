@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 import pandas as pd
 
-from phaze.config import load_config, validate_config
+from phaze.config import load_config
 from phaze.errors import PhazeError
 from phaze.io import read_table, write_json_atomic, write_table
-from phaze.search.evaluate import (
+from phaze.search.files import load_manifest, load_place
+from phaze.search.plan import make_plan, n_rounds
+from phaze.search.scores import (
     SearchSettings,
     all_scores,
     components,
@@ -21,22 +22,10 @@ from phaze.search.evaluate import (
     search_states,
     select_for_ilp,
 )
-from phaze.search.files import load_place
-from phaze.search.plan import make_plan, n_rounds
 
 
 def _config(args) -> dict:
-    return load_config(args.config) if getattr(args, "config", None) else validate_config({})
-
-
-def _with_list(paths: list[str], list_file: str | None) -> list[str]:
-    if not list_file:
-        return list(paths)
-    try:
-        extra = [line.strip() for line in Path(list_file).read_text().splitlines() if line.strip()]
-    except FileNotFoundError as exc:
-        raise PhazeError(f"file list not found: {list_file}") from exc
-    return list(paths) + extra
+    return load_config(args.config)
 
 
 def _pairs(place: pd.DataFrame) -> list[tuple[str, int]]:
@@ -70,22 +59,23 @@ def _load_round_inputs(args):
     cfg = _config(args)["search"]
     settings = SearchSettings.from_config(cfg)
     plan_df = read_table(args.plan, "chunks")
-    paths = _with_list(args.place, getattr(args, "place_list", None))
-    place = load_place([p for p in paths if _round_of(p) >= 0])
-    if place.empty:
-        raise PhazeError(f"round {args.round}: no placement results given")
-    return cfg, settings, plan_df, place
+    entries = load_manifest(args.manifest, ("place",))["place"]
+    if not entries:
+        raise PhazeError(f"round {args.round}: no placement files in {args.manifest}")
+    place = load_place(entries)
+    round_of = {e["path"]: e["round"] for e in entries}
+    return cfg, settings, plan_df, place, place["source"].map(round_of)
 
 
 def prune(args: argparse.Namespace) -> int:
-    cfg, settings, plan_df, place = _load_round_inputs(args)
+    cfg, settings, plan_df, place, rounds = _load_round_inputs(args)
     r = args.round
     # States after the previous round, recomputed from the same files (deterministic).
-    earlier = place[place["source"].map(lambda s: _round_of(s) < r)]
+    earlier = place[rounds < r]
     prior = search_states(_scores(earlier), plan_df, r - 1, settings) if r > 0 else None
     scores = _scores(place)
     selected = select_for_ilp(scores, plan_df, r, settings, prior)
-    current = place[place["source"].map(lambda s: _round_of(s) == r)]
+    current = place[rounds == r]
     pairs = _pairs(current)
     requests = ilp_requests(selected, plan_df, r, pairs, (cfg["baseline_preset"],))
     out = Path(args.out)
@@ -97,7 +87,7 @@ def prune(args: argparse.Namespace) -> int:
         )
     selected.astype({"hi": float, "threshold": float}).to_parquet(out / "selected.parquet.tmp")
     (out / "selected.parquet.tmp").replace(out / "selected.parquet")
-    computed = place[(place["source"].map(_round_of) == r) & (place["tier"] == "ub")]
+    computed = place[(rounds == r) & (place["tier"] == "ub")]
     n_total = len(computed[["model", "microbatch", "arch"]].drop_duplicates())
     print(
         f"phaze search prune: round {r}: ILP for {len(requests)} of {n_total} "
@@ -107,7 +97,7 @@ def prune(args: argparse.Namespace) -> int:
 
 
 def state(args: argparse.Namespace) -> int:
-    _cfg, settings, plan_df, place = _load_round_inputs(args)
+    _cfg, settings, plan_df, place, _rounds = _load_round_inputs(args)
     r = args.round
     scores = _scores(place)
     states = search_states(scores, plan_df, r, settings)
@@ -147,34 +137,17 @@ def blind(args: argparse.Namespace) -> int:
     return 0
 
 
-_ROUND = re.compile(r"(?:^|/)r(\d+)_(?:ub|lo|ilp)\.parquet$")
-
-
-def _round_of(path: str) -> int:
-    m = _ROUND.search(str(path))
-    return int(m.group(1)) if m else -1
-
-
-_SCHED = re.compile(
-    r"schedule/(?P<model>[^/]+)/b(?P<b>\d+)_s\d+_t(?P<t>\d+)/(?P<tier>bounds|ilp|blind)"
-)
-
-
-def _ilp_counts(paths: list[str], gap: float) -> dict:
+def _ilp_counts(entries: list[dict], gap: float) -> dict:
     """ILP instances: those whose bound-tier gap (list schedule vs lower bound) exceeds the
     configured ``schedule.gap`` — the ones the ILP tier must hand to the solver. Counted for the
     (model, microbatch, arch) that got the ILP tier (``solved``) and for those pruning skipped."""
     ilp_archs, bounds = set(), []
-    for p in paths:
-        m = _SCHED.search(str(p))
-        if not m:
-            continue
-        if m["tier"] in ("ilp", "blind"):
-            df = read_table(p, "schedule")
-            ilp_archs.update((m["model"], int(m["b"]), a) for a in df["arch"])
+    for e in entries:
+        df = read_table(e["path"], "schedule")
+        if e["tier"] in ("ilp", "blind"):
+            ilp_archs.update((e["model"], e["microbatch"], a) for a in df["arch"])
         else:
-            df = read_table(p, "schedule")
-            bounds.append(df.assign(model=m["model"], microbatch=int(m["b"])))
+            bounds.append(df.assign(model=e["model"], microbatch=e["microbatch"]))
     solved = avoided = 0
     if bounds:
         b = pd.concat(bounds, ignore_index=True)
@@ -199,20 +172,17 @@ def summarize(args: argparse.Namespace) -> int:
     settings = SearchSettings.from_config(cfg)
     plan_df = read_table(args.plan, "chunks")
     space = read_table(args.space, "space")
-    files = [str(p) for p in _with_list(args.inputs, getattr(args, "inputs_list", None))]
-    round_files = [p for p in files if _round_of(p) >= 0]
-    if not round_files:
-        raise PhazeError("summarize: no placement files r{R}_{tier}.parquet among --inputs")
-    last = max(_round_of(p) for p in round_files)
-    place = load_place(round_files)
-    blind_place = load_place([p for p in files if re.search(r"/place/.*/blind\.parquet$", p)])
-    blind_files = [p for p in files if re.search(r"baselines/blind/[^/]+/choice\.parquet$", p)]
+    doc = load_manifest(args.manifest, ("place", "blind_place", "blind", "schedules"))
+    if not doc["place"]:
+        raise PhazeError(f"summarize: no placement files in {args.manifest}")
+    last = max(e["round"] for e in doc["place"])
+    place = load_place(doc["place"])
+    blind_place = load_place(doc["blind_place"])
     blind = (
-        pd.concat([read_table(p) for p in blind_files], ignore_index=True)
-        if blind_files
+        pd.concat([read_table(e["path"]) for e in doc["blind"]], ignore_index=True)
+        if doc["blind"]
         else pd.DataFrame(columns=["model", "arch"])
     )
-    schedules = [p for p in files if "/schedule/" in p]
     models = sorted(place["model"].astype(str).unique())
     out = build(
         plan_df, space, place, blind_place, blind, models, settings, last, cfg["baseline_preset"]
@@ -237,7 +207,7 @@ def summarize(args: argparse.Namespace) -> int:
             "round_buckets": cfg["round_buckets"],
             "bucket_width_mm2": cfg["bucket_width_mm2"],
         },
-        **_ilp_counts(schedules, float(config["schedule"].get("gap", 0.01))),
+        **_ilp_counts(doc["schedules"], config["schedule"]["gap"]),
     }
     write_json_atomic(d / "search_stats.json", stats)
     print(json.dumps(stats, indent=1))

@@ -1,35 +1,47 @@
-"""Reading the workflow's placement files and writing the search's own files."""
+"""The search's input files: placement and schedule tables listed in a manifest (phaze.io.manifest)
+with the round and tier each holds; nothing is read from a file's name."""
 
 from __future__ import annotations
-
-import re
-from pathlib import Path
 
 import pandas as pd
 
 from phaze.errors import PhazeError
+from phaze.io.manifest import read_manifest
 from phaze.io.tables import read_table
 
-_TIER = re.compile(r"(?:^|_)(ub|lo|ilp)$")
+#: placement tiers (phaze.search.scores): ub = on lower bounds, lo = on list schedules, ilp
+PLACE_TIERS = ("ub", "lo", "ilp")
+#: schedule tiers: bounds (list schedule + lower bound), ilp, blind (the baseline's ILP tier)
+SCHEDULE_TIERS = ("bounds", "ilp", "blind")
+
+#: kind -> the keys (and types) of each manifest entry, besides its path
+MANIFEST_FIELDS = {
+    "place": {"model": str, "microbatch": int, "round": int, "tier": str},
+    "blind_place": {"model": str, "microbatch": int, "tier": str},
+    "blind": {"model": str},
+    "schedules": {"model": str, "microbatch": int, "tp": int, "tier": str},
+}
 
 
-def tier_of(path: str | Path) -> str:
-    """Placement files are named ``r{round}_{tier}.parquet`` (tier ub|lo|ilp); baseline files
-    (``blind.parquet``) hold ILP-tier results."""
-    stem = Path(path).stem
-    m = _TIER.search(stem)
-    if m:
-        return m.group(1)
-    if stem == "blind":
-        return "ilp"
-    raise PhazeError(f"cannot tell the placement tier from the file name {path}")
+def load_manifest(path: str, kinds: tuple[str, ...]) -> dict[str, list[dict]]:
+    """The manifest's entries of ``kinds`` (any other kind in it is an error), tiers checked."""
+    doc = read_manifest(path, {k: MANIFEST_FIELDS[k] for k in kinds})
+    for kind, entries in doc.items():
+        allowed = SCHEDULE_TIERS if kind == "schedules" else PLACE_TIERS
+        for e in entries:
+            if "tier" in e and e["tier"] not in allowed:
+                raise PhazeError(
+                    f"manifest {path}: {e['path']} has tier {e['tier']!r} (known: {allowed})"
+                )
+    return doc
 
 
-def load_place(paths: list[str]) -> pd.DataFrame:
+def load_place(entries: list[dict]) -> pd.DataFrame:
+    """Placement tables with the manifest's ``tier`` and the file as ``source``."""
     frames = []
-    for p in paths:
-        df = read_table(p, "place")
-        frames.append(df.assign(tier=tier_of(p), source=str(p)))
+    for e in entries:
+        df = read_table(e["path"], "place")
+        frames.append(df.assign(tier=e["tier"], source=e["path"]))
     if not frames:
-        return pd.DataFrame(columns=["tier"])
+        return pd.DataFrame(columns=["tier", "source"])
     return pd.concat(frames, ignore_index=True)

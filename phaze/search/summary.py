@@ -1,4 +1,4 @@
-"""The summary tables: ``best``, ``comparison``, ``explored`` (design.md, section 6)."""
+"""The summary tables: ``best``, ``comparison``, ``explored`` (docs/design.md, "Summary tables")."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from phaze.search.baselines import best_row
-from phaze.search.evaluate import (
+from phaze.search.scores import (
     COMPONENT_KEY,
     SEARCH_KEY,
     SearchSettings,

@@ -1,6 +1,6 @@
 """Build a model on the meta device and record forward + ``loss.backward()`` (imports torch).
 
-``capture(spec, num_blocks, microbatch, seq, tmp)`` returns a :class:`Capture`: the recorded
+``capture(spec, num_blocks, microbatch, seq, tp)`` returns a :class:`Capture`: the recorded
 operators plus what the layer table needs (parameters per layer, activations saved for backward,
 the tensors crossing each layer boundary).
 """
@@ -50,11 +50,11 @@ def find_blocks(model: nn.Module, num_blocks: int) -> nn.ModuleList:
     return best
 
 
-def build_model(spec: ModelSpec, num_blocks: int, tmp: int = 1, seq: int | None = None):
+def build_model(spec: ModelSpec, num_blocks: int, tp: int = 1, seq: int | None = None):
     """The model with ``num_blocks`` blocks on the meta device, train mode, rewritten to one
-    rank's share of width-``tmp`` tensor parallelism (blocks, word embedding and LM head).
+    rank's share of width-``tp`` tensor parallelism (blocks, word embedding and LM head).
     Returns (model, blocks)."""
-    spec.check_tmp(tmp)
+    spec.check_tp(tp)
     config = spec.hf_config(num_blocks, seq)
     cls = spec.model_class()
     try:
@@ -64,11 +64,11 @@ def build_model(spec: ModelSpec, num_blocks: int, tmp: int = 1, seq: int | None 
         raise PhazeError(
             f"{spec.name}: cannot build {cls.__name__} on the meta device: {exc}"
         ) from exc
-    model.train()  # the training graph: dropout as configured (see README)
+    model.train()  # the training graph: dropout as configured (see docs/trace.md)
     blocks = find_blocks(model, num_blocks)
     for block in blocks:
-        apply_tensor_parallel(block, spec.family, tmp)
-    apply_vocab_parallel(model, tmp)
+        apply_tensor_parallel(block, spec.family, tp)
+    apply_vocab_parallel(model, tp)
     return model, blocks
 
 
@@ -96,8 +96,8 @@ def _hidden(args, kwargs, output=None):
     return kwargs.get("hidden_states")
 
 
-def capture(spec: ModelSpec, num_blocks: int, microbatch: int, seq: int, tmp: int) -> Capture:
-    model, blocks = build_model(spec, num_blocks, tmp, seq)
+def capture(spec: ModelSpec, num_blocks: int, microbatch: int, seq: int, tp: int) -> Capture:
+    model, blocks = build_model(spec, num_blocks, tp, seq)
     params = dict(model.named_parameters())  # de-duplicates tied weights
     recorder = Recorder(params)
     names = ["embedding"] + [f"block.{i}" for i in range(num_blocks)] + ["head"]

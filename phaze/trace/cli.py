@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from phaze.config import add_config_argument
 from phaze.errors import PhazeError
 
 
@@ -15,13 +16,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="registry name (see phaze/trace/models.py) or path to a HF config.json",
     )
     parser.add_argument("--microbatch", type=int, required=True, help="microbatch size b")
-    parser.add_argument("--tmp", type=int, default=1, help="tensor-parallel width t (1, 2, 4, 8)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel width tp (1, 2, 4, 8)")
     parser.add_argument(
         "--seq",
         type=int,
         help="sequence length (default: config trace.seq[model], else the model's)",
     )
-    parser.add_argument("--config", help="workflow config (YAML or the workflow's JSON snapshot)")
+    add_config_argument(parser)
     parser.add_argument(
         "--no-verify",
         action="store_true",
@@ -36,11 +37,12 @@ def run(args: argparse.Namespace) -> int:
     _check_positive(args.microbatch, "--microbatch")
     if args.seq is not None:
         _check_positive(args.seq, "--seq")
-    config = _load(args.config)
-    trace_cfg = config.get("trace", {})
+    from phaze.config import load_config
+
+    trace_cfg = load_config(args.config)["trace"]
     spec = get_model_spec(args.model)
-    spec.check_tmp(args.tmp)  # fail fast, before importing torch
-    seq = args.seq or trace_cfg.get("seq", {}).get(args.model) or spec.seq
+    spec.check_tp(args.tp)  # fail fast, before importing torch
+    seq = args.seq or trace_cfg["seq"].get(args.model) or spec.seq
 
     from phaze.trace.tracer import trace_model
     from phaze.trace.write import write_trace
@@ -48,9 +50,9 @@ def run(args: argparse.Namespace) -> int:
     trace = trace_model(
         spec,
         args.microbatch,
-        args.tmp,
+        args.tp,
         seq=seq,
-        fuse=bool(trace_cfg.get("fuse", True)),
+        fuse=trace_cfg["fuse"],
         verify=not args.no_verify,
     )
     write_trace(trace, Path(args.out), spec)
@@ -60,18 +62,3 @@ def run(args: argparse.Namespace) -> int:
 def _check_positive(value: int, what: str) -> None:
     if value < 1:
         raise PhazeError(f"{what} must be >= 1 (got {value})")
-
-
-def _load(path: str | None) -> dict:
-    """The workflow's JSON snapshot is read as JSON: PyYAML (YAML 1.1) reads JSON numbers such as
-    ``1e-06`` as strings, which then fail validation."""
-    import json
-
-    from phaze.config import load_config, validate_config
-
-    if path is not None and path.endswith(".json") and Path(path).is_file():
-        try:
-            return validate_config(json.loads(Path(path).read_text()))
-        except json.JSONDecodeError as exc:
-            raise PhazeError(f"config file {path} is not valid JSON: {exc}") from exc
-    return load_config(path)

@@ -56,7 +56,7 @@ def _shapes(shapes) -> str:
     return ";".join("x".join(str(d) for d in s) if s else "scalar" for s in shapes)
 
 
-def layer_graph(ops: list[RawOp], layer: str, fuse: bool) -> tuple[list[dict], list[dict]]:
+def op_graph_rows(ops: list[RawOp], layer: str, fuse: bool) -> tuple[list[dict], list[dict]]:
     """ops and edges rows for one layer (both passes), ``layer`` column set to ``layer``."""
     op_rows, edge_rows = [], []
     for pass_ in ("fwd", "bwd"):

@@ -16,7 +16,7 @@ from pathlib import Path
 from phaze.errors import PhazeError
 
 # Tensor-parallel widths the workflow considers (Megatron within a node).
-TMP_CANDIDATES = (1, 2, 4, 8)
+TP_CANDIDATES = (1, 2, 4, 8)
 
 # Families we know how to slice tensor-parallel (see phaze/trace/tensor_parallel.py) and which
 # HF classes build them. `causal` picks labels = input ids shifted (HF does the shift) vs MLM.
@@ -54,24 +54,24 @@ class ModelSpec:
     config_path: str | None = None
 
     @property
-    def valid_tmp(self) -> tuple[int, ...]:
+    def valid_tp(self) -> tuple[int, ...]:
         """Powers of two <= 8 that divide the head count (and the FFN width and key/value heads,
         which Megatron slices the same way); only 1 for architectures we cannot slice."""
         if self.family not in FAMILIES:
             return (1,)
         return tuple(
             t
-            for t in TMP_CANDIDATES
+            for t in TP_CANDIDATES
             if self.heads % t == 0 and self.ffn % t == 0 and self.kv_heads % t == 0
         )
 
-    def check_tmp(self, tmp: int) -> None:
-        if tmp in self.valid_tmp:
+    def check_tp(self, tp: int) -> None:
+        if tp in self.valid_tp:
             return
-        if tmp not in TMP_CANDIDATES:
+        if tp not in TP_CANDIDATES:
             raise PhazeError(
-                f"tensor-parallel width {tmp} not supported (choose from "
-                f"{list(TMP_CANDIDATES)}; valid for {self.name}: {list(self.valid_tmp)})"
+                f"tensor-parallel width {tp} not supported (choose from "
+                f"{list(TP_CANDIDATES)}; valid for {self.name}: {list(self.valid_tp)})"
             )
         if self.family not in FAMILIES:
             raise PhazeError(
@@ -79,15 +79,15 @@ class ModelSpec:
                 f"{self.family.removeprefix('hf:')!r} is not supported; only t=1"
             )
         reasons = []
-        if self.heads % tmp:
+        if self.heads % tp:
             reasons.append(f"its {self.heads} attention heads")
-        if self.kv_heads % tmp and self.kv_heads != self.heads:
+        if self.kv_heads % tp and self.kv_heads != self.heads:
             reasons.append(f"its {self.kv_heads} key/value heads")
-        if self.ffn % tmp:
+        if self.ffn % tp:
             reasons.append(f"its FFN width {self.ffn}")
         raise PhazeError(
-            f"tensor-parallel width t={tmp} must divide {' and '.join(reasons)} "
-            f"for {self.name} (valid t: {list(self.valid_tmp)})"
+            f"tensor-parallel width t={tp} must divide {' and '.join(reasons)} "
+            f"for {self.name} (valid t: {list(self.valid_tp)})"
         )
 
     def hf_config(self, num_blocks: int | None = None, seq: int | None = None):

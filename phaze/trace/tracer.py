@@ -13,7 +13,7 @@ import pandas as pd
 
 from phaze.errors import PhazeError
 from phaze.trace.capture import Capture, capture
-from phaze.trace.graph import layer_graph, signature, to_frames
+from phaze.trace.graph import op_graph_rows, signature, to_frames
 from phaze.trace.models import ModelSpec
 
 
@@ -36,7 +36,7 @@ def _graphs(cap: Capture, fuse: bool) -> dict[str, tuple[list, list, str]]:
         by_layer[op.layer].append(op)
     out = {}
     for name, ops in by_layer.items():
-        op_rows, edge_rows = layer_graph(ops, name, fuse)
+        op_rows, edge_rows = op_graph_rows(ops, name, fuse)
         sig = signature(op_rows, edge_rows, {"kind": _layer_kind(name)})
         out[name] = (op_rows, edge_rows, sig)
     return out
@@ -56,7 +56,7 @@ def _block_facts(cap: Capture, graphs, name: str) -> tuple:
 def trace_model(
     spec: ModelSpec,
     microbatch: int,
-    tmp: int = 1,
+    tp: int = 1,
     seq: int | None = None,
     fuse: bool = True,
     verify: bool = True,
@@ -66,12 +66,12 @@ def trace_model(
     seq = seq or spec.seq
     if seq < 2:
         raise PhazeError(f"sequence length must be >= 2 (got {seq})")
-    spec.check_tmp(tmp)
+    spec.check_tp(tp)
 
-    cap = capture(spec, 1, microbatch, seq, tmp)
+    cap = capture(spec, 1, microbatch, seq, tp)
     graphs = _graphs(cap, fuse)
     if verify:
-        cap2 = capture(spec, 2, microbatch, seq, tmp)
+        cap2 = capture(spec, 2, microbatch, seq, tp)
         graphs2 = _graphs(cap2, fuse)
         reference = _block_facts(cap, graphs, "block.0")
         for name in ("block.0", "block.1"):
@@ -93,11 +93,11 @@ def trace_model(
         op_rows += rows
         edge_rows += erows
     ops, edges = to_frames(op_rows, edge_rows)
-    layers = _layers_table(spec, cap, graphs, microbatch, seq, tmp)
+    layers = _layers_table(spec, cap, graphs, microbatch, seq, tp)
     return Trace(ops, edges, layers, len(cap.ops), cap.collapsed_views)
 
 
-def _layers_table(spec, cap: Capture, graphs, microbatch, seq, tmp) -> pd.DataFrame:
+def _layers_table(spec, cap: Capture, graphs, microbatch, seq, tp) -> pd.DataFrame:
     def flops(name, pass_, matmul_only=False):
         return float(
             sum(
@@ -126,7 +126,7 @@ def _layers_table(spec, cap: Capture, graphs, microbatch, seq, tmp) -> pd.DataFr
                 "stash_recompute_bytes": cap.input_bytes[src],
                 "boundary_bytes": cap.output_bytes[src],
                 # blocks, and the vocab-parallel word embedding / LM head, are split over t ranks
-                "tensor_parallel": tmp > 1,
+                "tensor_parallel": tp > 1,
                 "index": index,
                 "block": int(name.split(".")[1]) if kind == "block" else -1,
                 "fwd_flops": flops(src, "fwd"),
@@ -136,7 +136,7 @@ def _layers_table(spec, cap: Capture, graphs, microbatch, seq, tmp) -> pd.DataFr
                 "model": spec.name,
                 "microbatch": microbatch,
                 "seq_len": seq,
-                "tmp": tmp,
+                "tp": tp,
             }
         )
     return pd.DataFrame(rows)

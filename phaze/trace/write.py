@@ -31,7 +31,7 @@ def write_trace(trace, out_dir: Path, spec: ModelSpec) -> None:
             "vocab": spec.vocab,
             "microbatch": int(first["microbatch"]),
             "seq_len": int(first["seq_len"]),
-            "tmp": int(first["tmp"]),
+            "tp": int(first["tp"]),
             "config_path": spec.config_path,
             "recorded_ops": trace.recorded_ops,
             "collapsed_views": trace.collapsed_views,

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phaze.errors import PhazeError
-from phaze.fidelity.network import HierarchicalNetwork, LinkLevel
+from phaze.network import HierarchicalNetwork, LinkLevel
 
 NVLINK = LinkLevel(300e9, 2e-6, 0.8)
 IB = LinkLevel(25e9, 5e-6, 0.95)

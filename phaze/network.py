@@ -1,4 +1,17 @@
-"""A two-level (node / cluster) network and the cost of the collectives that run on it.
+"""The network model every stage shares: ring collectives, point-to-point sends, and a two-level
+(node / cluster) network.
+
+The formulas are written once, here, and used by the cost model (collectives inside a
+tensor-parallel layer, phaze.estimate), the placement (pipeline transfers and the data-parallel
+all-reduce, phaze.place) and the training-step evaluation (phaze.fidelity):
+
+* ``ring_seconds(kind, S, g, B, L)``: a ring collective over g ranks, S bytes, links of B bytes/s
+  and L s per step: ``steps · ((g − 1)/g · S/B + (g − 1) · L)`` with 1 step for a
+  reduce-scatter or an all-gather and 2 for an all-reduce (reduce-scatter then all-gather);
+  g ≤ 1 costs nothing;
+* ``p2p_seconds(S, B, L)``: one send, ``S/B + L``.
+
+A two-level network:
 
 Devices are grouped into nodes of ``devices_per_node``; rank ``r`` lives on node
 ``r // devices_per_node`` (Megatron's and torchrun's contiguous numbering). Each level has a
@@ -27,7 +40,30 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from phaze.errors import PhazeError
+
+#: ring steps (phases of g − 1 transfers of S/g bytes) per collective
+RING_STEPS = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}
+
+
+def ring_seconds(kind: str, size_bytes, ranks, bandwidth_Bps, latency_s):
+    """Seconds of a ring collective (NCCL's algorithm for large messages) of ``size_bytes``
+    (all_reduce / reduce_scatter: the buffer each rank holds before; all_gather: after) over
+    ``ranks`` devices whose bottleneck link moves ``bandwidth_Bps`` with ``latency_s`` per step.
+    Arguments broadcast as NumPy arrays; ranks <= 1 cost 0."""
+    if kind not in RING_STEPS:
+        raise ValueError(f"unknown collective {kind!r}; known: {sorted(RING_STEPS)}")
+    s, g = np.broadcast_arrays(np.asarray(size_bytes, dtype=np.float64), np.asarray(ranks, float))
+    gg = np.maximum(g, 1.0)
+    seconds = RING_STEPS[kind] * ((gg - 1.0) / gg * s / bandwidth_Bps + (gg - 1.0) * latency_s)
+    return np.where(g > 1, seconds, 0.0)
+
+
+def p2p_seconds(size_bytes, bandwidth_Bps, latency_s):
+    """Seconds of one point-to-point send: ``size / bandwidth + latency``."""
+    return size_bytes / bandwidth_Bps + latency_s
 
 
 @dataclass(frozen=True)
@@ -133,27 +169,31 @@ class HierarchicalNetwork:
         bw = min(self.intra.effective_Bps, shape.per_node * self.inter.effective_Bps)
         return bw, max(self.intra.latency_s, self.inter.latency_s)
 
-    def reduce_scatter(self, size_bytes: float, ranks: Sequence[int]) -> float:
+    def collective(self, kind: str, size_bytes: float, ranks: Sequence[int]) -> float:
+        """Seconds of a ring collective over these ranks (empty messages are free)."""
         shape = self.shape(ranks)
-        g = shape.size
-        if g == 1 or size_bytes <= 0:
+        if shape.size == 1 or size_bytes <= 0:
             return 0.0
         bw, lat = self._ring(shape)
-        return (g - 1) / g * size_bytes / bw + (g - 1) * lat
+        return float(ring_seconds(kind, size_bytes, shape.size, bw, lat))
+
+    def reduce_scatter(self, size_bytes: float, ranks: Sequence[int]) -> float:
+        return self.collective("reduce_scatter", size_bytes, ranks)
 
     def all_gather(self, size_bytes: float, ranks: Sequence[int]) -> float:
         # the ring all-gather is the reduce-scatter run backwards: same steps, same bytes
-        return self.reduce_scatter(size_bytes, ranks)
+        return self.collective("all_gather", size_bytes, ranks)
 
     def all_reduce(self, size_bytes: float, ranks: Sequence[int]) -> float:
-        return self.reduce_scatter(size_bytes, ranks) + self.all_gather(size_bytes, ranks)
+        # reduce-scatter then all-gather
+        return self.collective("all_reduce", size_bytes, ranks)
 
     # --- point to point -----------------------------------------------------------------------
     def p2p(self, size_bytes: float, src: int, dst: int) -> float:
         if src == dst or size_bytes <= 0:
             return 0.0
         level = self.intra if self.node_of(src) == self.node_of(dst) else self.inter
-        return size_bytes / level.effective_Bps + level.latency_s
+        return p2p_seconds(size_bytes, level.effective_Bps, level.latency_s)
 
     def stage_transfer(
         self,

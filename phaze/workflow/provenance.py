@@ -1,4 +1,4 @@
-"""Helpers the Snakefile uses to make reruns precise.
+"""What the rules put in ``params:`` so that reruns are precise, and the config snapshot.
 
 * ``code_version(*parts)`` hashes the source of the given subpackages/modules. Rules put it in
   ``params:``; Snakemake's default rerun trigger on params then re-runs a job exactly when the code
@@ -7,56 +7,45 @@
 * ``config_section(config, *keys)`` is what a rule puts in ``params:`` for the config it reads, so
   an edit to another stage's section does not re-run it.
 * ``snapshot_config(config, path)`` writes the validated, merged config once (only if its content
-  changed) for stage CLIs to read with ``--config``.
+  changed) for stage CLIs to read with ``--config`` (``phaze.config.load_config`` reads it as
+  JSON).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 from pathlib import Path
 
 from phaze.io.atomic import write_text_atomic
 
-PACKAGE_ROOT = Path(__file__).resolve().parent
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 # Code every stage depends on.
 _COMMON = ("io", "config.py", "errors.py", "cli.py")
 
 
 def code_version(*parts: str) -> str:
+    """16 hex digits of the SHA-256 of the named parts of the package (subpackage directories or
+    module files, relative to phaze/) and of the code every stage uses."""
     h = hashlib.sha256()
     for part in sorted(set(parts) | set(_COMMON)):
         p = PACKAGE_ROOT / part
+        if not p.exists():
+            raise FileNotFoundError(f"code_version: phaze/{part} does not exist")
         files = sorted(p.rglob("*.py")) if p.is_dir() else [p]
         for f in files:
-            if f.exists():
-                h.update(str(f.relative_to(PACKAGE_ROOT)).encode())
-                h.update(f.read_bytes())
+            h.update(str(f.relative_to(PACKAGE_ROOT)).encode())
+            h.update(f.read_bytes())
     return h.hexdigest()[:16]
 
 
 def config_section(config: dict, *keys: str) -> str:
-    return json.dumps({k: config.get(k) for k in keys}, sort_keys=True)
-
-
-# A JSON string literal, or a number whose mantissa lacks a decimal point (json writes 1e-06).
-_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|(?<![\w.])(-?\d+)([eE][-+]?\d+)')
-
-
-def yaml_safe_json(obj) -> str:
-    """JSON that YAML 1.1 loaders also read with the same types.
-
-    Stage CLIs read the snapshot with a YAML loader (JSON is YAML), and YAML 1.1 takes json's
-    ``1e-06`` for a string; ``1.0e-06`` is a float to both."""
-    text = json.dumps(obj, indent=2, sort_keys=True)
-    return _JSON_TOKEN.sub(
-        lambda m: m.group(0) if m.group(1) is None else f"{m.group(1)}.0{m.group(2)}", text
-    )
+    """The config sections a rule reads, as one canonical JSON string."""
+    return json.dumps({k: config[k] for k in keys}, sort_keys=True)
 
 
 def snapshot_config(config: dict, path: str | Path) -> str:
-    text = yaml_safe_json(config) + "\n"
+    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
     path = Path(path)
     if not path.exists() or path.read_text() != text:
         write_text_atomic(path, text)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from phaze.config import schema_defaults
 from phaze.errors import PhazeError
 from phaze.search.stop import stop_bucket
 
@@ -42,20 +43,26 @@ COMMON_KEY = ["hbm_bytes", "devices"]
 TIERS = ("ub", "lo", "ilp")
 
 
+_DEFAULT = schema_defaults()["search"]
+
+
 @dataclass(frozen=True)
 class SearchSettings:
-    patience: int = 5
-    stop_rule: str = "running_best"
-    mode: str = "early_stop"  # or "exhaustive"
-    prune: bool = True
+    """The search's rules; the defaults are config/schema.yaml's (section ``search``)."""
+
+    patience: int = _DEFAULT["patience"]
+    stop_rule: str = _DEFAULT["stop_rule"]
+    mode: str = _DEFAULT["mode"]  # early_stop | exhaustive
+    prune: bool = _DEFAULT["prune"]
 
     @classmethod
     def from_config(cls, search_cfg: dict) -> SearchSettings:
+        """From a validated config section ``search`` (phaze.config.load_config)."""
         s = cls(
-            patience=int(search_cfg.get("patience", 5)),
-            stop_rule=str(search_cfg.get("stop_rule", "running_best")),
-            mode=str(search_cfg.get("mode", "early_stop")),
-            prune=bool(search_cfg.get("prune", True)),
+            patience=search_cfg["patience"],
+            stop_rule=search_cfg["stop_rule"],
+            mode=search_cfg["mode"],
+            prune=search_cfg["prune"],
         )
         if s.mode not in ("early_stop", "exhaustive"):
             raise PhazeError(f"search.mode must be early_stop or exhaustive, got {s.mode!r}")

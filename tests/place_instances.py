@@ -1,4 +1,5 @@
-"""Synthetic placement instances in upstream's format (for the benchmark and tests).
+"""Synthetic placement instances in upstream's format (a fixture of tests/test_place_upstream.py
+and benchmarks/place.py).
 
 `gpt3_like_instance` sizes a GPT-3 175B chain (embedding, 96 blocks, head; h = 12288, seq 2048,
 microbatch 1, bf16) with textbook formulas, in seconds and bytes: block parameters 12 h² · 2 B,

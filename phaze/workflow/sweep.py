@@ -1,0 +1,473 @@
+"""The sweep as the Snakefile sees it: its axes, the paths every rule agrees on, the search rounds,
+and the input, param and manifest functions of the rules (rules/*.smk hold rules only).
+
+``Sweep(config, checkpoints)`` is built once by the Snakefile from the validated config and
+Snakemake's ``checkpoints`` object. Methods whose name ends in ``_inputs``/``_params`` or that
+take ``wc`` are what rules pass to ``input:``/``params:``; they read the search's checkpoints
+(``search_plan``, ``search_prune``, ``search_state``) through ``checkpoints.NAME.get(...)``, which
+raises Snakemake's IncompleteCheckpointException until that checkpoint has run (Snakemake then
+re-evaluates the DAG). Tests pass a stand-in object with the same ``get(...).output`` interface.
+
+Layout under ``results/`` (``{tag}`` = ``b{microbatch}_s{seq}_tp{tp}``):
+
+    trace/{model}/{tag}/{ops,edges,layers}.parquet          rule trace
+    arch/space.parquet, arch/chunks.parquet                 rules arch, search_plan
+    estimate/{model}/{tag}/{chunk}.parquet | space | blind  rules estimate, estimate_space/_blind
+    schedule/{model}/{tag}/bounds/c{chunk}.parquet          rule schedule_bounds
+    schedule/{model}/{tag}/ilp/r{round}_c{chunk}.parquet    rule schedule_ilp
+    schedule/{model}/{tag}/blind.parquet | {chunk}.parquet  rules schedule_blind, schedule
+    place/{model}/h{hbm}_b{mbs}_r{on|off}/r{round}_{ub|lo|ilp}.parquet | blind | {chunk}
+    search/r{round}/ilp/{model}_b{mbs}.parquet, state.json  checkpoints search_prune, search_state
+    summary/{best,comparison,explored}.parquet, search_stats.json
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import pandas as pd
+
+from phaze.arch.presets import load_preset
+from phaze.report import FIGURES
+from phaze.trace.models import get_model_spec
+from phaze.workflow.provenance import code_version, config_section
+
+#: search settings that decide the plan (chunks.parquet): only they re-run search_plan
+PLAN_KEYS = ("bucket_width_mm2", "round_buckets", "chunk_archs", "baseline_preset")
+RESULTS = "results"
+#: placement tiers of a bound-tier job: output tier -> schedule column used as layer latency
+BOUND_TIERS = (("ub", "lower_bound_s"), ("lo", "makespan_s"))
+ILP_TIERS = (("ilp", "makespan_s"),)
+
+
+def gib_str(h: float) -> str:
+    """An HBM size in GiB as it appears in paths (``32``, ``80``, ``0.5``)."""
+    return f"{h:g}"
+
+
+@functools.cache
+def _read_parquet(path: str, mtime: float, columns: tuple[str, ...]) -> pd.DataFrame:
+    # keyed by mtime: DAG evaluation asks for the same checkpoint tables many times
+    return pd.read_parquet(path, columns=list(columns))
+
+
+@functools.cache
+def _read_json(path: str, mtime: float) -> dict:
+    with open(path) as fh:
+        return json.load(fh)
+
+
+class Sweep:
+    """The sweep of one validated config; ``checkpoints`` is Snakemake's (or a stand-in)."""
+
+    def __init__(self, config: dict, checkpoints):
+        self.config = config
+        self.checkpoints = checkpoints
+        self.results = results = RESULTS  # the rules' paths are literal: results/...
+        self.search = config["search"]
+        # model key (used in paths and tables) -> the --model argument (registry name or path)
+        self.model_arg = {get_model_spec(m).name: m for m in config["models"]}
+        self.models = list(self.model_arg)
+        self.microbatches = list(config["trace"]["microbatch"])
+        self.hbm_gib = list(config["place"]["hbm_gib"])
+        self.recompute = ["on" if r else "off" for r in config["place"]["recompute"]]
+        self.pairs = [(m, b) for m in self.models for b in self.microbatches]
+        self.space = f"{results}/arch/space.parquet"
+        self.plan = f"{results}/arch/chunks.parquet"
+        self.config_json = f"{results}/.config.json"
+        self.summary = {
+            n: f"{results}/summary/{n}.parquet" for n in ("best", "comparison", "explored")
+        }
+        self.blind_mbs = min(self.microbatches)
+
+    # --- axes and paths ------------------------------------------------------------------------
+    def tps(self, model: str) -> list[int]:
+        """Tensor-parallel widths traced for a model: config trace.tp that the model admits."""
+        valid = get_model_spec(self.model_arg[model]).valid_tp
+        return [t for t in self.config["trace"]["tp"] if t in valid]
+
+    def seq(self, model: str) -> int:
+        arg = self.model_arg[model]
+        return self.config["trace"]["seq"].get(arg) or get_model_spec(arg).seq
+
+    def tag(self, model: str, mbs, tp) -> str:
+        return f"b{mbs}_s{self.seq(model)}_tp{tp}"
+
+    def trace_dir(self, model: str, mbs, tp) -> str:
+        return f"{self.results}/trace/{model}/{self.tag(model, mbs, tp)}"
+
+    def schedule_dir(self, model: str, mbs, tp) -> str:
+        return f"{self.results}/schedule/{model}/{self.tag(model, mbs, tp)}"
+
+    def place_dir(self, model: str, hbm, mbs, rec: str) -> str:
+        return f"{self.results}/place/{model}/h{gib_str(hbm)}_b{mbs}_r{rec}"
+
+    def place_outputs(self, name: str) -> list[str]:
+        """One placement table per HBM x recompute (``{model}``/``{mbs}`` left as wildcards)."""
+        return [
+            f"{self.results}/place/{{model}}/h{gib_str(h)}_b{{mbs}}_r{rec}/{name}.parquet"
+            for h in self.hbm_gib
+            for rec in self.recompute
+        ]
+
+    def plots(self) -> list[str]:
+        return [
+            f"{self.results}/plots/{n}.{fmt}"
+            for n in FIGURES
+            for fmt in self.config["report"]["formats"]
+        ]
+
+    def plot_outputs(self, report) -> list:
+        """rule report_plots' outputs; the PNGs marked for `snakemake --report` (``report`` is
+        Snakemake's function) with their caption report/NAME.rst."""
+        return [
+            report(path, caption=f"../report/{n}.rst", category=FIGURES[n])
+            if path.endswith(".png")
+            else path
+            for n in FIGURES
+            for path in [
+                f"{self.results}/plots/{n}.{fmt}" for fmt in self.config["report"]["formats"]
+            ]
+        ]
+
+    def all_targets(self) -> list[str]:
+        return [*self.summary.values(), f"{self.results}/summary/search_stats.json", *self.plots()]
+
+    # --- trace and arch rules ------------------------------------------------------------------
+    def trace_model(self, wc) -> str:
+        """The trace CLI's --model for a path's model key (the key itself if not configured)."""
+        return self.model_arg.get(wc.model, wc.model)
+
+    def trace_config_inputs(self, wc) -> list[str]:
+        """A model given as a config.json path: re-trace when that file changes."""
+        arg = self.trace_model(wc)
+        if os.path.isdir(arg):
+            return [os.path.join(arg, "config.json")]
+        return [arg] if arg.endswith(".json") else []
+
+    def trace_params(self) -> str:
+        """Only what changes a trace's content: the microbatch/tp/seq lists choose WHICH traces
+        exist, so editing them must not re-run the ones already made."""
+        return json.dumps({"fuse": self.config["trace"]["fuse"]})
+
+    def arch_presets(self) -> list[str]:
+        arch = self.config["arch"]
+        return sorted(set(arch["presets"]) | {arch["area_budget"]["reference_preset"]})
+
+    def arch_params(self) -> str:
+        """The arch section and the costmodel keys a preset overrides: they decide whether that
+        preset is its own point (and its id)."""
+        presets = self.arch_presets()
+        overridden = sorted({k for p in presets for k in load_preset(p)["costmodel"]})
+        costmodel = {k: self.config["costmodel"].get(k) for k in overridden}
+        return json.dumps({"arch": self.config["arch"], "costmodel": costmodel}, sort_keys=True)
+
+    def plan_params(self) -> str:
+        return json.dumps({k: self.search[k] for k in PLAN_KEYS}, sort_keys=True)
+
+    def search_params(self) -> str:
+        """What prune and state read: the search section without the job split."""
+        return json.dumps(
+            {k: v for k, v in self.search.items() if k != "chunk_archs"}, sort_keys=True
+        )
+
+    @staticmethod
+    def search_code() -> str:
+        """The code prune and state run (not the summary's or the baselines')."""
+        parts = ("scores", "stop", "plan", "files", "commands", "cli")
+        return code_version(*(f"search/{f}.py" for f in parts))
+
+    def section(self, *keys: str) -> str:
+        return config_section(self.config, *keys)
+
+    # --- trace directories from wildcards ------------------------------------------------------
+    # From wildcards, not from `input`: params are re-evaluated inside remote (cluster) jobs,
+    # where the named inputs of unpack()ed functions are not available.
+    def trace_dir_of(self, wc) -> str:
+        return f"{self.results}/trace/{wc.model}/b{wc.mbs}_s{wc.seq}_tp{wc.tp}"
+
+    def trace_inputs(self, wc) -> dict[str, str]:
+        d = self.trace_dir_of(wc)
+        return {n: f"{d}/{n}.parquet" for n in ("ops", "edges", "layers")}
+
+    # --- checkpoints ---------------------------------------------------------------------------
+    def plan_table(self) -> pd.DataFrame:
+        path = self.checkpoints.search_plan.get().output[0]
+        return _read_parquet(path, os.path.getmtime(path), ("arch", "round", "chunk"))
+
+    def round_chunks(self, r) -> list[int]:
+        p = self.plan_table()
+        return sorted(int(c) for c in p.loc[p["round"] == int(r), "chunk"].unique())
+
+    def state_of(self, r) -> dict:
+        path = self.checkpoints.search_state.get(round=int(r)).output[0]
+        return _read_json(path, os.path.getmtime(path))
+
+    def pairs_of_round(self, r) -> list[tuple[str, int]]:
+        """(model, microbatch) pairs computed in round r."""
+        r = int(r)
+        if r == 0:
+            return self.pairs
+        return [(m, int(b)) for m, b in self.state_of(r - 1)["needed"]]
+
+    def last_round(self) -> int:
+        r = 0
+        while self.state_of(r)["continue"]:
+            r += 1
+        return r
+
+    def ilp_selection_file(self, wc) -> str:
+        d = self.checkpoints.search_prune.get(round=int(wc.round)).output[0]
+        return f"{d}/{wc.model}_b{wc.mbs}.parquet"
+
+    def _selection(self, r, m, b) -> pd.DataFrame:
+        path = self.ilp_selection_file(_Wildcards(round=r, model=m, mbs=b))
+        return _read_parquet(path, os.path.getmtime(path), ("arch", "chunk"))
+
+    def ilp_chunks(self, r, m, b) -> list[int]:
+        """Chunks of round r whose ILP selection for (m, b) is non-empty."""
+        return sorted(int(c) for c in self._selection(r, m, b)["chunk"].unique())
+
+    def ilp_archs(self, wc) -> str:
+        """The archs pruning selected in one chunk, comma-joined (rule schedule_ilp's param)."""
+        sel = self._selection(wc.round, wc.model, wc.mbs)
+        return ",".join(sorted(sel.loc[sel["chunk"] == int(wc.chunk), "arch"]))
+
+    # --- placement records: each file with what it holds ---------------------------------------
+    def _place_record(self, m, h, b, rec, r, tier, name) -> dict:
+        return {
+            "path": f"{self.place_dir(m, h, b, rec)}/{name}.parquet",
+            "model": m,
+            "microbatch": int(b),
+            "round": int(r),
+            "tier": tier,
+        }
+
+    def bound_place_records(self, r) -> list[dict]:
+        return [
+            self._place_record(m, h, b, rec, r, tier, f"r{r}_{tier}")
+            for m, b in self.pairs_of_round(r)
+            for h in self.hbm_gib
+            for rec in self.recompute
+            for tier, _ in BOUND_TIERS
+        ]
+
+    def ilp_place_records(self, r) -> list[dict]:
+        return [
+            self._place_record(m, h, b, rec, r, "ilp", f"r{r}_ilp")
+            for m, b in self.pairs_of_round(r)
+            if self.ilp_chunks(r, m, b)
+            for h in self.hbm_gib
+            for rec in self.recompute
+        ]
+
+    def place_records_upto(self, r) -> list[dict]:
+        out = []
+        for q in range(int(r) + 1):
+            out += self.bound_place_records(q) + self.ilp_place_records(q)
+        return out
+
+    def blind_place_records(self) -> list[dict]:
+        return [
+            {
+                "path": f"{self.place_dir(m, h, b, rec)}/blind.parquet",
+                "model": m,
+                "microbatch": int(b),
+                "tier": "ilp",
+            }
+            for m in self.models
+            for b in self.microbatches
+            for h in self.hbm_gib
+            for rec in self.recompute
+        ]
+
+    def schedule_records_upto(self, r) -> list[dict]:
+        """Every schedule table of the rounds up to r, then the blind baseline's."""
+        out = []
+        for q in range(int(r) + 1):
+            for m, b in self.pairs_of_round(q):
+                chosen = self.ilp_chunks(q, m, b)
+                for t in self.tps(m):
+                    d = self.schedule_dir(m, b, t)
+                    out += [
+                        _schedule_record(f"{d}/bounds/c{c}.parquet", m, b, t, "bounds")
+                        for c in self.round_chunks(q)
+                    ]
+                    out += [
+                        _schedule_record(f"{d}/ilp/r{q}_c{c}.parquet", m, b, t, "ilp")
+                        for c in chosen
+                    ]
+        out += [
+            _schedule_record(f"{self.schedule_dir(m, b, t)}/blind.parquet", m, b, t, "blind")
+            for m in self.models
+            for b in self.microbatches
+            for t in self.tps(m)
+        ]
+        return out
+
+    # --- search checkpoints and summary: inputs and manifests ----------------------------------
+    def prune_manifest(self, wc) -> dict:
+        r = int(wc.round)
+        return {"place": self.place_records_upto(r - 1) + self.bound_place_records(r)}
+
+    def state_manifest(self, wc) -> dict:
+        return {"place": self.place_records_upto(wc.round)}
+
+    def summary_manifest(self, wc=None) -> dict:
+        r = self.last_round()
+        return {
+            "place": self.place_records_upto(r),
+            "blind_place": self.blind_place_records(),
+            "blind": [
+                {"path": f"{self.results}/baselines/blind/{m}/choice.parquet", "model": m}
+                for m in self.models
+            ],
+            "schedules": self.schedule_records_upto(r),
+        }
+
+    def prune_inputs(self, wc) -> list[str]:
+        return _paths(self.prune_manifest(wc))
+
+    def state_inputs(self, wc) -> list[str]:
+        return _paths(self.state_manifest(wc))
+
+    def summary_inputs(self, wc) -> dict:
+        return {
+            "plan": self.plan,
+            "space": self.space,
+            "state": f"{self.results}/search/r{self.last_round()}/state.json",
+            "files": _paths(self.summary_manifest()),
+        }
+
+    def write_manifest(self, path: str, doc: dict, inputs) -> str:
+        """Write a job's manifest; its files must be exactly the job's declared inputs."""
+        from phaze.io.manifest import write_manifest
+
+        listed = _paths(doc)
+        if not set(listed) <= set(map(str, inputs)):
+            raise AssertionError(f"manifest {path} lists files that are not inputs of its job")
+        return write_manifest(path, doc)
+
+    # --- placement jobs ------------------------------------------------------------------------
+    def _place_schedules(self, wc, kind: str) -> tuple[list[int], list[list[str]]]:
+        """The widths and, per width, the schedule files a placement job of `kind` reads."""
+        m, b = wc.model, int(wc.mbs)
+        tps = self.tps(m)
+        per_t = []
+        for t in tps:
+            d = self.schedule_dir(m, b, t)
+            if kind == "bounds":
+                per_t.append([f"{d}/bounds/c{c}.parquet" for c in self.round_chunks(wc.round)])
+            elif kind == "ilp":
+                chunks = self.ilp_chunks(wc.round, m, b)
+                per_t.append([f"{d}/ilp/r{wc.round}_c{c}.parquet" for c in chunks])
+            elif kind == "blind":
+                per_t.append([f"{d}/blind.parquet"])
+            elif kind == "chunk":
+                per_t.append([f"{d}/{wc.chunk}.parquet"])
+            else:
+                raise AssertionError(f"unknown placement kind {kind!r}")
+        return tps, per_t
+
+    def place_inputs(self, kind: str):
+        """Input function of a placement rule: layers per width, schedules, space."""
+
+        def inputs(wc) -> dict:
+            tps, per_t = self._place_schedules(wc, kind)
+            return {
+                "layers": [f"{self.trace_dir(wc.model, wc.mbs, t)}/layers.parquet" for t in tps],
+                "schedules": [f for fs in per_t for f in fs],
+                "space": self.space,
+            }
+
+        return inputs
+
+    def _place_args(self, wc, kind: str) -> list[str]:
+        tps, per_t = self._place_schedules(wc, kind)
+        return [
+            "place",
+            "--model",
+            wc.model,
+            "--tp",
+            *map(str, tps),
+            "--trace-dirs",
+            *(self.trace_dir(wc.model, wc.mbs, t) for t in tps),
+            "--schedules",
+            *(",".join(fs) for fs in per_t),
+            "--microbatch",
+            str(wc.mbs),
+            "--space",
+            self.space,
+            "--config",
+            self.config_json,
+        ]
+
+    def place_commands(self, kind: str):
+        """Param function of a batched placement rule: one `phaze place` command line per HBM x
+        recompute x tier, run by `phaze search batch` in one process (one job per model x
+        microbatch x round: the placements are fast, interpreter start-up is not)."""
+        import shlex
+
+        tiers = BOUND_TIERS if kind == "bounds" else ILP_TIERS
+
+        def commands(wc) -> list[str]:
+            base = self._place_args(wc, kind)
+            cmds = []
+            for h in self.hbm_gib:
+                for rec in self.recompute:
+                    d = self.place_dir(wc.model, h, wc.mbs, rec)
+                    for tier, column in tiers:
+                        name = "blind" if kind == "blind" else f"r{wc.round}_{tier}"
+                        argv = [
+                            *base,
+                            "--hbm-gib",
+                            gib_str(h),
+                            "--recompute",
+                            rec,
+                            "--latency-column",
+                            column,
+                            "--out",
+                            f"{d}/{name}.parquet",
+                        ]
+                        cmds.append(shlex.join(argv))
+            return cmds
+
+        return commands
+
+    def place_chunk_args(self, wc) -> list[str]:
+        """Arguments of the stand-alone rule place (one chunk, one HBM x recompute)."""
+        return self._place_args(wc, "chunk")[1:] + [
+            "--hbm-gib",
+            wc.hbm,
+            "--recompute",
+            wc.rec,
+        ]
+
+    # --- placement-blind baseline --------------------------------------------------------------
+    def blind_trace(self, wc) -> str:
+        return self.trace_dir(wc.model, self.blind_mbs, 1)
+
+    def blind_inputs(self, wc) -> dict[str, str]:
+        m = wc.model
+        return {
+            "layers": f"{self.blind_trace(wc)}/layers.parquet",
+            "latency": f"{self.results}/estimate/{m}/{self.tag(m, self.blind_mbs, 1)}/space.parquet",
+            "space": self.space,
+        }
+
+
+class _Wildcards:
+    """Attribute access like Snakemake's wildcards, for calls from inside this module."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def _schedule_record(path: str, model: str, mbs, tp: int, tier: str) -> dict:
+    return {"path": path, "model": model, "microbatch": int(mbs), "tp": int(tp), "tier": tier}
+
+
+def _paths(doc: dict) -> list[str]:
+    return [e["path"] for entries in doc.values() for e in entries]

@@ -1,0 +1,114 @@
+# The placement-blind baseline: the architecture with the smallest single-accelerator latency of
+# one microbatch (search_blind, over the whole space's latencies), then placed like any other:
+#   estimate_space -> search_blind -> estimate_blind -> schedule_blind -> place_blind
+# (path prefixes: rules/common.smk).
+
+
+rule estimate_space:
+    """Latencies of the whole space for one trace (the placement-blind baseline searches it all)."""
+    input:
+        unpack(W.trace_inputs),
+        space=W.space,
+    output:
+        f"{ESTIMATE}/space.parquet",
+    log:
+        f"{LOGS}/estimate/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/space.log",
+    benchmark:
+        f"{BENCH}/estimate/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/space.tsv"
+    conda:
+        "../environment.yml"
+    params:
+        code=code_version("estimate"),
+        cfg=W.section("costmodel"),
+        trace=W.trace_dir_of,
+        config=W.config_json,
+    shell:
+        "python3 -m phaze estimate --trace {params.trace:q} --space {input.space:q}"
+        " --config {params.config:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule search_blind:
+    input:
+        unpack(W.blind_inputs),
+    output:
+        "results/baselines/blind/{model}/choice.parquet",
+    log:
+        f"{LOGS}/search/blind_{{model}}.log",
+    benchmark:
+        f"{BENCH}/search/blind_{{model}}.tsv"
+    conda:
+        "../environment.yml"
+    params:
+        code=code_version("search/baselines.py", "search/commands.py"),
+        trace=W.blind_trace,
+    shell:
+        "python3 -m phaze search blind --model {wildcards.model:q} --trace {params.trace:q}"
+        " --latency {input.latency:q} --space {input.space:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule estimate_blind:
+    input:
+        unpack(W.trace_inputs),
+        space=W.space,
+        choice="results/baselines/blind/{model}/choice.parquet",
+    output:
+        f"{ESTIMATE}/blind.parquet",
+    log:
+        f"{LOGS}/estimate/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/blind.log",
+    benchmark:
+        f"{BENCH}/estimate/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/blind.tsv"
+    conda:
+        "../environment.yml"
+    params:
+        code=code_version("estimate"),
+        cfg=W.section("costmodel"),
+        trace=W.trace_dir_of,
+        config=W.config_json,
+    shell:
+        "python3 -m phaze estimate --trace {params.trace:q} --space {input.space:q}"
+        " --chunks {input.choice:q} --chunk 0 --config {params.config:q} --out {output:q}"
+        " > {log:q} 2>&1"
+
+
+rule schedule_blind:
+    input:
+        unpack(W.trace_inputs),
+        latency=f"{ESTIMATE}/blind.parquet",
+        space=W.space,
+        choice="results/baselines/blind/{model}/choice.parquet",
+    output:
+        f"{SCHED}/blind.parquet",
+    log:
+        f"{LOGS}/schedule/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/blind.log",
+    benchmark:
+        f"{BENCH}/schedule/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/blind.tsv"
+    conda:
+        "../environment.yml"
+    params:
+        code=code_version("schedule"),
+        cfg=W.section("schedule"),
+        trace=W.trace_dir_of,
+        config=W.config_json,
+    shell:
+        "python3 -m phaze schedule --tier ilp --trace {params.trace:q}"
+        " --latency {input.latency:q} --space {input.space:q} --chunks {input.choice:q}"
+        " --chunk 0 --config {params.config:q} --out {output:q} > {log:q} 2>&1"
+
+
+rule place_blind:
+    input:
+        unpack(W.place_inputs("blind")),
+    output:
+        W.place_outputs("blind"),
+    log:
+        f"{LOGS}/place/{{model}}/b{{mbs}}_blind.log",
+    benchmark:
+        f"{BENCH}/place/{{model}}/b{{mbs}}_blind.tsv"
+    conda:
+        "../environment.yml"
+    params:
+        code=code_version("place", "arch/presets.py"),
+        cfg=W.section("place", "costmodel"),
+        cmds=W.place_commands("blind"),
+    shell:
+        "python3 -m phaze search batch {params.cmds:q} > {log:q} 2>&1"

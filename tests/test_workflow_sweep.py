@@ -1,0 +1,263 @@
+"""phaze.workflow without Snakemake: the sweep's paths, the search rounds read from checkpoint
+files, the manifests the search steps read (and that they equal the jobs' inputs), the batched
+placement commands, provenance hashes; and the rule files' lint."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from phaze.cli import build_parser
+from phaze.config import validate_config
+from phaze.errors import PhazeError
+from phaze.io.manifest import write_manifest
+from phaze.search.files import load_manifest
+from phaze.workflow import Sweep, code_version, config_section
+from phaze.workflow.provenance import PACKAGE_ROOT
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class FakeCheckpoints:
+    """Snakemake's `checkpoints` as input functions see it: NAME.get(**wildcards).output."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.search_plan = self._Checkpoint(lambda: root / "chunks.parquet")
+        self.search_prune = self._Checkpoint(lambda round: root / f"r{round}" / "ilp")
+        self.search_state = self._Checkpoint(lambda round: root / f"r{round}" / "state.json")
+
+    class _Checkpoint:
+        def __init__(self, path_of):
+            self.path_of = path_of
+
+        def get(self, **wc):
+            path = self.path_of(**wc)
+            if not path.exists():
+                raise LookupError(f"checkpoint not done: {path}")  # Snakemake: Incomplete...
+            return SimpleNamespace(output=[str(path)])
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    """Two models x two microbatches, 3 chunks in 2 rounds; round 0 continues for one pair."""
+    cfg = validate_config(
+        {
+            "models": ["opt-350m", "gpt2-xl"],
+            "trace": {"microbatch": [1, 2], "tp": [1, 2, 4], "seq": {"gpt2-xl": 256}},
+            "place": {"hbm_gib": [32, 80.5], "recompute": [False, True]},
+        }
+    )
+    ck = FakeCheckpoints(tmp_path)
+    plan = pd.DataFrame(
+        {"arch": ["a", "b", "c", "d"], "round": [0, 0, 1, 1], "chunk": [0, 1, 2, 2]}
+    )
+    plan.to_parquet(tmp_path / "chunks.parquet")
+    for r, cont, needed in ((0, True, [["opt-350m", 2]]), (1, False, [])):
+        (tmp_path / f"r{r}").mkdir()
+        (tmp_path / f"r{r}" / "state.json").write_text(
+            json.dumps({"continue": cont, "needed": needed})
+        )
+    sel = {
+        (0, "opt-350m", 1): [("a", 0), ("b", 1)],
+        (0, "opt-350m", 2): [],
+        (0, "gpt2-xl", 1): [("b", 1)],
+        (0, "gpt2-xl", 2): [],
+        (1, "opt-350m", 2): [("d", 2)],
+    }
+    for (r, m, b), rows in sel.items():
+        d = tmp_path / f"r{r}" / "ilp"
+        d.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(rows, columns=["arch", "chunk"]).to_parquet(d / f"{m}_b{b}.parquet")
+    return Sweep(cfg, ck)
+
+
+def wc(**kw):
+    return SimpleNamespace(**kw)
+
+
+def test_axes_and_paths(sweep):
+    assert sweep.models == ["opt-350m", "gpt2-xl"]
+    assert sweep.tps("opt-350m") == [1, 2, 4] and sweep.tps("gpt2-xl") == [1]  # 25 heads
+    assert sweep.tag("opt-350m", 2, 4) == "b2_s2048_tp4"
+    assert sweep.trace_dir("gpt2-xl", 1, 1) == "results/trace/gpt2-xl/b1_s256_tp1"
+    assert sweep.place_outputs("blind") == [
+        f"results/place/{{model}}/h{h}_b{{mbs}}_r{r}/blind.parquet"
+        for h in ("32", "80.5")
+        for r in ("off", "on")
+    ]
+    assert sweep.trace_dir_of(wc(model="m", mbs="1", seq="8", tp="2")) == (
+        "results/trace/m/b1_s8_tp2"
+    )
+
+
+def test_rounds_from_the_checkpoints(sweep):
+    assert sweep.round_chunks(0) == [0, 1] and sweep.round_chunks(1) == [2]
+    assert sweep.pairs_of_round(0) == [(m, b) for m in ("opt-350m", "gpt2-xl") for b in (1, 2)]
+    assert sweep.pairs_of_round(1) == [("opt-350m", 2)]
+    assert sweep.last_round() == 1
+    assert sweep.ilp_chunks(0, "opt-350m", 1) == [0, 1] and sweep.ilp_chunks(0, "gpt2-xl", 2) == []
+    assert sweep.ilp_archs(wc(round="0", model="opt-350m", mbs="1", chunk="1")) == "b"
+
+
+def test_manifests_list_exactly_the_jobs_inputs_with_their_metadata(sweep, tmp_path, monkeypatch):
+    prune1 = sweep.prune_manifest(wc(round="1"))["place"]
+    # round 0 bounds (4 pairs x 2 HBM x 2 recompute x ub/lo), its ILP files (2 pairs with a
+    # selection), then round 1's bounds (1 pair)
+    assert len(prune1) == 4 * 2 * 2 * 2 + 2 * 2 * 2 + 1 * 2 * 2 * 2
+    assert {(e["round"], e["tier"]) for e in prune1} == {
+        (0, "ub"),
+        (0, "lo"),
+        (0, "ilp"),
+        (1, "ub"),
+        (1, "lo"),
+    }
+    for e in prune1:
+        d = sweep.place_dir(
+            e["model"],
+            32 if "h32_" in e["path"] else 80.5,
+            e["microbatch"],
+            "on" if e["path"].split("/")[-2].endswith("on") else "off",
+        )
+        assert e["path"] == f"{d}/r{e['round']}_{e['tier']}.parquet"
+    assert sweep.prune_inputs(wc(round="1")) == [e["path"] for e in prune1]
+    state1 = sweep.state_manifest(wc(round="1"))["place"]
+    assert state1[: len(prune1)] == prune1 and len(state1) == len(prune1) + 1 * 2 * 2
+    summary = sweep.summary_manifest()
+    assert summary["place"] == state1
+    sched = summary["schedules"]
+    bounds = [e for e in sched if e["tier"] == "bounds"]
+    # round 0: every pair's widths x chunks 0, 1; round 1: opt-350m b2's widths x chunk 2
+    assert len(bounds) == (3 + 3 + 1 + 1) * 2 + 3 * 1
+    ilp = [e for e in sched if e["tier"] == "ilp"]
+    assert sorted({(e["model"], e["microbatch"], e["path"].rsplit("/", 1)[1]) for e in ilp}) == [
+        ("gpt2-xl", 1, "r0_c1.parquet"),
+        ("opt-350m", 1, "r0_c0.parquet"),
+        ("opt-350m", 1, "r0_c1.parquet"),
+        ("opt-350m", 2, "r1_c2.parquet"),
+    ]
+    assert all(
+        e["path"].startswith(sweep.schedule_dir(e["model"], e["microbatch"], e["tp"]))
+        for e in sched
+    )
+    assert len([e for e in sched if e["tier"] == "blind"]) == (3 + 1) * 2
+    inputs = sweep.summary_inputs(wc())
+    assert inputs["files"] == [e["path"] for kind in summary.values() for e in kind]
+    assert inputs["state"] == "results/search/r1/state.json"
+    # what the search CLIs read back: every file exists
+    monkeypatch.chdir(tmp_path)
+    for e in [e for kind in summary.values() for e in kind]:
+        Path(e["path"]).parent.mkdir(parents=True, exist_ok=True)
+        Path(e["path"]).touch()
+    path = sweep.write_manifest("m.json", summary, inputs["files"] + ["results/arch/space.parquet"])
+    assert load_manifest(path, tuple(summary)) == summary
+
+
+def test_a_manifest_must_list_only_the_jobs_inputs(sweep, tmp_path):
+    doc = {
+        "place": [{"path": "x.parquet", "model": "m", "microbatch": 1, "round": 0, "tier": "ub"}]
+    }
+    with pytest.raises(AssertionError, match="not inputs"):
+        sweep.write_manifest(str(tmp_path / "m.json"), doc, ["y.parquet"])
+
+
+@pytest.mark.parametrize(
+    "change,needle",
+    [
+        (lambda d: d.update(extra=[]), "unknown kinds ['extra']"),
+        (lambda d: d["place"][0].pop("round"), "lacks ['round']"),
+        (lambda d: d["place"][0].update(tier="best"), "has tier 'best'"),
+        (lambda d: d["place"][0].update(round="0"), "round must be int"),
+        (lambda d: d["place"][0].update(path="nope.parquet"), "file not found: nope.parquet"),
+        (lambda d: d["place"][0].update(stage="x"), "unknown keys ['stage']"),
+    ],
+)
+def test_an_unexpected_manifest_entry_is_an_error_naming_it(tmp_path, change, needle):
+    f = tmp_path / "r0_ub.parquet"
+    f.touch()
+    doc = {"place": [{"path": str(f), "model": "m", "microbatch": 1, "round": 0, "tier": "ub"}]}
+    assert load_manifest(write_manifest(tmp_path / "ok.json", doc), ("place",)) == doc
+    change(doc)
+    with pytest.raises(PhazeError) as err:
+        load_manifest(write_manifest(tmp_path / "bad.json", doc), ("place",))
+    assert needle in str(err.value)
+
+
+@pytest.mark.parametrize("kind,names", [("bounds", ["r0_ub", "r0_lo"]), ("blind", ["blind"])])
+def test_placement_commands_parse_and_write_the_rules_outputs(sweep, kind, names):
+    w = wc(model="opt-350m", mbs="1", round="0")
+    cmds = sweep.place_commands(kind)(w)
+    outputs = [
+        p.format(model="opt-350m", mbs="1") for name in names for p in sweep.place_outputs(name)
+    ]
+    parser = build_parser()
+    args = [parser.parse_args(shlex.split(c)) for c in cmds]
+    assert sorted(a.out for a in args) == sorted(outputs)
+    inputs = sweep.place_inputs(kind)(w)
+    for a in args:
+        assert a.stage == "place" and a.tp == [1, 2, 4] and a.microbatch == 1
+        assert a.trace_dirs == [sweep.trace_dir("opt-350m", 1, t) for t in (1, 2, 4)]
+        files = [f for s in a.schedules for f in s.split(",")]
+        assert files == inputs["schedules"]
+        assert [f"{d}/layers.parquet" for d in a.trace_dirs] == inputs["layers"]
+        assert a.config == sweep.config_json and a.space == sweep.space
+    if kind == "bounds":
+        assert {a.latency_column for a in args} == {"lower_bound_s", "makespan_s"}
+        ub = [a for a in args if a.out.endswith("_ub.parquet")]
+        assert {a.latency_column for a in ub} == {"lower_bound_s"}
+
+
+def test_stand_alone_place_arguments(sweep):
+    w = wc(model="gpt2-xl", mbs="2", hbm="32", rec="on", chunk="3")
+    args = build_parser().parse_args(["place", *sweep.place_chunk_args(w), "--out", "x"])
+    assert args.tp == [1] and args.hbm_gib == 32.0 and args.recompute == "on"
+    assert args.schedules == ["results/schedule/gpt2-xl/b2_s256_tp1/3.parquet"]
+
+
+def test_plot_outputs_mark_the_pngs_for_the_report(sweep):
+    marked = sweep.plot_outputs(lambda path, caption, category: (path, caption, category))
+    pngs = [m for m in marked if isinstance(m, tuple)]
+    assert [p for p, _, _ in pngs] == [p for p in sweep.plots() if p.endswith(".png")]
+    assert ("results/plots/speedup.png", "../report/speedup.rst", "Speedups") in pngs
+    assert all((REPO / "report" / Path(c).name).is_file() for _, c, _ in pngs)
+
+
+def test_code_version_follows_the_code_and_rejects_missing_parts(tmp_path, monkeypatch):
+    import phaze.workflow.provenance as prov
+
+    assert PACKAGE_ROOT.name == "phaze" and code_version("search") != code_version("place")
+    pkg = tmp_path / "pkg"
+    for part in ("io", "x"):
+        (pkg / part).mkdir(parents=True)
+        (pkg / part / "a.py").write_text("A = 1\n")
+    for f in ("config.py", "errors.py", "cli.py"):
+        (pkg / f).write_text("")
+    monkeypatch.setattr(prov, "PACKAGE_ROOT", pkg)
+    before = prov.code_version("x")
+    assert prov.code_version("x") == before != prov.code_version("io")
+    (pkg / "x" / "a.py").write_text("A = 2\n")
+    assert prov.code_version("x") != before
+    with pytest.raises(FileNotFoundError):
+        prov.code_version("no_such_part")
+
+
+def test_config_section_is_canonical_and_names_only_its_sections():
+    a = config_section({"b": {"y": 1, "x": 2}, "a": 3, "c": 4}, "b", "a")
+    assert a == json.dumps({"a": 3, "b": {"x": 2, "y": 1}}, sort_keys=True)
+    with pytest.raises(KeyError):
+        config_section({"a": 1}, "missing")
+
+
+def test_snakemake_lint_reports_nothing(tmp_path, copy_checkout, snakemake):
+    """`snakemake --lint` on the workflow (in a copy: the Snakefile writes results/.config.json):
+    not one lint, and no schema-draft warning."""
+    work = copy_checkout(tmp_path / "repo")
+    out = snakemake(work, "--lint", timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = (out.stdout + out.stderr).strip()
+    assert text == "Congratulations, your workflow is in a good condition!", text[-3000:]
