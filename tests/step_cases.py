@@ -4,7 +4,7 @@ plain loops) that `phaze.step.model.price` is checked against."""
 
 from __future__ import annotations
 
-from phaze.fidelity.network import HierarchicalNetwork, LinkLevel
+from phaze.network import HierarchicalNetwork, LinkLevel
 from phaze.step.layers import ChainCost, LayerCost
 from phaze.step.model import StepConstants
 from phaze.step.strategy import Strategy

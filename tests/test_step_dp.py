@@ -274,7 +274,7 @@ def test_without_the_window_a_faster_backward_can_price_a_step_slower():
     more of its gradient all-reduce than the pipeline gains. The window restores the bound."""
     from dataclasses import replace
 
-    from phaze.fidelity.network import HierarchicalNetwork, LinkLevel
+    from phaze.network import HierarchicalNetwork, LinkLevel
     from phaze.step.layers import ChainCost, LayerCost
     from phaze.step.model import StepConstants
 

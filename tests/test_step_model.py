@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 from phaze.arch.presets import load_preset
+from phaze.arch.presets import preset_peak_flops as peak_flops
 from phaze.config import validate_config
 from phaze.errors import PhazeError
 from phaze.fidelity.compute import preset_costmodel
-from phaze.fidelity.evaluate import build_workload, evaluate_strategy, peak_flops
+from phaze.fidelity.evaluate import build_workload, evaluate_strategy
 from phaze.fidelity.memory import BlockShape, block_activation_bytes
-from phaze.fidelity.network import HierarchicalNetwork
 from phaze.fidelity.strategy import Strategy as FidelityStrategy
+from phaze.network import HierarchicalNetwork
 from phaze.step.layers import ChainCost, LayerCost
 from phaze.step.model import StepConstants, price
 from phaze.step.strategy import PipelineSchedule, Strategy, stages_reason

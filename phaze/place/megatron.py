@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from phaze.fidelity.network import HierarchicalNetwork
+from phaze.network import HierarchicalNetwork
 from phaze.step.layers import ChainCost
 from phaze.step.model import Layout, PlacedChain, StageTerms, StepConstants
 from phaze.step.strategy import (

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from phaze.errors import PhazeError
-from phaze.fidelity.network import HierarchicalNetwork
+from phaze.network import HierarchicalNetwork, collective_seconds, p2p_seconds
 from phaze.step.layers import ChainCost
 from phaze.step.strategy import PipelineSchedule, Strategy
 
@@ -76,39 +76,8 @@ class StepConstants:
 
 
 # ---------------------------------------------------------------------------------------------
-# rings on the network
+# the layout on the network
 # ---------------------------------------------------------------------------------------------
-def ring_time(size, g, bw, lat):
-    """Reduce-scatter (= all-gather) of `size` bytes over a ring of g ranks with bottleneck
-    bandwidth `bw` and per-step latency `lat` (arrays broadcast): (g−1)/g·size/bw + (g−1)·lat,
-    0 for one rank or nothing to move. An all-reduce is a reduce-scatter plus an all-gather."""
-    size = np.asarray(size, dtype=float)
-    out = (g - 1) / g * size / bw + (g - 1) * lat
-    return np.where((g > 1) & (size > 0), out, 0.0)
-
-
-def _ring_params(nodes: np.ndarray, net: HierarchicalNetwork) -> tuple[np.ndarray, np.ndarray]:
-    """(bandwidth, latency) of a ring over each row of `nodes` (the node of every member, rows
-    non-decreasing), as `HierarchicalNetwork` prices it: the intra level inside one node, else
-    min(B_intra, r·B_inter) with r the fewest members on one node."""
-    groups, g = nodes.shape
-    intra, inter = net.intra, net.inter
-    if g == 1:
-        return np.full(groups, intra.effective_Bps), np.full(groups, intra.latency_s)
-    change = nodes[:, 1:] != nodes[:, :-1]
-    spans = change.any(axis=1)
-    starts = np.concatenate([np.ones((groups, 1), dtype=bool), change], axis=1)
-    run = np.cumsum(starts, axis=1) - 1
-    counts = np.bincount((np.arange(groups)[:, None] * g + run).ravel(), minlength=groups * g)
-    counts = counts.reshape(groups, g)
-    fewest = np.where(counts > 0, counts, g + 1).min(axis=1)
-    bw = np.where(
-        spans, np.minimum(intra.effective_Bps, fewest * inter.effective_Bps), intra.effective_Bps
-    )
-    lat = np.where(spans, max(intra.latency_s, inter.latency_s), intra.latency_s)
-    return bw, lat
-
-
 @dataclass
 class Layout:
     """Where Megatron's layout puts the groups of (t, p, d) on the network."""
@@ -134,8 +103,8 @@ class Layout:
         r = np.arange(d)[None, :, None]
         j = np.arange(p)[None, None, :]
         node = (k + t * (r + d * j)) // n  # (t, d, p)
-        tp_bw, tp_lat = _ring_params(node.transpose(1, 2, 0).reshape(d * p, t), net)
-        dp_bw, dp_lat = _ring_params(node.transpose(0, 2, 1).reshape(t * p, d), net)
+        tp_bw, tp_lat = net.ring_params(node.transpose(1, 2, 0).reshape(d * p, t))
+        dp_bw, dp_lat = net.ring_params(node.transpose(0, 2, 1).reshape(t * p, d))
         cross = {}
         for name, step in (("next", 1), ("prev", -1)):
             other = np.roll(node, -step, axis=2)  # node of the counterpart at stage j ± 1
@@ -143,7 +112,7 @@ class Layout:
             cross[name] = (c.any(axis=0), (~c).any(axis=0))
         if p > 1:
             pair = np.stack([node[:, :, 0], node[:, :, p - 1]], axis=-1).reshape(t * d, 2)
-            tied_bw, tied_lat = _ring_params(np.sort(pair, axis=1), net)
+            tied_bw, tied_lat = net.ring_params(np.sort(pair, axis=1))
             tbw, tlat = float(tied_bw.min()), float(tied_lat.max())
         else:
             tbw, tlat = net.intra.effective_Bps, net.intra.latency_s
@@ -165,11 +134,10 @@ class Layout:
 
     def collectives_s(self, collectives) -> float:
         """Time of a layer's tensor-parallel collectives on the slowest group."""
-        total = 0.0
-        for kind, size in collectives:
-            rs = float(ring_time(size, self.tp, self.tp_bw, self.tp_lat))
-            total += 2 * rs if kind == "all_reduce" else rs
-        return total
+        return sum(
+            float(collective_seconds(kind, size, self.tp, self.tp_bw, self.tp_lat))
+            for kind, size in collectives
+        )
 
     def send_s(self, nbytes: float, direction: str, sequence_parallel: bool, sg: bool):
         """(d, p) seconds for one send of an activation (or its gradient) of `nbytes` (the full
@@ -182,15 +150,16 @@ class Layout:
 
         def p2p(size):
             return np.maximum(
-                np.where(stays, size / intra.effective_Bps + intra.latency_s, 0.0),
-                np.where(crosses, size / inter.effective_Bps + inter.latency_s, 0.0),
+                np.where(stays, p2p_seconds(size, intra.effective_Bps, intra.latency_s), 0.0),
+                np.where(crosses, p2p_seconds(size, inter.effective_Bps, inter.latency_s), 0.0),
             )
 
         if sequence_parallel:
             per_replica = p2p(nbytes / t)
         elif sg and t > 1:
             dst = 1 if direction == "next" else -1
-            gather = ring_time(
+            gather = collective_seconds(
+                "all_gather",
                 nbytes,
                 t,
                 np.roll(self.tp_group_bw, -dst, axis=1),
@@ -228,7 +197,9 @@ class PlacedChain:
         self.tied_s = 0.0
         if layout.pp > 1 and chain.tied:
             size = chain.last.tied_params * consts.grad_bytes_per_param
-            self.tied_s = 2 * float(ring_time(size, 2, layout.tied_bw, layout.tied_lat))
+            self.tied_s = float(
+                collective_seconds("all_reduce", size, 2, layout.tied_bw, layout.tied_lat)
+            )
 
 
 class StageTerms:
@@ -317,13 +288,15 @@ class StageTerms:
         d, bw, lat = self.d, self._col(self.dp_bw, n), self._col(self.dp_lat, n)
         params = self.params(n)
         grads = params * c.grad_bytes_per_param
-        reduce = ring_time(grads, d, bw, lat) * (1 if self.zero else 2)
+        kind = "reduce_scatter" if self.zero else "all_reduce"
+        reduce = collective_seconds(kind, grads, d, bw, lat)
         if self.ddp == "overlap":
             bucket = np.minimum(float(c.ddp_bucket_bytes), grads)
-            last_bucket = ring_time(bucket, d, bw, lat) * (1 if self.zero else 2)
+            last_bucket = collective_seconds(kind, bucket, d, bw, lat)
             reduce = np.maximum(reduce - self.backward(n), last_bucket)
         if self.zero:
-            reduce = reduce + ring_time(params * c.weight_bytes_per_param, d, bw, lat)
+            weights = params * c.weight_bytes_per_param
+            reduce = reduce + collective_seconds("all_gather", weights, d, bw, lat)
         return reduce + self._col(self.tied_s, n)
 
     def optimizer(self, n):
