@@ -48,6 +48,9 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("core", s),
         ("collective", s),
         ("group_size", i64),
+        # core attention (forward) / outside the tensor-parallel region (phaze.trace.recorder)
+        ("attention", b),
+        ("replicated", b),
     ),
     "edges": _schema(
         ("layer", s),
@@ -63,6 +66,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("signature", s),
         ("param_bytes", i64),
         ("activation_bytes", i64),
+        ("attention_activation_bytes", i64),
+        ("replicated_activation_bytes", i64),
         ("stash_recompute_bytes", i64),
         ("boundary_bytes", i64),
         ("tensor_parallel", b),
