@@ -2,9 +2,8 @@
 
 The model prices m microbatches through p stages of per-microbatch times T_j = f_j + b_j as
 ``m · max T + (Σ T − max T)`` (`phaze.step.strategy.PipelineSchedule.iteration_time`, V = 1). It is
-exact for identical stages; this script measures it on uneven ones against a simulation of
-PipeDream-Flush (each stage: warm-up forwards, then one forward / one backward, then the
-remaining backwards; a forward waits for the previous stage's, a backward for the next stage's).
+exact for identical stages; this script measures it on uneven ones against an event simulation
+of PipeDream-Flush (`phaze.step.simulate`).
 
     .venv/bin/python benchmarks/step_schedule.py [--cases 3000] [--seed 0]
 
@@ -20,46 +19,8 @@ import argparse
 
 import numpy as np
 
+from phaze.step.simulate import simulate_1f1b
 from phaze.step.strategy import PipelineSchedule
-
-
-def simulate_1f1b(f, b, m: int) -> float:
-    p = len(f)
-    orders = []
-    for s in range(p):
-        warm = min(p - s - 1, m)
-        order = [("f", i) for i in range(warm)]
-        nf, nb = warm, 0
-        while nb < m:
-            if nf < m:
-                order.append(("f", nf))
-                nf += 1
-            order.append(("b", nb))
-            nb += 1
-        orders.append(order)
-    done, free, pos = {}, [0.0] * p, [0] * p
-    remaining = sum(map(len, orders))
-    while remaining:
-        progressed = False
-        for s in range(p):
-            if pos[s] == len(orders[s]):
-                continue
-            kind, i = orders[s][pos[s]]
-            if kind == "f":
-                need = ("f", s - 1, i) if s > 0 else None
-            else:
-                need = ("b", s + 1, i) if s < p - 1 else ("f", s, i)
-            if need is not None and need not in done:
-                continue
-            start = max(free[s], done[need] if need else 0.0)
-            free[s] = start + (f[s] if kind == "f" else b[s])
-            done[(kind, s, i)] = free[s]
-            pos[s] += 1
-            remaining -= 1
-            progressed = True
-        if not progressed:
-            raise RuntimeError("1F1B simulation deadlocked")
-    return max(free)
 
 
 def main() -> int:

@@ -190,7 +190,9 @@ def reference_price(chain: ChainCost, s: Strategy, net: HierarchicalNetwork, c: 
                     if chain.sequence_parallel:
                         x = max(net.p2p(chain.boundary_bytes / t, a, b) for a, b in zip(src, dst))
                     else:
-                        x = net.stage_transfer(chain.boundary_bytes, src, dst, c.scatter_gather)
+                        x = net.stage_transfer(chain.boundary_bytes, src, dst, False)
+                        if c.scatter_gather:  # where it is faster
+                            x = min(x, net.stage_transfer(chain.boundary_bytes, src, dst, True))
                     out.append(count * x)
                 worst = max(worst, sum(out))
             t_j += worst

@@ -1,6 +1,6 @@
-"""The step model (phaze/step): against an independent reference on random chains and networks,
-against the GPU evaluation of `phaze.fidelity` it replaces, the schedule's closed forms, the FLOP
-conventions, and the rejection of impossible strategies."""
+"""The step model (phaze/step): against an independent reference on random chains and networks
+and on the GPU chains `phaze evaluate` prices, the schedule's closed forms and an event
+simulation, the FLOP conventions, and the rejection of impossible strategies."""
 
 import math
 
@@ -11,13 +11,10 @@ from phaze.arch.presets import load_preset
 from phaze.arch.presets import preset_peak_flops as peak_flops
 from phaze.config import validate_config
 from phaze.errors import PhazeError
-from phaze.fidelity.compute import preset_costmodel
-from phaze.fidelity.evaluate import build_workload, evaluate_strategy
-from phaze.fidelity.memory import BlockShape, block_activation_bytes
-from phaze.fidelity.strategy import Strategy as FidelityStrategy
+from phaze.fidelity.evaluate import evaluate_strategy, gpu_chains, step_constants
 from phaze.network import HierarchicalNetwork
-from phaze.step.layers import ChainCost, LayerCost
-from phaze.step.model import StepConstants, price
+from phaze.step.model import price
+from phaze.step.simulate import simulate_1f1b
 from phaze.step.strategy import PipelineSchedule, Strategy, stages_reason
 from phaze.trace.models import ModelSpec
 from tests.step_cases import (
@@ -26,7 +23,6 @@ from tests.step_cases import (
     random_network,
     reference_price,
 )
-from tests.test_fidelity_pipeline import simulate_1f1b_makespan
 
 
 def random_split(rng, blocks, p, v):
@@ -163,12 +159,11 @@ def test_the_reference_draws_cover_every_feature():
 
 
 # ---------------------------------------------------------------------------------------------
-# the GPU evaluation it replaces (phaze.fidelity.evaluate), on GPU-shaped inputs
+# the GPU evaluation (phaze.fidelity.evaluate) is this model on kernel-sum layer times
 # ---------------------------------------------------------------------------------------------
 SEQ = 256
 CFG = validate_config({})
 A100 = load_preset("a100-80gb")
-FID = CFG["fidelity"]
 
 
 def tiny_gpt(layers=8, hidden=256, heads=8, vocab=1024):
@@ -179,80 +174,15 @@ def tiny_gpt(layers=8, hidden=256, heads=8, vocab=1024):
         "n_inner": 4 * hidden,
         "vocab_size": vocab,
         "n_positions": SEQ,
+        "activation_function": "gelu_pytorch_tanh",
     }
     return ModelSpec("tiny-gpt", "gpt2", layers, hidden, heads, 4 * hidden, vocab, SEQ, heads, kw)
 
 
-def _layer(w, act, attention_act=0.0, input_bytes=0.0, tied=0.0):
-    return LayerCost(
-        fwd_s=w.fwd_s,
-        bwd_s=w.bwd_s,
-        params=w.param_bytes / 2,
-        activation_bytes=act,
-        fwd_collectives=tuple(w.fwd_collectives),
-        bwd_collectives=tuple(w.bwd_collectives),
-        attention_fwd_s=w.attention_core_fwd_s,
-        attention_activation_bytes=attention_act,
-        input_bytes=input_bytes,
-        tied_params=tied,
-        fwd_matmul_flops=w.fwd_flops,
-    )
-
-
-def fidelity_chain(spec, fs, w) -> ChainCost:
-    """The fidelity workload as a chain, with its closed-form (Korthikanti) block memory."""
-    t, b, sp = fs.tp, fs.microbatch, fs.sequence_parallel
-    shape = BlockShape(SEQ, b, spec.hidden, spec.heads, spec.ffn)
-    none, sel, full = (
-        block_activation_bytes(shape, t, sp, m) for m in ("none", "selective", "full")
-    )
-    return ChainCost(
-        first=_layer(w.embedding, w.embedding_activation_bytes),
-        block=_layer(w.block, none, none - sel, full),
-        last=_layer(w.head, w.head_activation_bytes, tied=w.word_embedding_params),
-        blocks=spec.num_blocks,
-        tp=t,
-        microbatch=b,
-        sequence_parallel=sp,
-        boundary_bytes=b * SEQ * spec.hidden * 2,
-    )
-
-
-def a100_constants():
-    cm = preset_costmodel(A100, CFG["costmodel"])
-    return StepConstants(
-        state_bytes_per_param=FID["state_bytes_per_param"],
-        optimizer_state_bytes_per_param=12.0,
-        grad_bytes_per_param=FID["grad_bytes_per_param"],
-        weight_bytes_per_param=2.0,
-        optimizer_bytes_per_param=FID["optimizer_bytes_per_param"],
-        ddp_bucket_bytes=FID["ddp_bucket_bytes"],
-        hbm_bandwidth_Bps=cm["hbm_bandwidth_Bps"],
-        scatter_gather=FID["scatter_gather"],
-    )
-
-
-FIDELITY_CASES = [
+GPU_CASES = [
     {"devices": 16, "tp": 2, "pp": 2, "microbatch": 2, "global_batch": 32, "ddp": "after"},
-    {
-        "devices": 16,
-        "tp": 2,
-        "pp": 4,
-        "microbatch": 1,
-        "global_batch": 32,
-        "interleave": 2,
-        "recompute": "full",
-    },
-    {"devices": 32, "tp": 1, "pp": 1, "microbatch": 1, "global_batch": 32, "ddp": "overlap"},
-    {
-        "devices": 32,
-        "tp": 1,
-        "pp": 1,
-        "microbatch": 4,
-        "global_batch": 128,
-        "recompute": "full",
-        "ddp": "after",
-    },
+    {"devices": 16, "tp": 2, "pp": 4, "microbatch": 1, "global_batch": 32, "interleave": 2},
+    {"devices": 32, "tp": 1, "pp": 1, "microbatch": 4, "global_batch": 128, "recompute": "full"},
     {
         "devices": 48,
         "tp": 2,
@@ -261,80 +191,49 @@ FIDELITY_CASES = [
         "global_batch": 48,
         "sequence_parallel": True,
         "recompute": "selective",
-        "ddp": "overlap",
+        "distributed_optimizer": True,
     },
-    {
-        "devices": 24,
-        "tp": 4,
-        "pp": 2,
-        "microbatch": 1,
-        "global_batch": 24,
-        "recompute": "selective",
-    },
-    {
-        "devices": 64,
-        "tp": 8,
-        "pp": 4,
-        "microbatch": 1,
-        "global_batch": 64,
-        "interleave": 2,
-        "ddp": "after",
-    },
+    {"devices": 24, "tp": 4, "pp": 2, "microbatch": 1, "global_batch": 24, "stages": (3, 5)},
+    {"devices": 64, "tp": 8, "pp": 4, "microbatch": 1, "global_batch": 64, "interleave": 2},
 ]
 
 
-@pytest.mark.parametrize("case", FIDELITY_CASES, ids=lambda c: "-".join(map(str, c.values())))
-def test_step_model_equals_todays_gpu_evaluation(case):
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: "-".join(map(str, c.values())))
+def test_gpu_evaluation_equals_the_reference_on_its_chains(case):
+    """`phaze evaluate`'s numbers are the model's on the GPU chains (kernel sums, trace memory):
+    checked against the independent reference, on the preset's DGX network."""
     spec = tiny_gpt()
-    case = {"ddp": "after", **case}
-    fs = FidelityStrategy(**case)
-    w = build_workload(spec, fs, SEQ, A100, CFG["costmodel"], FID)
-    want = evaluate_strategy(
-        spec, fs, A100, seq=SEQ, costmodel=CFG["costmodel"], fidelity=FID, workload=w
-    )
+    s = Strategy(**case)
+    got = evaluate_strategy(spec, s, A100, seq=SEQ, config=CFG)
+    chain = gpu_chains(spec, s.tp, s.microbatch, SEQ, A100, CFG)[s.sequence_parallel]
     net = HierarchicalNetwork.from_preset(A100["network"])
-    got = price(
-        fidelity_chain(spec, fs, w),
-        Strategy(**case),
-        net,
-        a100_constants(),
-        peak_flops(A100),
-        A100["gpu"]["hbm_bytes"],
-    )
-    assert got["iteration_time_s"] == pytest.approx(want["iteration_time_s"], rel=1e-12)
-    for key, value in want["breakdown"].items():
-        assert got["breakdown"][key] == pytest.approx(value, rel=1e-12, abs=1e-18)
-    assert got["peak_memory_bytes"] == pytest.approx(want["peak_memory_bytes"], rel=1e-12)
-    for a, b in zip(got["per_stage"], want["per_stage"]):
-        assert a["per_microbatch_s"] == pytest.approx(b["per_microbatch_s"], rel=1e-12)
-        assert a["memory_bytes"] == pytest.approx(b["memory_bytes"], rel=1e-12)
-    assert got["mfu"] == pytest.approx(want["mfu"], rel=1e-12)
-    # the 4-pass count of Narayanan et al.'s Eq. (3) is what runs under full recomputation
-    if fs.recompute == "full":
-        assert got["hardware_flops"] == pytest.approx(want["model_flops"], rel=1e-12)
-    assert got["fits_memory"] is want["fits_memory"]
+    want, mem = reference_price(chain, s, net, step_constants(A100, CFG))
+    assert got["iteration_time_s"] == pytest.approx(want, rel=1e-12)
+    assert got["peak_memory_bytes"] == pytest.approx(max(mem), rel=1e-12)
+    assert got["fits_memory"] is True
 
 
 def test_model_flops_are_three_passes_and_hardware_flops_count_recomputation():
     spec = tiny_gpt()
-    fs = FidelityStrategy(devices=16, tp=2, pp=2, microbatch=2, global_batch=32)
-    chain = fidelity_chain(spec, fs, build_workload(spec, fs, SEQ, A100, CFG["costmodel"], FID))
-    net = HierarchicalNetwork.from_preset(A100["network"])
     out = {}
     for mode in ("none", "selective", "full"):
         s = Strategy(devices=16, tp=2, pp=2, microbatch=2, global_batch=32, recompute=mode)
-        out[mode] = price(chain, s, net, a100_constants(), 1e15)
+        out[mode] = evaluate_strategy(spec, s, A100, seq=SEQ, config=CFG)
     # GPT: forward matmul FLOPs per sequence = 2·P_matmul·s + 4·s²·h per block, plus the logits
     B, s, L, h, V = 32, SEQ, 8, 256, 1024
     fwd = L * (24 * h * h * s + 4 * s * s * h) + 2 * s * h * V
     assert out["none"]["model_flops"] == pytest.approx(3 * B * fwd, rel=1e-9)
     assert out["none"]["hardware_flops"] == out["none"]["model_flops"]
+    assert out["selective"]["hardware_flops"] == pytest.approx(
+        out["selective"]["model_flops"] + B * L * 4 * s * s * h, rel=1e-9
+    )  # QKᵀ and ×V again
     assert out["full"]["hardware_flops"] == pytest.approx(
         out["full"]["model_flops"] + B * L * (24 * h * h * s + 4 * s * s * h), rel=1e-9
     )
+    peak = peak_flops(A100)
     for r in out.values():
         assert r["mfu"] == pytest.approx(
-            r["model_flops"] / (16 * r["iteration_time_s"] * 1e15), rel=1e-12
+            r["model_flops"] / (16 * r["iteration_time_s"] * peak), rel=1e-12
         )
         assert r["hfu"] >= r["mfu"]
     assert out["none"]["iteration_time_s"] < out["full"]["iteration_time_s"]
@@ -346,8 +245,27 @@ def test_model_flops_are_three_passes_and_hardware_flops_count_recomputation():
 @pytest.mark.parametrize("p,m", [(1, 1), (2, 2), (2, 5), (4, 4), (4, 9), (3, 7)])
 def test_1f1b_matches_an_event_simulation(p, m):
     total, bubble = PipelineSchedule(p, 1, m).iteration_time([3.0] * p)
-    assert math.isclose(total, simulate_1f1b_makespan(p, m, 1.0, 2.0))
+    assert math.isclose(total, simulate_1f1b([1.0] * p, [2.0] * p, m))
     assert math.isclose(bubble / (m * 3.0), (p - 1) / m)
+
+
+@pytest.mark.parametrize("p,v,m", [(2, 2, 4), (4, 2, 8), (4, 3, 8), (8, 2, 16)])
+def test_interleaved_bubble_and_first_rank_memory_closed_forms(p, v, m):
+    _, bubble = PipelineSchedule(p, v, m).iteration_time([3.0] * p)
+    assert math.isclose(bubble / (m * 3.0), (p - 1) / (v * m))
+    assert math.isclose(PipelineSchedule(p, v, m).inflight(0), p * (1 + (p - 1) / (p * v)))
+
+
+def test_unequal_stages_are_set_by_the_slowest():
+    total, bubble = PipelineSchedule(3, 1, 10).iteration_time([1.0, 2.0, 1.5])
+    assert math.isclose(total, 10 * 2.0 + 2.5) and math.isclose(bubble, 2.5)
+
+
+def test_megatrons_rank_layout():
+    s = Strategy(devices=64, tp=8, pp=2, microbatch=2, global_batch=64)
+    assert (s.dp, s.microbatches) == (4, 8)
+    assert s.tp_group(0, 1) == list(range(32, 40))
+    assert s.dp_group(3, 0) == [3, 11, 19, 27]
 
 
 def test_schedule_sends_and_inflight():
@@ -358,6 +276,10 @@ def test_schedule_sends_and_inflight():
     assert [v.sends(j) for j in (0, 3)] == [(3, 2), (2, 3)]
     assert math.isclose(v.inflight(0), 4 * (1 + 3 / 12))
     assert PipelineSchedule(1, 1, 5).sends(0) == (0, 0)
+    # fewer microbatches than stages: only m are ever in flight; interleaved with m == p,
+    # Megatron runs every chunk's forward first (all m·V chunk forwards in flight)
+    assert PipelineSchedule(4, 1, 2).inflight(0) == 2
+    assert PipelineSchedule(4, 3, 4).inflight(0) == 4
 
 
 # ---------------------------------------------------------------------------------------------

@@ -123,7 +123,7 @@ def spearman(x: list[float], y: list[float]) -> float:
 def validate(config: dict, reference: Path | str = REFERENCE) -> dict:
     from phaze.arch.presets import load_preset
     from phaze.fidelity.evaluate import evaluate_strategy
-    from phaze.fidelity.strategy import Strategy
+    from phaze.step.strategy import Strategy
 
     preset = load_preset(PRESET)
     rows = []
@@ -140,14 +140,7 @@ def validate(config: dict, reference: Path | str = REFERENCE) -> dict:
             sequence_parallel=False,
             ddp="overlap" if ref["ddp"] == "torch" else "after",
         )
-        result = evaluate_strategy(
-            spec,
-            strategy,
-            preset,
-            seq=SEQ,
-            costmodel=config["costmodel"],
-            fidelity=config["fidelity"],
-        )
+        result = evaluate_strategy(spec, strategy, preset, seq=SEQ, config=config, name=PRESET)
         flops = eq3_flops(ref["global_batch"], SEQ, ref["layers"], ref["hidden_size"], VOCAB)
         published_s = flops / (ref["gpus"] * ref["achieved_tflops_per_gpu"] * 1e12)
         predicted_s = result["iteration_time_s"]

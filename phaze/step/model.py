@@ -33,8 +33,8 @@ replica (exact whenever the replicas sit alike in the nodes, as for every t·d t
 a divisor of the devices per node). Tensor-parallel collectives are priced on the slowest
 tensor-parallel group of the layout (all groups alike when t divides the devices per node).
 A send between stages: t rank pairs at once; across nodes with Megatron's scatter/gather each
-rank sends 1/t and the receivers all-gather; with sequence parallelism every rank holds 1/t of
-the activation and sends only that.
+rank sends 1/t and the receivers all-gather (where that is faster than the plain send); with
+sequence parallelism every rank holds 1/t of the activation and sends only that.
 """
 
 from __future__ import annotations
@@ -60,13 +60,27 @@ class StepConstants:
     optimizer_bytes_per_param: float  # HBM traffic of the optimizer step
     ddp_bucket_bytes: float  # DDP gradient bucket: the last one is never hidden
     hbm_bandwidth_Bps: float
-    scatter_gather: bool  # Megatron's scatter/gather of inter-node stage transfers
+    scatter_gather: bool  # Megatron's scatter/gather of inter-node stage transfers, where faster
 
     def __post_init__(self) -> None:
         if not 0 <= self.optimizer_state_bytes_per_param <= self.state_bytes_per_param:
             raise PhazeError("optimizer-state bytes per parameter must be in [0, state bytes]")
         if not self.hbm_bandwidth_Bps > 0:
             raise PhazeError("HBM bandwidth must be > 0 B/s")
+
+    @classmethod
+    def from_config(cls, step: dict, hbm_bandwidth_Bps: float) -> StepConstants:
+        """From the validated config section ``step`` and the device's HBM bandwidth."""
+        return cls(
+            state_bytes_per_param=float(step["state_bytes_per_param"]),
+            optimizer_state_bytes_per_param=float(step["optimizer_state_bytes_per_param"]),
+            grad_bytes_per_param=float(step["grad_bytes_per_param"]),
+            weight_bytes_per_param=float(step["weight_bytes_per_param"]),
+            optimizer_bytes_per_param=float(step["optimizer_bytes_per_param"]),
+            ddp_bucket_bytes=float(step["ddp_bucket_bytes"]),
+            hbm_bandwidth_Bps=float(hbm_bandwidth_Bps),
+            scatter_gather=bool(step["scatter_gather"]),
+        )
 
     def state_bytes(self, distributed_optimizer: bool, dp: int) -> float:
         if not distributed_optimizer:
@@ -165,7 +179,8 @@ class Layout:
                 np.roll(self.tp_group_bw, -dst, axis=1),
                 np.roll(self.tp_group_lat, -dst, axis=1),
             )
-            per_replica = np.where(crosses, p2p(nbytes / t) + gather, p2p(nbytes))
+            plain = p2p(nbytes)
+            per_replica = np.where(crosses, np.minimum(plain, p2p(nbytes / t) + gather), plain)
         else:
             per_replica = p2p(nbytes)
         return per_replica
