@@ -300,3 +300,69 @@ def _lower_bound(terms: StageTerms, schedule: PipelineSchedule, blocks: int) -> 
     S = float(terms.intercept.sum() + terms.slope * blocks)
     M = max(S / p, float(terms.time(lo.astype(float)).max()))
     return schedule.microbatches * M + (S - M) / v
+
+
+def best_fixed(
+    chains: Mapping[tuple[int, int, bool], ChainCost],
+    net: HierarchicalNetwork,
+    consts: StepConstants,
+    devices: int,
+    global_batch: int,
+    hbm_bytes: float,
+    axes: Axes,
+    *,
+    tp: int,
+    pp: int,
+    stages: tuple[int, ...],
+) -> tuple[Strategy | None, float, str]:
+    """A fixed placement (tp, pp, split; dp = devices / (tp·pp)) at its best over the other axes
+    (the microbatches of `chains`, interleave, recompute, sequence parallelism, distributed
+    optimizer, DDP). Returns (strategy, time, '') or (None, inf, why not)."""
+    from phaze.errors import PhazeError
+    from phaze.step.model import iteration_time, stage_terms
+
+    if devices % (tp * pp):
+        return (
+            None,
+            INF,
+            (f"the step model uses every device: tp·pp = {tp * pp} does not divide {devices}"),
+        )
+    best: tuple[float, Strategy] | None = None
+    why = Counter()
+    for (t, b, sp), chain in sorted(chains.items()):
+        if t != tp or sp not in axes.sequence_parallel:
+            continue
+        for v in axes.interleave:
+            for rc in axes.recompute:
+                for zero in axes.distributed_optimizer:
+                    for ddp in axes.ddp:
+                        try:
+                            s = Strategy(
+                                devices=devices,
+                                tp=tp,
+                                pp=pp,
+                                microbatch=b,
+                                global_batch=global_batch,
+                                interleave=v,
+                                recompute=rc,
+                                sequence_parallel=sp,
+                                distributed_optimizer=zero,
+                                ddp=ddp,
+                                stages=tuple(stages),
+                            )
+                            s.check_layers(chain.blocks)
+                        except PhazeError as exc:
+                            why[str(exc)] += 1
+                            continue
+                        terms = stage_terms(chain, s, net, consts)
+                        n = np.asarray(stages, dtype=float)
+                        if (terms.memory(n) > hbm_bytes).any():
+                            why["does not fit in memory"] += 1
+                            continue
+                        time_s = iteration_time(terms, n, s.schedule)
+                        if best is None or time_s < best[0]:
+                            best = (time_s, s)
+    if best is None:
+        reason = "; ".join(r for r, _ in why.most_common(2)) or f"no layer costs for tp {tp}"
+        return None, INF, reason
+    return best[1], best[0], ""
