@@ -1,18 +1,24 @@
 """Benchmark the schedule stage on the paper's workloads.
 
 For every paper workload at every valid tensor-parallel width t: trace it (``phaze trace``, cached
-under --work), estimate its operators with the real cost model on the tpuv4 preset with the core
-counts replaced by (1,1), (2,2), (4,4), (8,8), (16,16), (8,2), and schedule the block layer's
+under --work), estimate its operators with the real cost model on the tpuv4-upstream preset (upstream Phaze's
+TPUv4 numbers, kept fixed so figures stay comparable) with the core counts replaced by (1,1), (2,2), (4,4), (8,8), (16,16), (8,2), and schedule the block layer's
 forward and backward graphs. Prints per instance: makespan, lower bound, gap, status, solve time;
 then median / 95th-percentile gap and solve time. Finally the cache hit rate the stage would see
 over the default config's architectures (instance keys only, no solving).
 
     .venv/bin/python benchmarks/schedule.py [--time-limit-s 10] [--models ...] [--work DIR]
+        [--csv FILE] [--dump DIR]
+
+``--dump DIR`` writes every instance in the ``schedule --instance`` JSON format (one file per
+model, t, pass, core counts), so hard ones can be re-run alone. ``cpu_s`` per instance is the CPU
+time of this process plus the solver worker's (from /proc), a measure that load does not inflate.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -69,12 +75,33 @@ def trace_dir(work: Path, model: str, t: int, microbatch: int = 1) -> Path:
     return d
 
 
+PRESET = "tpuv4-upstream"
+
+
+def _cpu_s(sch: Scheduler) -> float:
+    """CPU seconds of this process, of its reaped children (e.g. a solver worker killed by the
+    watchdog) and of the scheduler's running solver worker."""
+    import resource
+
+    ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = time.process_time() + ch.ru_utime + ch.ru_stime
+    w = sch._worker
+    proc = getattr(w, "_proc", None) if w is not None else None
+    if proc is not None and proc.poll() is None:
+        try:
+            f = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            cpu += (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            pass
+    return cpu
+
+
 def tpuv4_space(cores) -> tuple[pd.DataFrame, dict]:
-    preset = load_preset("tpuv4")
+    preset = load_preset(PRESET)
     rows = []
     for n_tc, n_vc in cores:
         r = dict(preset["arch"])
-        r.update(arch=f"tpuv4_tc{n_tc}_vc{n_vc}", n_tc=n_tc, n_vc=n_vc)
+        r.update(arch=f"{PRESET}_tc{n_tc}_vc{n_vc}", n_tc=n_tc, n_vc=n_vc)
         rows.append(r)
     cm = dict(load_config(ROOT / "config" / "config.yaml")["costmodel"])
     cm.update(preset.get("costmodel", {}))
@@ -110,9 +137,13 @@ def run_instances(args) -> pd.DataFrame:
                         inst = build_instance(
                             g, lat[(a.arch, g.signature, g.pass_)], a.n_tc, a.n_vc, ""
                         )
+                        if args.dump:
+                            _dump(args.dump, model, t, g.pass_, inst, args)
+                        c0 = _cpu_s(sch)
                         t0 = time.perf_counter()
                         r = sch.solve(inst)
                         wall = time.perf_counter() - t0
+                        cpu = _cpu_s(sch) - c0
                         rows.append(
                             {
                                 "model": model,
@@ -129,6 +160,9 @@ def run_instances(args) -> pd.DataFrame:
                                 "status": r.status,
                                 "method": r.method,
                                 "solve_s": wall,
+                                "cpu_s": cpu,
+                                "scip_nodes": r.nodes,
+                                "scip_lp_iterations": r.lp_iterations,
                                 "cache_hit": r.cache_hit,
                             }
                         )
@@ -137,7 +171,8 @@ def run_instances(args) -> pd.DataFrame:
                             f"{model:18s} t={t} {g.pass_} ({a.n_tc:2d},{a.n_vc:2d}) n={inst.n:2d} "
                             f"makespan {x['makespan_s'] * 1e6:10.2f} us  lb {x['lower_bound_s'] * 1e6:10.2f} us  "
                             f"list {x['list_s'] * 1e6:10.2f} us  gap {x['gap'] * 100:6.2f} %  "
-                            f"{x['status']:10s} {x['method']:5s} {wall:6.2f} s"
+                            f"{x['status']:10s} {x['method']:5s} {wall:6.2f} s (cpu {cpu:6.2f} s, "
+                            f"{r.nodes} nodes, {r.lp_iterations} LP it.)"
                             f"{'  (cache hit)' if r.cache_hit else ''}",
                             flush=True,
                         )
@@ -148,15 +183,43 @@ def run_instances(args) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def summarize(df: pd.DataFrame) -> None:
+def _dump(out: Path, model: str, t: int, pass_: str, inst, args) -> None:
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    obj = {
+        "n_tc": inst.n_tc,
+        "n_vc": inst.n_vc,
+        "ops": [
+            {
+                "id": inst.ids[i],
+                "core": inst.core[i],
+                "latency_1core_s": inst.l1[i],
+                "latency_allcores_s": inst.la[i],
+            }
+            for i in range(inst.n)
+        ],
+        "edges": [[inst.ids[a], inst.ids[b]] for a, b in inst.edges],
+        "time_limit_s": args.time_limit_s,
+        "gap": args.gap,
+    }
+    name = f"{model}_t{t}_{pass_}_tc{inst.n_tc}_vc{inst.n_vc}.json"
+    (out / name).write_text(json.dumps(obj, indent=1) + "\n")
+
+
+def summarize(df: pd.DataFrame, gap: float) -> None:
     def stats(sub, label):
         if sub.empty:
             return
         g, s = sub["gap"].to_numpy() * 100, sub["solve_s"].to_numpy()
+        c = sub["cpu_s"].to_numpy()
         print(
             f"{label:10s} n={len(sub):4d}  gap median {np.median(g):6.3f} %  p95 "
             f"{np.percentile(g, 95):6.3f} %  max {g.max():6.2f} %  | solve median "
             f"{np.median(s):6.3f} s  p95 {np.percentile(s, 95):6.3f} s  max {s.max():6.2f} s  "
+            f"| cpu median {np.median(c):6.3f} s  p95 {np.percentile(c, 95):6.3f} s  "
+            f"| SCIP nodes {int(sub['scip_nodes'].sum())}, LP it. "
+            f"{int(sub['scip_lp_iterations'].sum())} "
             f"| list excess mean {((sub['list_s'] / sub['makespan_s'] - 1) * 100).mean():5.2f} %"
         )
 
@@ -165,6 +228,21 @@ def summarize(df: pd.DataFrame) -> None:
     for p in ("fwd", "bwd"):
         stats(df[df["pass_"] == p], p)
     print("status counts:", df["status"].value_counts().to_dict())
+    bwd = df[df["pass_"] == "bwd"]
+    print("backward gap by core counts (median / p95 / max, %):")
+    for (tc, vc), sub in bwd.groupby(["n_tc", "n_vc"]):
+        g = sub["gap"].to_numpy() * 100
+        print(
+            f"  ({tc:2d},{vc:2d}): {np.median(g):6.2f} / {np.percentile(g, 95):6.2f} / "
+            f"{g.max():6.2f}"
+        )
+    above = df[df["gap"] > gap]
+    print(f"instances above the gap target ({len(above)}):")
+    for x in above.itertuples(index=False):
+        print(
+            f"  {x.model} t={x.t} {x.pass_} ({x.n_tc},{x.n_vc}) n={x.n_ops}: gap "
+            f"{x.gap * 100:.2f} %, {x.status}"
+        )
 
 
 def cache_hit_rate(work: Path) -> None:
@@ -242,10 +320,11 @@ def main() -> int:
     ap.add_argument("--no-decompose", action="store_true")
     ap.add_argument("--skip-hit-rate", action="store_true")
     ap.add_argument("--csv", type=Path, help="also write the per-instance table here")
+    ap.add_argument("--dump", type=Path, help="write every instance as --instance JSON here")
     args = ap.parse_args()
     t0 = time.perf_counter()
     df = run_instances(args)
-    summarize(df)
+    summarize(df, args.gap)
     if args.csv:
         df.to_csv(args.csv, index=False)
     if not args.skip_hit_rate:

@@ -363,7 +363,7 @@ def test_workflow_on_slurm_matches_local_run(slurm_cluster, tmp_path, copy_check
     slurm_run = Snakemake(
         slurm_cluster, slurm_dir, *common, "--profile", "profiles/slurm", *FAST_POLL
     )
-    log = slurm_run.wait(timeout_s=480)
+    log = slurm_run.wait(timeout_s=1200)
     local_run.wait(timeout_s=120)
 
     submitted, jobs = _jobs_of_run(slurm_cluster, log)

@@ -129,6 +129,26 @@ def test_ilp_matches_brute_force_on_random_dags():
     assert checked >= 15
 
 
+def test_ilp_with_three_cores_matches_brute_force():
+    # three cores per type: the core assignment is in the model from the first solve
+    from phaze.schedule.ilp import eager_z_types
+
+    rng = random.Random(31)
+    eager = checked = 0
+    while eager < 3 or checked < 8:
+        r = random_instance(rng, n_max=7)
+        inst = Instance(3, 3, r.core, r.l1, r.la, r.edges, r.ids)
+        if inst.is_chain() or (checked >= 8 and not eager_z_types(inst)):
+            continue
+        checked += 1
+        out = solve_once(inst, _serial(inst), 0.0, time_limit_s=30, gap=0.0, threads=1)
+        assert out.status == "optimal", out
+        rep = assign_cores(inst, replay(inst, out.start, out.y))
+        assert verify(inst, rep, 1e-12) == []
+        assert rep.makespan(inst) == pytest.approx(_bf(inst), rel=1e-6)
+        eager += bool(eager_z_types(inst))
+
+
 def test_pipeline_matches_brute_force_and_bounds_are_valid():
     rng = random.Random(7)
     with Scheduler(Options(time_limit_s=30, gap=0.0, cache=False)) as sch:
@@ -249,6 +269,17 @@ def test_lazy_core_assignment_is_needed_and_exact():
     assert _bf(inst) == pytest.approx(2.0)
     rep = assign_cores(inst, replay(inst, out.start, out.y))
     assert verify(inst, rep, 1e-12) == []
+    assert out.z_types == ()  # two cores: the triple constraints enforce it, no assignment
+    # four such ops on three cores: the lazy core assignment (z) must step in
+    ops = [
+        {"id": i, "core": "tc", "latency_1core_s": 1.0, "latency_allcores_s": 1.0} for i in range(4)
+    ]
+    ops.append({"id": 4, "core": "vc", "latency_1core_s": 0.5, "latency_allcores_s": 0.5})
+    inst = make_instance(3, 1, ops, [(0, 4)])
+    out = solve_once(inst, _serial(inst), 0.0, time_limit_s=30, gap=0.0, threads=1)
+    assert out.objective_s == pytest.approx(2.0) == _bf(inst)
+    assert "tc" in out.z_types
+    assert verify(inst, assign_cores(inst, replay(inst, out.start, out.y)), 1e-12) == []
 
 
 # ---- list scheduling and replay ---------------------------------------------------------------
@@ -427,9 +458,10 @@ def test_watchdog_falls_back_to_list_schedule():
         ub = best_list_schedule(inst).makespan(inst)
         if not inst.is_chain() and ub > lower_bound(inst, ub)[0] * 1.05:
             break
-    # a budget far below the worker's start-up time: the watchdog must fire, kill, and fall back
+    # a budget far below the worker's start-up time (it imports Pyomo) but enough for the list
+    # search and the bounds: the watchdog must fire, kill, and fall back
     with Scheduler(
-        Options(gap=0.0, time_limit_s=0.001, watchdog_s=0.001, decompose=False, cache=False)
+        Options(gap=0.0, time_limit_s=0.05, watchdog_s=0.001, decompose=False, cache=False)
     ) as sch:
         r = sch.solve(inst)
         assert r.status == "watchdog" and r.method == "list"

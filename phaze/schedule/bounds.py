@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+from phaze.schedule.budget import NO_DEADLINE, Deadline, OutOfTime
 from phaze.schedule.instance import Instance
 
 
@@ -44,7 +45,7 @@ def critical_path(inst: Instance) -> float:
     return max((h[i] + inst.q[i] for i in range(inst.n)), default=0.0)
 
 
-def antichain_width(inst: Instance, members: list[int]) -> int:
+def antichain_width(inst: Instance, members: list[int], deadline: Deadline = NO_DEADLINE) -> int:
     """Largest set of pairwise incomparable ops among ``members`` (Dilworth: |members| minus a
     maximum matching of the comparability relation, by augmenting paths; n <= ~100)."""
     pos = {m: k for k, m in enumerate(members)}
@@ -60,17 +61,23 @@ def antichain_width(inst: Instance, members: list[int]) -> int:
                     return True
         return False
 
-    return len(members) - sum(augment(u, set()) for u in range(len(members)))
+    matched = 0
+    for u in range(len(members)):
+        deadline.check()
+        matched += augment(u, set())
+    return len(members) - matched
 
 
-def core_limits(inst: Instance) -> dict[str, int]:
+def core_limits(inst: Instance, deadline: Deadline = NO_DEADLINE) -> dict[str, int]:
     """Most single-core ops of each type that can ever run at once: min(n_c, antichain width of
     the ops holding a type-c core; zero-length ops hold none)."""
     out = {}
     for c in ("tc", "vc"):
         mem = [i for i in range(inst.n) if inst.uses(i, c) and inst.l1[i] > 0]
         out[c] = (
-            max(1, min(inst.n_cores(c), antichain_width(inst, mem))) if mem else inst.n_cores(c)
+            max(1, min(inst.n_cores(c), antichain_width(inst, mem, deadline)))
+            if mem
+            else inst.n_cores(c)
         )
     return out
 
@@ -91,7 +98,7 @@ def _bits(m: int):
         m ^= b
 
 
-def _energy_heads(inst: Instance, before, after, order, w) -> list[float]:
+def _energy_heads(inst: Instance, before, after, order, w, deadline=NO_DEADLINE) -> list[float]:
     """Lower bounds on each op's start (or, mirrored, on the time after its end): ``before`` /
     ``after`` are ancestor / descendant bitsets (swapped for tails)."""
 
@@ -100,6 +107,7 @@ def _energy_heads(inst: Instance, before, after, order, w) -> list[float]:
 
     r = [0.0] * inst.n
     for i in order:
+        deadline.check()
         v = e(before[i])  # every ancestor runs before i starts
         for j in _bits(before[i]):  # j, then the ops between j and i, then i
             v = max(v, r[j] + inst.q[j] + e(after[j] & before[i]))
@@ -108,13 +116,13 @@ def _energy_heads(inst: Instance, before, after, order, w) -> list[float]:
 
 
 def energy_heads_tails(
-    inst: Instance, k: dict[str, int] | None = None
+    inst: Instance, k: dict[str, int] | None = None, deadline: Deadline = NO_DEADLINE
 ) -> tuple[list[float], list[float]]:
     """(r, d): r_i <= start of op i and d_i <= makespan - end of op i in every schedule; at least
     the critical-path heads/tails."""
     w = _weights(inst, k or core_limits(inst))
-    r = _energy_heads(inst, inst.ancestors, inst.descendants, range(inst.n), w)
-    d = _energy_heads(inst, inst.descendants, inst.ancestors, reversed(range(inst.n)), w)
+    r = _energy_heads(inst, inst.ancestors, inst.descendants, range(inst.n), w, deadline)
+    d = _energy_heads(inst, inst.descendants, inst.ancestors, reversed(range(inst.n)), w, deadline)
     return r, d
 
 
@@ -142,7 +150,9 @@ def energy(inst: Instance, kind: str, k: dict[str, int] | None = None) -> float:
     return sum(min(inst.la[i], inst.l1[i] / n) for i in range(inst.n) if inst.uses(i, kind))
 
 
-def windowed_energy(inst: Instance, kind: str, r=None, d=None, k=None) -> float:
+def windowed_energy(
+    inst: Instance, kind: str, r=None, d=None, k=None, deadline: Deadline = NO_DEADLINE
+) -> float:
     """Energy bound on time windows: the ops that cannot start before h and cannot end later than
     tau before the end must fit between, so T >= h + sum of their min core-time / n_c + tau, for
     every pair of thresholds (h, tau) taken from the ops' heads and tails. Catches the backward
@@ -153,6 +163,7 @@ def windowed_energy(inst: Instance, kind: str, r=None, d=None, k=None) -> float:
     w = {i: min(inst.la[i], inst.l1[i] / n_c) for i in mem}
     best = 0.0
     for h in sorted({hd[i] for i in mem}):
+        deadline.check()
         sub = [i for i in mem if hd[i] >= h]
         for tau in sorted({tl[i] for i in sub}):
             best = max(best, h + sum(w[i] for i in sub if tl[i] >= tau) + tau)
@@ -207,19 +218,29 @@ def forced_energy(inst: Instance, ub: float, r=None, d=None, k=None) -> float:
     return ub
 
 
-def lower_bound(inst: Instance, ub: float | None = None) -> tuple[float, str]:
+def lower_bound(
+    inst: Instance, ub: float | None = None, deadline: Deadline = NO_DEADLINE
+) -> tuple[float, str]:
     """(best cheap bound, which one). With ``ub`` (a known schedule's makespan) also the
-    forced-mode energy bound."""
-    k = core_limits(inst)
-    r, d = energy_heads_tails(inst, k)
+    forced-mode energy bound. If ``deadline`` passes, the best of the bounds finished so far
+    (critical path and plain energy always are: they are linear)."""
+    plain = {"tc": inst.n_tc, "vc": inst.n_vc}
     cands = [
         (critical_path(inst), "critical_path"),
-        (energy(inst, "tc", k), "energy_tc"),
-        (energy(inst, "vc", k), "energy_vc"),
-        (windowed_energy(inst, "tc", r, d, k), "window_tc"),
-        (windowed_energy(inst, "vc", r, d, k), "window_vc"),
-        (exclusion_bound(inst, r, d, k), "exclusion"),
+        (energy(inst, "tc", plain), "energy_tc"),
+        (energy(inst, "vc", plain), "energy_vc"),
     ]
-    if ub is not None:
-        cands.append((forced_energy(inst, ub, r, d, k), "forced_energy"))
+    try:
+        k = core_limits(inst, deadline)
+        cands += [(energy(inst, "tc", k), "energy_tc"), (energy(inst, "vc", k), "energy_vc")]
+        r, d = energy_heads_tails(inst, k, deadline)
+        cands += [
+            (exclusion_bound(inst, r, d, k), "exclusion"),
+            (windowed_energy(inst, "tc", r, d, k, deadline), "window_tc"),
+            (windowed_energy(inst, "vc", r, d, k, deadline), "window_vc"),
+        ]
+        if ub is not None:
+            cands.append((forced_energy(inst, ub, r, d, k), "forced_energy"))
+    except OutOfTime:
+        pass
     return max(cands)

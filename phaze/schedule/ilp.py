@@ -13,6 +13,13 @@ pairs only (precedence already orders the others), makespan T; minimise T.
   the same on late and early windows (ops with head >= h: T >= h + their energy; tails alike).
 * t_i within [head_i, UB - tail_i - q_i]; y_i fixed to 0 where LA_i >= L1_i (dominated), to 1
   where head_i + L1_i + tail_i > UB (no schedule shorter than UB runs it on one core).
+* mode-aware time cuts (``add_mode_cuts``): intra-op ops run alone, so the makespan is their
+  total LA plus the time during which single-core ops run; that time is at least, for every op
+  j, the single-core time before j starts (S_j: a longest path of single-core latencies and the
+  single-core energy of j's ancestors) + j's own single-core latency + the single-core time after
+  j ends (G_j, mirrored). These see precedence and mode choice together (the energy and
+  critical-path cuts each see one of them); they are also solved alone as a small MIP
+  (``mode_bound_model``: only the y binaries), a bound before the full model is tried.
 * lazily, per core type whose solution over-subscribes its cores (upstream's scheme): core
   assignment z_ik with sum_k z_ik = 1 - y_i, o_ij + o_ji >= z_ik + z_jk - 1, and the standard
   symmetry breaking z_ik = 0 for k > rank of i among that type's ops (the warm start's cores are
@@ -32,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phaze.errors import PhazeError
-from phaze.schedule.bounds import forced_intra, heads, tails
+from phaze.schedule.bounds import _bits, antichain_width, core_limits, forced_intra, heads, tails
 from phaze.schedule.instance import Instance
 from phaze.schedule.listsched import Schedule, assign_cores
 
@@ -48,6 +55,8 @@ class IlpOutcome:
     bound_s: float  # proven lower bound, seconds (0 if none)
     z_types: tuple[str, ...]  # core types that needed explicit core assignment
     solve_s: float
+    nodes: int = 0  # SCIP branch-and-bound nodes, all solves of this call
+    lp_iterations: int = 0  # SCIP simplex iterations, all solves of this call
 
 
 # ---- model ---------------------------------------------------------------------------------
@@ -100,6 +109,16 @@ def build_model(inst: Instance, ub: float, lb: float, z_types=(), warm: Schedule
 
     forced = [(i, j) for i, j in pairs if must_order(i, j)]
     m.forced = pyo.Constraint(forced, rule=lambda _m, i, j: m.o[i, j] + m.o[j, i] == 1)
+    # two cores of a type: of any three pairwise incomparable ops holding it, some pair is
+    # ordered (intervals that pairwise overlap share a point, so this is exactly "at most two at
+    # once"; no core assignment needed for that type)
+    triples = triples_two_cores(inst)
+    m.two_cores = pyo.Constraint(
+        triples,
+        rule=lambda _m, i, j, k: (
+            m.o[i, j] + m.o[j, i] + m.o[i, k] + m.o[k, i] + m.o[j, k] + m.o[k, j] >= 1
+        ),
+    )
 
     kinds = ("tc", "vc")
     m.energy = pyo.Constraint(
@@ -127,6 +146,7 @@ def build_model(inst: Instance, ub: float, lb: float, z_types=(), warm: Schedule
         )
 
     m.window = pyo.Constraint(win, rule=window_rule)
+    add_mode_cuts(m, inst, s)
     m.obj = pyo.Objective(expr=m.T, sense=pyo.minimize)
 
     # lazy core assignment
@@ -155,6 +175,120 @@ def build_model(inst: Instance, ub: float, lb: float, z_types=(), warm: Schedule
 
     if warm is not None:
         _set_warm(m, inst, warm, s, z_types, pairs)
+    return m
+
+
+# Types with exactly two cores get the triple constraints instead of a core assignment, up to
+# this many triples (a 28-op block at 2x2 cores has a few hundred to a few thousand).
+_MAX_TRIPLES = 20000
+
+
+def triples_two_cores(inst: Instance) -> list[tuple[int, int, int]]:
+    """(i, j, k), i < j < k, pairwise incomparable ops that all hold a core of a type with
+    exactly two cores (zero-length ops hold none); [] if that would exceed ``_MAX_TRIPLES``."""
+    out: set[tuple[int, int, int]] = set()
+    for c in ("tc", "vc"):
+        if inst.n_cores(c) != 2:
+            continue
+        mem = [i for i in range(inst.n) if inst.uses(i, c) and inst.l1[i] > 0]
+        rel = {i: inst.ancestors[i] | inst.descendants[i] for i in mem}
+        for a, i in enumerate(mem):
+            for b, j in enumerate(mem[a + 1 :], a + 1):
+                if (rel[i] >> j) & 1:
+                    continue
+                for k in mem[b + 1 :]:
+                    if not (rel[i] >> k) & 1 and not (rel[j] >> k) & 1:
+                        out.add((i, j, k))
+                        if len(out) > _MAX_TRIPLES:
+                            return []
+    return sorted(out)
+
+
+def two_core_types(inst: Instance) -> tuple[str, ...]:
+    """Core types whose capacity the triple constraints already enforce."""
+    if not triples_two_cores(inst):
+        return ()
+    return tuple(c for c in ("tc", "vc") if inst.n_cores(c) == 2)
+
+
+# Core types with at most this many cores (and more than two) get the core assignment from the
+# first solve when their ops can over-subscribe them: the assignment is small there (<= 4 z per
+# op), and a first solve without it spends its whole budget on a relaxation whose incumbents
+# are then rejected (measured on the schedule benchmark's 4x4 backward blocks).
+_EAGER_Z_CORES = 4
+
+
+def eager_z_types(inst: Instance) -> tuple[str, ...]:
+    k = core_limits(inst)
+    out = []
+    for c in ("tc", "vc"):
+        n_c = inst.n_cores(c)
+        if 2 < n_c <= _EAGER_Z_CORES and k[c] == n_c:
+            mem = [i for i in range(inst.n) if inst.uses(i, c) and inst.l1[i] > 0]
+            if antichain_width(inst, mem) > n_c:
+                out.append(c)
+    return tuple(out)
+
+
+def add_mode_cuts(m, inst: Instance, s: float) -> None:
+    """Add S_j, G_j and the cuts T >= sum_i LA_i y_i + S_j + L1_j (1 - y_j) + G_j to a model with
+    binaries ``m.y`` and makespan ``m.T`` (time scaled by ``s``).
+
+    Valid because intra-op ops overlap nothing: the makespan splits into their total LA and the
+    time R when single-core ops run, and R >= (R before j starts) + (j's single-core time) + (R
+    after j ends). R before j is at least S_i + L1_i (1 - y_i) for a predecessor i (both lie before
+    j, i's single-core run inside), and at least the single-core work of type c among j's
+    ancestors / k_c (at most k_c of them run at once, k_c = ``core_limits``); G_j alike."""
+    import pyomo.environ as pyo
+
+    n = inst.n
+    k = core_limits(inst)
+    l1 = [v * s for v in inst.l1]
+    la = [v * s for v in inst.la]
+
+    def single(i):
+        return l1[i] * (1 - m.y[i])
+
+    m.S = pyo.Var(range(n), bounds=(0.0, None))
+    m.G = pyo.Var(range(n), bounds=(0.0, None))
+    m.mode_cuts = pyo.ConstraintList()
+    for a, b in inst.reduced_edges:
+        m.mode_cuts.add(m.S[b] >= m.S[a] + single(a))
+        m.mode_cuts.add(m.G[a] >= m.G[b] + single(b))
+    for j in range(n):
+        for c in ("tc", "vc"):
+            anc = [i for i in _bits(inst.ancestors[j]) if inst.uses(i, c)]
+            desc = [i for i in _bits(inst.descendants[j]) if inst.uses(i, c)]
+            if anc:
+                m.mode_cuts.add(m.S[j] >= sum(single(i) for i in anc) / k[c])
+            if desc:
+                m.mode_cuts.add(m.G[j] >= sum(single(i) for i in desc) / k[c])
+    alone = sum(la[i] * m.y[i] for i in range(n))
+    for j in range(n):
+        m.mode_cuts.add(m.T >= alone + m.S[j] + single(j) + m.G[j])
+    for c in ("tc", "vc"):
+        mem = [i for i in range(n) if inst.uses(i, c)]
+        m.mode_cuts.add(m.T >= alone + sum(single(i) for i in mem) / k[c])
+
+
+def mode_bound_model(inst: Instance, ub: float, lb: float):
+    """The mode-aware cuts alone: binaries y, continuous S, G, T (time scaled by 1 / ``ub``).
+    Its optimum (or SCIP's dual bound on it), times ``ub``, bounds the makespan of every
+    schedule shorter than ``ub``: y is fixed to 1 where an op cannot run on one core below
+    ``ub`` (``forced_intra``) and to 0 where intra-op is not faster."""
+    import pyomo.environ as pyo
+
+    s = 1.0 / ub
+    m = pyo.ConcreteModel()
+    m.y = pyo.Var(range(inst.n), domain=pyo.Binary)
+    for i in range(inst.n):
+        if inst.la[i] >= inst.l1[i]:
+            m.y[i].fix(0)
+    for i in forced_intra(inst, ub):
+        m.y[i].fix(1)
+    m.T = pyo.Var(bounds=(min(lb * s, 1.0), None))
+    add_mode_cuts(m, inst, s)
+    m.obj = pyo.Objective(expr=m.T, sense=pyo.minimize)
     return m
 
 
@@ -212,6 +346,65 @@ def _oversubscribed(inst: Instance, start, y, tol) -> list[str]:
     return out
 
 
+# Building the Pyomo model and handing it to SCIP (which presolves before it looks at its clock)
+# costs about this much per ordering pair; measured here on random DAGs of 100-300 ops (3.6 k-38 k
+# pairs): 0.3 ms per pair for build + hand-over + a 0.5 s-limited solve, 2-core machine under load.
+_S_PER_PAIR = 3e-4
+
+
+def ilp_fits(inst: Instance, remaining_s: float) -> bool:
+    """Whether the model can plausibly be built and handed to SCIP within half the time left."""
+    return len(inst.incomparable_pairs) * _S_PER_PAIR <= 0.5 * remaining_s
+
+
+_SCIP_STATUS = {
+    "optimal": "optimal",
+    "gaplimit": "gap_limit",
+    "timelimit": "time_limit",
+    "totalnodelimit": "node_limit",
+    "nodelimit": "node_limit",
+}
+
+# Share of the time left that the mode-aware bound MIP may take before the full model (measured
+# on the schedule benchmark: it proves optimality of its own small model in 0.1-1 s on blocks of
+# <= 33 ops and 1-5 s on the 69-71-op ones).
+_MODE_BOUND_SHARE = 0.3
+
+
+def _scip(m, time_limit, gap, threads, node_limit, seed, warm: bool, work=None):
+    """Solve a Pyomo model with SCIP (scip_direct): (results, SCIP's status string); adds the
+    nodes and LP iterations spent to ``work`` ([nodes, iterations]) if given."""
+    work = work if work is not None else [0, 0]
+    from pyomo.contrib.solver.solvers.scip.scip_direct import ScipDirect
+
+    opt = ScipDirect()
+    res = opt.solve(
+        m,
+        time_limit=max(time_limit, 0.01),
+        rel_gap=gap,
+        threads=threads,
+        warmstart_discrete_vars=warm,
+        load_solutions=False,
+        raise_exception_on_nonoptimal_result=False,
+        solver_options={
+            "randomization/randomseedshift": seed,
+            "display/verblevel": 0,
+            # a node limit (0 = none) stops SCIP at the same point on every
+            # machine; a wall-clock limit does not (reproducible artifacts)
+            **({"limits/totalnodes": int(node_limit)} if node_limit else {}),
+        },
+    )
+    sm = opt._solver_model
+    work[0] += sm.getNTotalNodes()
+    work[1] += sm.getNLPIterations()
+    return res, sm.getStatus()
+
+
+def _dual_bound(res, ub: float) -> float:
+    b = res.objective_bound
+    return b * ub if b is not None and b > -1e300 else 0.0
+
+
 def solve_once(
     inst: Instance,
     warm: Schedule,
@@ -221,62 +414,73 @@ def solve_once(
     threads: int,
     node_limit: int = 0,
     seed: int = 0,
+    end: float | None = None,
+    mode_bound: bool = True,
 ) -> IlpOutcome:
+    """One ILP solve within ``time_limit_s`` (and before the monotonic time ``end``, if given:
+    the caller's deadline, which also covers the worker's start-up). First (``mode_bound``) the
+    mode-aware bound MIP: if it proves the warm start within ``gap``, the full model is skipped
+    (status gap_limit / optimal, the warm start returned as the solution)."""
     import pyomo.environ as pyo
-    from pyomo.contrib.solver.solvers.scip.scip_direct import ScipDirect
 
     t0 = time.perf_counter()
+    stop = time.monotonic() + time_limit_s
+    if end is not None:
+        stop = min(stop, end)
     ub = warm.makespan(inst)
-    z_types: tuple[str, ...] = ()
+    z_types = eager_z_types(inst)
     bound = 0.0
     status = "no_solution"
-    while True:
-        remaining = time_limit_s - (time.perf_counter() - t0)
-        if remaining <= 0.01:
-            break
-        m = build_model(inst, ub, lb, z_types, warm)
-        opt = ScipDirect()
-        res = opt.solve(
-            m,
-            time_limit=remaining,
-            rel_gap=gap,
-            threads=threads,
-            warmstart_discrete_vars=True,
-            load_solutions=False,
-            raise_exception_on_nonoptimal_result=False,
-            solver_options={
-                "randomization/randomseedshift": seed,
-                "display/verblevel": 0,
-                # a node limit (0 = none) stops SCIP at the same point on every
-                # machine; a wall-clock limit does not (reproducible artifacts)
-                **({"limits/totalnodes": int(node_limit)} if node_limit else {}),
-            },
+    work = [0, 0]  # SCIP nodes, LP iterations
+    if mode_bound and ilp_fits(inst, stop - time.monotonic()):
+        budget = _MODE_BOUND_SHARE * (stop - time.monotonic())
+        res, _st = _scip(
+            mode_bound_model(inst, ub, lb), budget, 0.0, threads, node_limit, seed, False, work
         )
-        scip_status = opt._solver_model.getStatus()
-        if res.objective_bound is not None and res.objective_bound > -1e300:
-            bound = max(bound, res.objective_bound * ub)
+        bound = min(_dual_bound(res, ub), ub)
+        if ub - max(bound, lb) <= gap * ub:
+            done = "optimal" if ub - max(bound, lb) <= 1e-9 * ub else "gap_limit"
+            return IlpOutcome(
+                done, list(warm.start), list(warm.y), ub, bound, (), time.perf_counter() - t0, *work
+            )
+        lb = max(lb, bound)
+    while True:
+        if not ilp_fits(inst, stop - time.monotonic()):
+            status = "time_limit"
+            break
+        tb = time.monotonic()
+        m = build_model(inst, ub, lb, z_types, warm)
+        # the hand-over to SCIP costs about as much as the build and is not interruptible
+        remaining = stop - time.monotonic() - (time.monotonic() - tb)
+        if remaining <= 0.01:
+            status = "time_limit"
+            break
+        res, scip_status = _scip(m, remaining, gap, threads, node_limit, seed, True, work)
+        bound = max(bound, _dual_bound(res, ub))
         if res.incumbent_objective is None:
             status = "no_solution" if scip_status != "timelimit" else "time_limit"
             break
         res.solution_loader.load_vars()
         start = [pyo.value(m.t[i]) * ub for i in range(inst.n)]
         y = [round(pyo.value(m.y[i])) for i in range(inst.n)]
-        over = [c for c in _oversubscribed(inst, start, y, 1e-6 * ub) if c not in z_types]
+        exact = set(z_types) | set(two_core_types(inst))
+        over = [c for c in _oversubscribed(inst, start, y, 1e-6 * ub) if c not in exact]
         if over:
             z_types = tuple(sorted(set(z_types) | set(over)))
             status = "time_limit"  # if the loop runs out of time before a valid answer
             continue
-        status = {
-            "optimal": "optimal",
-            "gaplimit": "gap_limit",
-            "timelimit": "time_limit",
-            "totalnodelimit": "node_limit",
-            "nodelimit": "node_limit",
-        }.get(scip_status, scip_status)
+        status = _SCIP_STATUS.get(scip_status, scip_status)
         return IlpOutcome(
-            status, start, y, res.incumbent_objective * ub, bound, z_types, time.perf_counter() - t0
+            status,
+            start,
+            y,
+            res.incumbent_objective * ub,
+            bound,
+            z_types,
+            time.perf_counter() - t0,
+            *work,
         )
-    return IlpOutcome(status, None, None, None, bound, z_types, time.perf_counter() - t0)
+    return IlpOutcome(status, None, None, None, bound, z_types, time.perf_counter() - t0, *work)
 
 
 # ---- worker process + watchdog ---------------------------------------------------------------
@@ -296,7 +500,7 @@ def _worker_main(read_fd: int, write_fd: int) -> None:
         if task is None:
             return
         try:
-            tx.send(("ok", solve_once(*task)))
+            tx.send(("ok", solve_once(*task[:-1], end=task[-1])))
         except Exception:  # noqa: BLE001 - reported to the parent, which raises
             tx.send(("error", traceback.format_exc()))
 
@@ -352,8 +556,9 @@ class SolverWorker:
     ) -> IlpOutcome:
         self._ensure()
         t0 = time.perf_counter()
+        end = time.monotonic() + time_limit_s  # the worker's clock (CLOCK_MONOTONIC) is ours
         try:
-            self._tx.send((inst, warm, lb, time_limit_s, gap, threads, node_limit))
+            self._tx.send((inst, warm, lb, time_limit_s, gap, threads, node_limit, 0, end))
             # SCIP stops itself at time_limit_s; the watchdog allows watchdog_s more (model
             # building, the worker's first imports) before it declares the solve hung
             if self._rx.poll(time_limit_s + watchdog_s):

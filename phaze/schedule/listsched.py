@@ -11,14 +11,23 @@
 * ``adaptive_sgs`` — the serial SGS choosing each op's mode while placing it (earliest finish).
 * ``best_list_schedule`` — several mode choices × priority rules, then a local search flipping
   each op's intra-op flag, then adaptive-mode runs (forward and on the reversed graph): the upper
-  bound, the warm start, and the cheap tier's answer.
+  bound, the warm start, and the cheap tier's answer. It stops at a deadline or when its work
+  allowance (``LIST_WORK``, op placements) is spent, keeping the best schedule so far.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from phaze.schedule.budget import NO_DEADLINE, Deadline, OutOfTime
 from phaze.schedule.instance import Instance
+
+# Work allowance of one list-schedule search, in op placements (one serial-SGS run of an n-op
+# instance = n). Measured on the schedule benchmark's block instances (up to 71 ops): the full
+# search places at most 0.15 M ops there (llama2-7b backward), so the allowance never binds on
+# real layers; it caps a 300-op DAG's search at ~6,700 SGS runs whatever the clock says (a node
+# limit for the heuristic: the same answer on every machine when it binds).
+LIST_WORK = 2_000_000
 
 
 @dataclass
@@ -46,13 +55,17 @@ def _usage(inst: Instance, i: int, yi: int) -> tuple[int, int, bool]:
     return int(tc), int(vc), False
 
 
-def serial_sgs(inst: Instance, order: list[int], y: list[int]) -> Schedule:
-    """Place ops in ``order`` (precedence-feasible) at their earliest feasible start."""
+def serial_sgs(
+    inst: Instance, order: list[int], y: list[int], deadline: Deadline = NO_DEADLINE
+) -> Schedule:
+    """Place ops in ``order`` (precedence-feasible) at their earliest feasible start (raises
+    ``OutOfTime`` if the deadline passes first)."""
     n = inst.n
     start = [0.0] * n
     end = [0.0] * n
     placed: list[tuple[float, float, int, int, bool]] = []
     for i in order:
+        deadline.check()
         p = inst.la[i] if y[i] else inst.l1[i]
         tc, vc, excl = _usage(inst, i, y[i])
         est = max((end[k] for k in inst.preds[i]), default=0.0)
@@ -81,7 +94,9 @@ def _earliest_fit(
     raise AssertionError("unreachable: after every placed op ends, any op fits")
 
 
-def adaptive_sgs(inst: Instance, order: list[int], bias: float = 0.0) -> Schedule:
+def adaptive_sgs(
+    inst: Instance, order: list[int], bias: float = 0.0, deadline: Deadline = NO_DEADLINE
+) -> Schedule:
     """Serial SGS that picks each op's mode as it places it (the multi-mode RCPSP rule): the
     mode that finishes earlier, intra-op only if it ends more than a fraction ``bias`` earlier
     (bias < 0 favours intra-op). Unlike a fixed mode vector, an op on the critical chain can
@@ -90,6 +105,7 @@ def adaptive_sgs(inst: Instance, order: list[int], bias: float = 0.0) -> Schedul
     start, end, y = [0.0] * n, [0.0] * n, [0] * n
     placed: list[tuple[float, float, int, int, bool]] = []
     for i in order:
+        deadline.check()
         est = max((end[k] for k in inst.preds[i]), default=0.0)
         best = None
         for yi in (0, 1) if inst.la[i] != inst.l1[i] else (0,):
@@ -301,7 +317,9 @@ def reversed_instance(inst: Instance) -> Instance:
     )
 
 
-def justify(inst: Instance, sched: Schedule, rev: Instance | None = None) -> Schedule:
+def justify(
+    inst: Instance, sched: Schedule, rev: Instance | None = None, deadline: Deadline = NO_DEADLINE
+) -> Schedule:
     """Double justification (forward-backward improvement): right-justify the schedule (an SGS
     on the reversed graph in order of latest end), then left-justify it again (SGS in order of
     earliest start). Never worse than the input in practice; kept only if it improves."""
@@ -309,11 +327,28 @@ def justify(inst: Instance, sched: Schedule, rev: Instance | None = None) -> Sch
     rev = rev or reversed_instance(inst)
     ends = [sched.end(inst, i) for i in range(n)]
     ry = list(reversed(sched.y))
-    back = serial_sgs(rev, priority_order(rev, [ends[n - 1 - k] for k in range(n)]), ry)
+    back = serial_sgs(rev, priority_order(rev, [ends[n - 1 - k] for k in range(n)]), ry, deadline)
     # reversed-time starts -> forward priority: ops that end last in reverse start first
     rend = [back.end(rev, k) for k in range(n)]
-    fwd = serial_sgs(inst, priority_order(inst, [rend[n - 1 - i] for i in range(n)]), sched.y)
+    fwd = serial_sgs(
+        inst, priority_order(inst, [rend[n - 1 - i] for i in range(n)]), sched.y, deadline
+    )
     return fwd if fwd.makespan(inst) < sched.makespan(inst) else sched
+
+
+def sequential_schedule(inst: Instance) -> Schedule:
+    """One op at a time in index (topological) order, each in its faster mode: always valid, O(n);
+    the answer when not even one list schedule fits in the deadline."""
+    y = [1 if inst.la[i] < inst.l1[i] else 0 for i in range(inst.n)]
+    start, t = [0.0] * inst.n, 0.0
+    for i in range(inst.n):
+        start[i] = t
+        t += inst.la[i] if y[i] else inst.l1[i]
+    return Schedule(start, y)
+
+
+class _Spent(Exception):
+    """The list search's deadline or work allowance is spent."""
 
 
 def best_list_schedule(
@@ -322,38 +357,41 @@ def best_list_schedule(
     extra: list[tuple[list[int], list[int]]] | None = None,
     restarts: int = 0,
     seed: int = 0,
+    deadline: Deadline = NO_DEADLINE,
+    work: int = LIST_WORK,
 ) -> Schedule:
     """Best schedule over mode heuristics × priority rules (plus ``extra`` (order, y) seeds, e.g.
     a neighbouring architecture's solution), each double-justified; then (``local_search``)
     single intra-op flag flips, and ``restarts`` randomised priority perturbations (seeded, so
-    the result is reproducible)."""
+    the result is reproducible). Stops when ``deadline`` passes or ``work`` op placements are
+    spent, with the best schedule so far (the sequential schedule if none was finished)."""
     import random
 
     rev = reversed_instance(inst)
     best: Schedule | None = None
     best_ms = float("inf")
-    cands: list[tuple[list[int], list[int]]] = []
-    for y in initial_modes(inst):
-        for o in _orders(inst, y):
-            cands.append((o, y))
-    for o, y in extra or []:
-        cands.append((list(o), list(y)))
+    left = work
 
-    def consider(s: Schedule) -> bool:
-        nonlocal best, best_ms
-        s = justify(inst, s, rev)
+    def consider(make) -> bool:
+        """Charge one candidate (its SGS run and the justification's two), build it with
+        ``make()``, double-justify it, keep it if it is better."""
+        nonlocal best, best_ms, left
+        left -= 3 * inst.n
+        if left < 0 or deadline.expired():
+            raise _Spent
+        try:
+            s = justify(inst, make(), rev, deadline)
+        except OutOfTime as exc:
+            raise _Spent from exc
         ms = s.makespan(inst)
         if ms < best_ms * (1 - 1e-12):
             best, best_ms = s, ms
             return True
         return False
 
-    for o, y in cands:
-        consider(serial_sgs(inst, o, y))
-    if not local_search:
-        for s in _adaptive_candidates(inst, rev):
-            consider(s)
-        return best
+    def sgs(o, y):
+        return lambda: serial_sgs(inst, o, y, deadline)
+
     flippable = [i for i in range(inst.n) if inst.la[i] != inst.l1[i]]
 
     def flip_pass():
@@ -363,37 +401,50 @@ def best_list_schedule(
                 y2 = list(best.y)
                 y2[i] = 1 - y2[i]
                 for o in _orders(inst, y2)[:2]:
-                    if consider(serial_sgs(inst, o, y2)):
+                    if consider(sgs(o, y2)):
                         improved = True
                         break
             if not improved:
                 return
 
-    flip_pass()
-    # adaptive-mode candidates after the flips, so the flip search's path (and result) from the
-    # fixed-mode starts is unchanged and the answer is never worse than without them
-    # every candidate is evaluated (consider() keeps the best of them), so no short-circuit here
-    improved = [consider(s) for s in _adaptive_candidates(inst, rev)]
-    if any(improved):
+    try:
+        for y in initial_modes(inst):
+            for o in _orders(inst, y):
+                consider(sgs(o, y))
+        for o, y in extra or []:
+            consider(sgs(list(o), list(y)))
+        if not local_search:
+            for make in _adaptive_candidates(inst, rev, deadline):
+                consider(make)
+            return best
         flip_pass()
-    rng = random.Random(seed)
-    for _ in range(restarts):
-        y = list(best.y)
-        if flippable and rng.random() < 0.5:
-            k = rng.choice(flippable)
-            y[k] = 1 - y[k]
-        dur = [inst.la[i] if y[i] else inst.l1[i] for i in range(inst.n)]
-        tail = _tails(inst, dur)
-        prio = [tail[i] * rng.uniform(0.7, 1.3) for i in range(inst.n)]
-        if consider(serial_sgs(inst, priority_order(inst, prio), y)):
+        # adaptive-mode candidates after the flips, so the flip search's path (and result) from
+        # the fixed-mode starts is unchanged and the answer is never worse than without them;
+        # every candidate is evaluated (consider() keeps the best of them), no short-circuit
+        improved = [consider(make) for make in _adaptive_candidates(inst, rev, deadline)]
+        if any(improved):
             flip_pass()
-    return best
+        rng = random.Random(seed)
+        for _ in range(restarts):
+            y = list(best.y)
+            if flippable and rng.random() < 0.5:
+                k = rng.choice(flippable)
+                y[k] = 1 - y[k]
+            dur = [inst.la[i] if y[i] else inst.l1[i] for i in range(inst.n)]
+            tail = _tails(inst, dur)
+            prio = [tail[i] * rng.uniform(0.7, 1.3) for i in range(inst.n)]
+            if consider(sgs(priority_order(inst, prio), y)):
+                flip_pass()
+    except _Spent:
+        pass
+    return best if best is not None else sequential_schedule(inst)
 
 
-def _adaptive_candidates(inst: Instance, rev: Instance):
+def _adaptive_candidates(inst: Instance, rev: Instance, deadline: Deadline = NO_DEADLINE):
     """Adaptive-mode SGS runs (modes chosen while placing), forward and on the reversed graph
     (converted back by a serial SGS in order of reversed end times): priorities = remaining path
-    with single-core / fastest durations, op length, successor count; mode bias 0, ±2 %."""
+    with single-core / fastest durations, op length, successor count; mode bias 0, ±2 %. Yields
+    one zero-argument builder per run (so the caller charges each run before it happens)."""
     n = inst.n
     for g, backward in ((inst, False), (rev, True)):
         ndesc = [float((d).bit_count()) for d in g.descendants]
@@ -402,15 +453,20 @@ def _adaptive_candidates(inst: Instance, rev: Instance):
             for prio in (_tails(g, dur), dur, ndesc):
                 order = priority_order(g, prio)
                 for bias in (0.0, 0.02, -0.02):
-                    s = adaptive_sgs(g, order, bias)
-                    if backward:
-                        ends = [s.end(g, k) for k in range(n)]
-                        s = serial_sgs(
-                            inst,
-                            priority_order(inst, [ends[n - 1 - i] for i in range(n)]),
-                            list(reversed(s.y)),
-                        )
-                    yield s
+
+                    def make(g=g, backward=backward, order=order, bias=bias):
+                        s = adaptive_sgs(g, order, bias, deadline)
+                        if backward:
+                            ends = [s.end(g, k) for k in range(n)]
+                            s = serial_sgs(
+                                inst,
+                                priority_order(inst, [ends[n - 1 - i] for i in range(n)]),
+                                list(reversed(s.y)),
+                                deadline,
+                            )
+                        return s
+
+                    yield make
 
 
 def replay(inst: Instance, start: list[float], y: list[int]) -> Schedule:

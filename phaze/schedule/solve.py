@@ -16,6 +16,11 @@ Pipeline for an instance (each step measured to pay, see docs/schedule.md):
 Identical segments (same structure, core counts and latencies up to a common scale) are solved
 once per ``Scheduler`` (one per job); the last solutions on the same structure seed the list
 scheduler of the next architecture (a neighbouring architecture's schedule, re-timed).
+
+Bounded work: ``time_limit_s`` is the wall-clock budget of one ``Scheduler.solve`` call (one layer
+instance), shared by its segments and by every step inside them (``budget.Deadline``); a core
+count above the number of ops is clamped to it first (extra cores can never be busy, and nothing
+is allocated per core).
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from dataclasses import dataclass
 from phaze.config import schema_defaults
 from phaze.errors import PhazeError
 from phaze.schedule.bounds import lower_bound
-from phaze.schedule.ilp import SolverWorker
+from phaze.schedule.budget import NO_DEADLINE, Deadline
+from phaze.schedule.ilp import SolverWorker, ilp_fits
 from phaze.schedule.instance import Instance
 from phaze.schedule.listsched import (
     Schedule,
@@ -59,7 +65,7 @@ class Options:
     """Solver settings; the defaults of the config keys are config/schema.yaml's (``schedule``)."""
 
     tier: str = "ilp"  # ilp | bounds (a CLI choice, not a config key)
-    time_limit_s: float = _DEFAULT["time_limit_s"]
+    time_limit_s: float = _DEFAULT["time_limit_s"]  # wall-clock budget of one solve() call
     gap: float = _DEFAULT["gap"]
     threads: int = _DEFAULT["threads"]
     cache: bool = _DEFAULT["cache"]
@@ -93,6 +99,8 @@ class Result:
     solve_s: float
     schedule: Schedule
     cache_hit: bool = False
+    nodes: int = 0  # SCIP branch-and-bound nodes spent on it (all segments; 0 for a cache hit)
+    lp_iterations: int = 0  # SCIP simplex iterations spent on it
 
     @property
     def gap(self) -> float:
@@ -143,6 +151,7 @@ class Scheduler:
         self.segment_hits = 0
         self.ilp_solves = 0
         self._worker: SolverWorker | None = None
+        self._deadline = NO_DEADLINE  # of the segment being solved
 
     def close(self) -> None:
         if self._worker is not None:
@@ -157,10 +166,14 @@ class Scheduler:
 
     # ---- public entry point ---------------------------------------------------------------
     def solve(self, inst: Instance) -> Result:
-        """Solve one layer instance (whole-instance cache hits are counted in ``hits``)."""
+        """Solve one layer instance within ``time_limit_s`` (whole-instance cache hits are
+        counted in ``hits``). With core counts above the op count the instance is solved with
+        them clamped (same schedules); the result's core ids are then those of the clamped
+        instance, and ``peak_cores`` on the given instance still reports every core busy."""
         t0 = time.perf_counter()
+        self._deadline = Deadline(self.opts.time_limit_s)
         fn = self._solve_decomposed if self.opts.decompose else self._solve_segment
-        res = self._cached(inst, fn, top=True)
+        res = self._cached(clamp_cores(inst), fn, top=True)
         res.solve_s = time.perf_counter() - t0
         return res
 
@@ -200,18 +213,26 @@ class Scheduler:
         y = [0] * inst.n
         t = 0.0
         lb = ub = 0.0
+        nodes = iters = 0
         statuses, methods = [], []
+        whole = self._deadline
         for b in range(len(arts) + 1):
             if b in buckets:
                 seg = buckets[b]
                 sub = inst.subinstance(seg)
+                # each segment left gets an equal share of the time left (chains and cache
+                # hits take none, so later segments inherit it)
+                self._deadline = whole.share(1 / sum(1 for c in buckets if c >= b))
                 r = self._cached(sub, self._solve_segment, top=False)
+                self._deadline = whole
                 for k, i in enumerate(seg):
                     start[i] = t + r.schedule.start[k]
                     y[i] = r.schedule.y[k]
                 t += r.makespan_s
                 lb += r.lower_bound_s
                 ub += r.upper_bound_s
+                nodes += r.nodes
+                iters += r.lp_iterations
                 statuses.append(r.status)
                 methods.append(r.method)
             if b < len(arts):
@@ -228,7 +249,9 @@ class Scheduler:
         t = sched.makespan(inst)
         status = max(statuses, key=_SEVERITY.__getitem__) if statuses else "chain"
         method = "ilp" if "ilp" in methods else ("list" if "list" in methods else "chain")
-        return Result(t, min(lb, t), ub, status, method, 0.0, sched)
+        return Result(
+            t, min(lb, t), ub, status, method, 0.0, sched, nodes=nodes, lp_iterations=iters
+        )
 
     # ---- one segment ----------------------------------------------------------------------
     def _solve_segment(self, inst: Instance) -> Result:
@@ -240,12 +263,17 @@ class Scheduler:
 
         skey = _structure_key(inst)
         seeds = self.seeds.get(skey, [])
-        # the cheap tier skips the mode-flip local search (10x faster, same median gap)
+        deadline = self._deadline
+        # the cheap tier skips the mode-flip local search (10x faster, same median gap); the
+        # list search may take half the time left, the rest is the bounds' and the solver's
         best = best_list_schedule(
-            inst, local_search=self.opts.local_search and self.opts.tier == "ilp", extra=seeds
+            inst,
+            local_search=self.opts.local_search and self.opts.tier == "ilp",
+            extra=seeds,
+            deadline=deadline.share(0.5),
         )
         ub = best.makespan(inst)
-        lb, _which = lower_bound(inst, ub)
+        lb, _which = lower_bound(inst, ub, deadline)
         best = assign_cores(inst, best)
         _check(inst, best, ub)
         if ub <= lb * (1 + 1e-9):
@@ -255,6 +283,10 @@ class Scheduler:
         if ub - lb <= self.opts.gap * ub:
             # the list schedule already meets the gap target: SCIP would stop at once
             return Result(ub, lb, ub, "gap_limit", "list", 0.0, best)
+        remaining = deadline.remaining()
+        if not ilp_fits(inst, remaining):
+            # not even the model would be built and handed to SCIP in the time left
+            return Result(ub, lb, ub, "time_limit", "list", 0.0, best)
 
         if self._worker is None:
             self._worker = SolverWorker()
@@ -263,7 +295,7 @@ class Scheduler:
             inst,
             best,
             lb,
-            self.opts.time_limit_s,
+            remaining,
             self.opts.gap,
             self.opts.threads,
             self.opts.watchdog_s,
@@ -298,7 +330,33 @@ class Scheduler:
         # remember this solution as a seed for the next architecture with the same structure
         order = priority_order(inst, [-t for t in final.start])
         self.seeds[skey] = ([(order, list(final.y))] + seeds)[:3]
-        return Result(ms, lb, ub, status, method, out.solve_s, final)
+        return Result(
+            ms,
+            lb,
+            ub,
+            status,
+            method,
+            out.solve_s,
+            final,
+            nodes=out.nodes,
+            lp_iterations=out.lp_iterations,
+        )
+
+
+def clamp_cores(inst: Instance) -> Instance:
+    """The instance with n_tc, n_vc capped at its op count: at most n ops are ever busy, and an
+    op's intra-op latency is an input, so every schedule (and makespan) stays the same."""
+    if inst.n_tc <= inst.n and inst.n_vc <= inst.n:
+        return inst
+    return Instance(
+        min(inst.n_tc, inst.n),
+        min(inst.n_vc, inst.n),
+        inst.core,
+        inst.l1,
+        inst.la,
+        inst.edges,
+        inst.ids,
+    )
 
 
 def _chain_starts(inst: Instance, y: list[int]) -> list[float]:
