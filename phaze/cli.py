@@ -27,8 +27,21 @@ STAGES: dict[str, tuple[str, str]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as ONE line on stderr and exit code 2, like every other bad input."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
+def one_line(text: str) -> str:
+    """A message on one line: a library's multi-line message (pydantic, argparse) joined."""
+    parts = [part.strip() for part in str(text).splitlines() if part.strip()]
+    return "; ".join(parts).replace(":; ", ": ")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="phaze", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="phaze", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="stage", metavar="STAGE")
     sub.required = True
     for name, (module_name, help_text) in STAGES.items():
@@ -42,11 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2, its one line already printed)
+        return exc.code if isinstance(exc.code, int) else 2
     try:
         return int(args._run(args) or 0)
     except PhazeError as exc:
-        print(f"phaze {args.stage}: error: {exc}", file=sys.stderr)
+        print(f"phaze {args.stage}: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"phaze {args.stage}: interrupted", file=sys.stderr)

@@ -6,16 +6,18 @@ exactly the values a workflow run sees:
 
 * ``path=None`` means ``config/config.yaml``, the config ``snakemake`` runs without
   ``--configfile``;
-* a ``.json`` file (the workflow's snapshot, ``results/.config.json``) is read with ``json``,
+* a ``.json`` file (the workflow's snapshot, ``results/.config/<hash>.json``) is read with ``json``,
   anything else as YAML;
 * absent keys take the schema's ``default`` values (JSON Schema 2020-12, validated with
   ``Draft202012Validator`` extended to fill defaults, as Snakemake's ``validate`` does). Code reads
   the validated mapping and repeats no default; ``schema_defaults()`` is the schema's defaults
   alone, for library functions called without a config.
 
-The tensor-parallel width was once called ``tmp``; a config that still uses that key is rejected
-with an error naming ``tp``. Likewise for keys that moved to another section (the step accounting
-now in ``step``) and for the old on/off form of ``place.recompute``.
+Beyond the schema: no number may be NaN or infinite, every microbatch size must divide the global
+batch and every preset named must exist (``_check_consistency``), so the Snakefile's validation
+stops a dry run on them. The tensor-parallel width was once called ``tmp``; a config that still
+uses that key is rejected with an error naming ``tp``. Likewise for keys that moved to another
+section (the step accounting now in ``step``) and for the old on/off form of ``place.recompute``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import math
 from pathlib import Path
 
 import jsonschema
@@ -91,6 +94,47 @@ def _renamed_key(node, where: str = "") -> str | None:
     return None
 
 
+def _non_finite(node, where: str = "") -> str | None:
+    """The first NaN or infinite number in a nested config, as ``a/b/0``; None if none."""
+    if isinstance(node, float) and not math.isfinite(node):
+        return where or "<top>"
+    items = (
+        node.items()
+        if isinstance(node, dict)
+        else enumerate(node)
+        if isinstance(node, list)
+        else ()
+    )
+    for key, value in items:
+        found = _non_finite(value, f"{where}/{key}" if where else str(key))
+        if found:
+            return found
+    return None
+
+
+def _check_consistency(config: dict) -> None:
+    """What the schema cannot say: the global batch splits into every microbatch size, and every
+    preset named exists (checked when the config is read, so a dry run fails, not a job later)."""
+    batch = config["place"]["global_batch"]
+    for mbs in config["trace"]["microbatch"]:
+        if mbs > batch or batch % mbs:
+            raise PhazeError(
+                f"config invalid: place.global_batch {batch} is not a multiple of "
+                f"trace.microbatch {mbs} (every microbatch size must divide the global batch)"
+            )
+    from phaze.arch.presets import PRESET_DIR, list_presets  # (phaze.arch imports this module)
+
+    named = [("arch.presets", p) for p in config["arch"]["presets"]] + [
+        ("arch.area_budget.reference_preset", config["arch"]["area_budget"]["reference_preset"]),
+        ("search.baseline_preset", config["search"]["baseline_preset"]),
+    ]
+    for where, name in named:
+        if not (PRESET_DIR / f"{name}.yaml").is_file():
+            raise PhazeError(
+                f"config invalid at {where}: unknown preset {name!r}; known: {list_presets()}"
+            )
+
+
 def validate_config(config: dict) -> dict:
     """Validate in place (filling defaults) and return the config."""
     old = _renamed_key(config)
@@ -108,11 +152,15 @@ def validate_config(config: dict) -> dict:
             "config place.recompute lists recompute modes now, not on/off: write e.g. "
             "[none, selective, full] (false was none, true full)"
         )
+    bad = _non_finite(config)
+    if bad:
+        raise PhazeError(f"config invalid at {bad}: NaN and infinite numbers are not allowed")
     errors = sorted(_Validator(_schema()).iter_errors(config), key=lambda e: list(e.path))
     if errors:
         e = errors[0]
         where = "/".join(str(p) for p in e.path) or "<top>"
         raise PhazeError(f"config invalid at {where}: {e.message}")
+    _check_consistency(config)
     return config
 
 

@@ -19,6 +19,5 @@ rule arch:
     params:
         code=code_version("arch"),
         cfg=W.arch_params(),
-        config=W.config_json,
     shell:
-        "python3 -m phaze arch --config {params.config:q} --out {output:q} > {log:q} 2>&1"
+        'python3 -m phaze arch --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'

@@ -21,10 +21,9 @@ rule estimate_space:
         code=code_version("estimate"),
         cfg=W.section("costmodel"),
         trace=W.trace_dir_of,
-        config=W.config_json,
     shell:
         "python3 -m phaze estimate --trace {params.trace:q} --space {input.space:q}"
-        " --config {params.config:q} --out {output:q} > {log:q} 2>&1"
+        ' --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
 
 
 rule search_blind:
@@ -63,10 +62,9 @@ rule estimate_blind:
         code=code_version("estimate"),
         cfg=W.section("costmodel"),
         trace=W.trace_dir_of,
-        config=W.config_json,
     shell:
         "python3 -m phaze estimate --trace {params.trace:q} --space {input.space:q}"
-        " --chunks {input.choice:q} --chunk 0 --config {params.config:q} --out {output:q}"
+        ' --chunks {input.choice:q} --chunk 0 --config "$PHAZE_CONFIG" --out {output:q}'
         " > {log:q} 2>&1"
 
 
@@ -88,11 +86,10 @@ rule schedule_blind:
         code=code_version("schedule"),
         cfg=W.section("schedule"),
         trace=W.trace_dir_of,
-        config=W.config_json,
     shell:
         "python3 -m phaze schedule --tier ilp --trace {params.trace:q}"
         " --latency {input.latency:q} --space {input.space:q} --chunks {input.choice:q}"
-        " --chunk 0 --config {params.config:q} --out {output:q} > {log:q} 2>&1"
+        ' --chunk 0 --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
 
 
 rule place_blind:
@@ -111,4 +108,4 @@ rule place_blind:
         cfg=W.section("place", "costmodel", "step"),
         cmds=W.place_commands("blind"),
     shell:
-        "python3 -m phaze search batch {params.cmds:q} > {log:q} 2>&1"
+        'python3 -m phaze search batch --config "$PHAZE_CONFIG" {params.cmds:q} > {log:q} 2>&1'

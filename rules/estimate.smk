@@ -24,8 +24,7 @@ rule estimate:
         code=code_version("estimate"),
         cfg=W.section("costmodel"),
         trace=lambda wc, input: os.path.dirname(input.ops),
-        config=W.config_json,
     shell:
         "python3 -m phaze estimate --trace {params.trace:q} --space {input.space:q}"
-        " --chunks {input.chunks:q} --chunk {wildcards.chunk} --config {params.config:q}"
+        ' --chunks {input.chunks:q} --chunk {wildcards.chunk} --config "$PHAZE_CONFIG"'
         " --out {output:q} > {log:q} 2>&1"

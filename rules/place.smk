@@ -28,4 +28,5 @@ rule place:
         cfg=W.section("place", "costmodel", "step"),
         args=W.place_chunk_args,
     shell:
-        "python3 -m phaze place {params.args:q} --out {output:q} > {log:q} 2>&1"
+        'python3 -m phaze place {params.args:q} --config "$PHAZE_CONFIG" --out {output:q}'
+        " > {log:q} 2>&1"

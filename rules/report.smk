@@ -18,7 +18,6 @@ rule report_plots:
         cfg=W.section("report"),
         summary=lambda wc, input: os.path.dirname(input.best),
         out=lambda wc, output: os.path.dirname(output[0]),
-        config=W.config_json,
     shell:
-        "python3 -m phaze report --summary {params.summary:q} --config {params.config:q}"
+        'python3 -m phaze report --summary {params.summary:q} --config "$PHAZE_CONFIG"'
         " --out-dir {params.out:q} > {log:q} 2>&1"

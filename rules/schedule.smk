@@ -31,8 +31,7 @@ rule schedule:
         code=code_version("schedule"),
         cfg=W.section("schedule"),
         trace=lambda wc, input: os.path.dirname(input.ops),
-        config=W.config_json,
     shell:
         "python3 -m phaze schedule --tier ilp --trace {params.trace:q} --latency {input.latency:q}"
         " --space {input.space:q} --chunks {input.chunks:q} --chunk {wildcards.chunk}"
-        " --config {params.config:q} --out {output:q} > {log:q} 2>&1"
+        ' --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'

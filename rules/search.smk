@@ -30,9 +30,8 @@ checkpoint search_plan:
         # only what decides the plan: a rewritten chunks.parquet re-runs every estimate after it
         code=code_version("search/plan.py"),
         cfg=W.plan_params(),
-        config=W.config_json,
     shell:
-        "python3 -m phaze search plan --space {input:q} --config {params.config:q}"
+        'python3 -m phaze search plan --space {input:q} --config "$PHAZE_CONFIG"'
         " --out {output:q} > {log:q} 2>&1"
 
 
@@ -54,11 +53,10 @@ rule schedule_bounds:
         code=code_version("schedule"),
         cfg=W.section("schedule"),
         trace=W.trace_dir_of,
-        config=W.config_json,
     shell:
         "python3 -m phaze schedule --tier bounds --trace {params.trace:q}"
         " --latency {input.latency:q} --space {input.space:q} --chunks {input.plan:q}"
-        " --chunk {wildcards.chunk} --config {params.config:q} --out {output:q} > {log:q} 2>&1"
+        ' --chunk {wildcards.chunk} --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
 
 
 rule place_bounds:
@@ -80,7 +78,7 @@ rule place_bounds:
         cfg=W.section("place", "costmodel", "step"),
         cmds=W.place_commands("bounds"),
     shell:
-        "python3 -m phaze search batch {params.cmds:q} > {log:q} 2>&1"
+        'python3 -m phaze search batch --config "$PHAZE_CONFIG" {params.cmds:q} > {log:q} 2>&1'
 
 
 checkpoint search_prune:
@@ -96,14 +94,13 @@ checkpoint search_prune:
     params:
         code=W.search_code(),
         cfg=W.search_params(),
-        config=W.config_json,
     run:
         manifest = W.write_manifest(
             f"{log}.manifest.json", W.prune_manifest(wildcards), input
         )
         shell(
             "python3 -m phaze search prune --plan {input.plan:q} --round {wildcards.round}"
-            " --manifest {manifest:q} --config {params.config:q} --out {output:q} > {log:q} 2>&1"
+            ' --manifest {manifest:q} --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
         )
 
 
@@ -130,11 +127,10 @@ rule schedule_ilp:
         # the archs pruning selected, as a param: a re-run prune that selects the same archs
         # (say, after a placement edit) does not re-run the ILPs
         archs=W.ilp_archs,
-        config=W.config_json,
     shell:
         "python3 -m phaze schedule --tier ilp --trace {params.trace:q}"
         " --latency {input.latency:q} --space {input.space:q} --archs {params.archs:q}"
-        " --config {params.config:q} --out {output:q} > {log:q} 2>&1"
+        ' --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
 
 
 rule place_ilp:
@@ -153,7 +149,7 @@ rule place_ilp:
         cfg=W.section("place", "costmodel", "step"),
         cmds=W.place_commands("ilp"),
     shell:
-        "python3 -m phaze search batch {params.cmds:q} > {log:q} 2>&1"
+        'python3 -m phaze search batch --config "$PHAZE_CONFIG" {params.cmds:q} > {log:q} 2>&1'
 
 
 checkpoint search_state:
@@ -169,14 +165,13 @@ checkpoint search_state:
     params:
         code=W.search_code(),
         cfg=W.search_params(),
-        config=W.config_json,
     run:
         manifest = W.write_manifest(
             f"{log}.manifest.json", W.state_manifest(wildcards), input
         )
         shell(
             "python3 -m phaze search state --plan {input.plan:q} --round {wildcards.round}"
-            " --manifest {manifest:q} --config {params.config:q} --out {output:q} > {log:q} 2>&1"
+            ' --manifest {manifest:q} --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
         )
 
 
@@ -194,13 +189,12 @@ rule search_summary:
         code=code_version("search"),
         cfg=W.section("search"),
         out=lambda wc, output: os.path.dirname(output.stats),
-        config=W.config_json,
     run:
         manifest = W.write_manifest(
             f"{log}.manifest.json", W.summary_manifest(), input
         )
         shell(
             "python3 -m phaze search summarize --plan {input.plan:q} --space {input.space:q}"
-            " --manifest {manifest:q} --config {params.config:q} --out-dir {params.out:q}"
+            ' --manifest {manifest:q} --config "$PHAZE_CONFIG" --out-dir {params.out:q}'
             " > {log:q} 2>&1"
         )

@@ -24,8 +24,7 @@ rule trace:
         cfg=W.trace_params(),
         model=W.trace_model,
         out=lambda wc, output: os.path.dirname(output.ops),
-        config=W.config_json,
     shell:
         "python3 -m phaze trace --model {params.model:q} --microbatch {wildcards.mbs}"
-        " --tp {wildcards.tp} --seq {wildcards.seq} --config {params.config:q}"
+        ' --tp {wildcards.tp} --seq {wildcards.seq} --config "$PHAZE_CONFIG"'
         " --out {params.out:q} > {log:q} 2>&1"

@@ -579,6 +579,7 @@ def _ops_and_latencies(tmp_path, t):
             kind="matmul" if op == 0 else "vector",
             core="tc",
             collective="",
+            group_size=1,  # no collective: the group of one rank
             attention=attention,
             replicated=False,
             flops=1e9 if op == 0 else 0.0,

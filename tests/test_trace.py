@@ -465,6 +465,60 @@ def test_config_json_by_path(tmp_path):
         neox.check_tp(2)
 
 
+def test_exported_registry_bert_config_traces_by_path_as_by_name(tmp_path):
+    """bert-large's own config, exported: the path builds BertForMaskedLM, as the name does."""
+    from phaze.trace.tracer import trace_model
+
+    (tmp_path / "bert-large").mkdir()  # the directory names the model
+    get_model_spec("bert-large").hf_config().to_json_file(tmp_path / "bert-large" / "config.json")
+    spec = get_model_spec(str(tmp_path / "bert-large" / "config.json"))
+    assert spec.model_class().__name__ == "BertForMaskedLM" and not spec.causal
+    by_path, by_name = trace_model(spec, 1, 2, seq=64), _trace("bert-large", 1, 2, seq=64)
+    for table in ("ops", "edges", "layers"):
+        pd.testing.assert_frame_equal(getattr(by_path, table), getattr(by_name, table))
+
+
+@pytest.mark.parametrize("name", PAPER)
+def test_exported_registry_config_builds_the_registry_class(tmp_path, name):
+    get_model_spec(name).hf_config().to_json_file(tmp_path / "config.json")
+    by_path, by_name = get_model_spec(str(tmp_path / "config.json")), get_model_spec(name)
+    assert by_path.model_class() is by_name.model_class()
+    assert by_path.causal == by_name.causal == (name not in ("bert-large", "megatron-bert"))
+
+
+@pytest.mark.parametrize(
+    "extra,cls",
+    [
+        ({"architectures": ["BertLMHeadModel"], "is_decoder": True}, "BertLMHeadModel"),
+        ({"is_decoder": True}, "BertLMHeadModel"),
+        ({"architectures": ["BertForSequenceClassification"]}, "BertForMaskedLM"),
+        ({"architectures": ["BertForMaskedLM"]}, "BertForMaskedLM"),
+        ({"architectures": ["BertLMHeadModel"]}, "is_decoder is false"),
+        ({"architectures": ["BertForMaskedLM"], "is_decoder": True}, "is_decoder is true"),
+    ],
+)
+def test_path_model_class_follows_is_decoder_and_rejects_contradictions(tmp_path, extra, cls):
+    raw = get_model_spec("bert-large").hf_config().to_dict()
+    (tmp_path / "config.json").write_text(json.dumps({**raw, **extra}))
+    spec = get_model_spec(str(tmp_path))
+    if cls.startswith("is_decoder"):
+        with pytest.raises(PhazeError, match=cls):
+            spec.model_class()
+        return
+    assert spec.model_class().__name__ == cls
+    assert spec.causal == (cls == "BertLMHeadModel")
+
+
+def test_decoder_bert_config_traces_by_path(tmp_path):
+    from phaze.trace.tracer import trace_model
+
+    raw = get_model_spec("bert-large").hf_config().to_dict()
+    raw.update(architectures=["BertLMHeadModel"], is_decoder=True, num_hidden_layers=2)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    trace = trace_model(get_model_spec(str(tmp_path)), 1, 1, seq=32)
+    assert len(trace.layers) == 4  # embedding, 2 blocks, head
+
+
 # --- CLI ------------------------------------------------------------------------------------
 
 

@@ -1,14 +1,29 @@
 """Fit the area-model constants to upstream's anchor areas: `python -m phaze.arch.calibrate`.
 
 The anchors are the per-component areas upstream's Accelergy + CACTI (22 nm) flow produced, as
-recorded in docs/design.md. The model (``phaze/arch/area.py``) is linear in the four area constants once
-the SRAM exponent is fixed, so the fit is a 1-D scan over the exponent with, at each value, a
-least-squares solve on RELATIVE error that is iteratively re-weighted towards the worst anchor
-(an approximate minimax fit). Constants must be non-negative (no negative periphery cost).
-The result is what config/schema.yaml carries as defaults; tests check every anchor within 5 %.
+recorded in docs/design.md. The model (``phaze/arch/area.py``) is linear in the four area
+constants once the SRAM exponent is fixed. The fit is an exact minimax on RELATIVE error:
+
+1. for a fixed exponent, the smallest achievable worst relative error over all anchors is a
+   linear programme (minimise t subject to ``|model_i / anchor_i - 1| <= t``, constants >= 0, no
+   negative periphery cost), solved by SCIP (SoPlex: exact simplex vertices, no BLAS, so the
+   answer does not depend on the CPU);
+2. the exponent minimises that worst error: a scan of ``EXPONENT_RANGE`` in steps of
+   ``EXPONENT_STEP``, refined by golden-section search to ``EXPONENT_TOL`` around the best step;
+3. the minimax alone can leave constants free (anchors not at the worst error may move without
+   changing it: the tensor-core PE area does at the optimum), so the constants are the
+   LEXICOGRAPHIC minimax at that exponent: the worst error is minimised, the anchors that must
+   sit at it are pinned there, the worst error of the others is minimised next, and so on. That
+   solution is unique (the design matrix has full column rank), so the fit is well defined.
+
+The result is what config/schema.yaml carries as defaults (rounded to 6 significant digits);
+tests check every anchor within 5 %, the objective against a brute-force exponent scan and the
+defaults against a refit up to a stated tolerance.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -22,6 +37,17 @@ TPUV4_ANCHOR_MM2 = 278.8  # 8 TC 128x128, 2 VC 128, 128 MiB GLB
 
 LOCAL_BUFFER = {"local_buffer_bytes_per_pe": 16, "local_buffer_min_bytes": 1024}
 _FITTED = ("tc_pe_area_mm2", "vc_lane_area_mm2", "sram_macro_area_mm2", "sram_area_coeff_mm2")
+
+# SRAM exponents considered: sub-linear to slightly super-linear growth of array area with
+# capacity brackets every CACTI curve; the scan step is coarse, golden section does the rest.
+EXPONENT_RANGE = (0.80, 1.10)
+EXPONENT_STEP = 0.01
+EXPONENT_TOL = 1e-9
+# SCIP's primal/dual feasibility tolerance: the rows are relative errors of order 1, and the
+# columns are scaled to order 1, so 1e-9 is far below any difference the fit cares about.
+_FEASTOL = 1e-9
+# an anchor whose error cannot be pushed more than this below the current level is pinned at it
+_PIN_TOL = 1e-8
 
 
 def _design_matrix(exponent: float, lb_cfg: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -44,25 +70,100 @@ def _design_matrix(exponent: float, lb_cfg: dict) -> tuple[np.ndarray, np.ndarra
     return np.array(rows, dtype=float), np.array(target)
 
 
-EXPONENTS = np.linspace(0.80, 1.10, 301)
+def relative_rows(exponent: float, lb_cfg: dict = LOCAL_BUFFER) -> np.ndarray:
+    """Row i times the constants = model area / anchor area of anchor i (1 is a perfect fit)."""
+    a, y = _design_matrix(exponent, lb_cfg)
+    return a / y[:, None]
 
 
-def fit(exponents=EXPONENTS, lb_cfg: dict = LOCAL_BUFFER) -> dict:
-    best = None
-    for exponent in exponents:
-        a, y = _design_matrix(exponent, lb_cfg)
-        weights = np.ones_like(y)
-        for _ in range(200):
-            scale = weights / y
-            x, *_ = np.linalg.lstsq(a * scale[:, None], y * scale, rcond=None)
-            err = np.abs(a @ x / y - 1.0)
-            weights *= (1.0 + err / err.max()) ** 2
-            weights /= weights.mean()
-        if (x < 0).any():
-            continue
-        if best is None or err.max() < best[0]:
-            best = (err.max(), exponent, x)
-    max_err, exponent, x = best
+def min_max_error(c: np.ndarray, worst, caps: dict | None = None) -> tuple[float, np.ndarray]:
+    """Minimise t s.t. ``|c_i·x - 1| <= t`` (i in ``worst``), ``<= caps[i]`` (i in caps), x >= 0.
+
+    Returns (t, x). Anchors in neither set are unconstrained. SCIP solves the LP; columns are
+    scaled by their largest entry so every coefficient is O(1).
+    """
+    from pyscipopt import Model
+
+    caps = caps or {}
+    scale = np.abs(c).max(axis=0)
+    scale[scale == 0] = 1.0
+    m = Model()
+    m.hideOutput()
+    m.setParam("numerics/feastol", _FEASTOL)
+    m.setParam("numerics/dualfeastol", _FEASTOL)
+    m.setParam("randomization/randomseedshift", 0)
+    z = [m.addVar(lb=0.0, name=f"z{k}") for k in range(c.shape[1])]
+    t = m.addVar(lb=0.0, name="t")
+    for i in list(worst) + list(caps):
+        r = sum(float(c[i, k] / scale[k]) * z[k] for k in range(c.shape[1]) if c[i, k] != 0)
+        bound = t if i in worst else float(caps[i])
+        m.addCons(r - 1.0 <= bound)
+        m.addCons(1.0 - r <= bound)
+    m.setObjective(t, "minimize")
+    m.optimize()
+    if m.getStatus() != "optimal":
+        raise RuntimeError(f"area-fit LP ended {m.getStatus()!r}")
+    x = np.array([m.getVal(v) for v in z]) / scale
+    return float(m.getVal(t)), x
+
+
+def lexicographic_minimax(c: np.ndarray) -> tuple[np.ndarray, list[float]]:
+    """Constants whose sorted error vector is lexicographically smallest; (x, pinned levels)."""
+    n = c.shape[0]
+    caps: dict[int, float] = {}
+    levels: list[float] = []
+    while True:
+        free = [i for i in range(n) if i not in caps]
+        level, x = min_max_error(c, free, caps)
+        levels.append(level)
+        err = np.abs(c @ x - 1.0)
+        pinned = []
+        for i in free:
+            if err[i] < level - _PIN_TOL:
+                continue  # already below the level in this solution: not pinned
+            others = {**caps, **{j: level for j in free if j != i}}
+            low, _ = min_max_error(c, [i], others)
+            if low > level - _PIN_TOL:
+                pinned.append(i)
+        if not pinned:  # impossible for an optimal LP (averaging would lower the level)
+            raise RuntimeError("lexicographic minimax: no anchor pinned at the level")
+        caps.update({i: level for i in pinned})
+        if len(caps) == n:
+            return x, levels
+
+
+def best_exponent(lb_cfg: dict = LOCAL_BUFFER) -> tuple[float, float]:
+    """The exponent minimising the worst relative error, and that error."""
+
+    def worst(e: float) -> float:
+        c = relative_rows(e, lb_cfg)
+        return min_max_error(c, range(c.shape[0]))[0]
+
+    lo_e, hi_e = EXPONENT_RANGE
+    steps = round((hi_e - lo_e) / EXPONENT_STEP)
+    grid = [lo_e + k * EXPONENT_STEP for k in range(steps + 1)]
+    values = [worst(e) for e in grid]
+    k = int(np.argmin(values))
+    lo, hi = grid[max(k - 1, 0)], grid[min(k + 1, steps)]
+    g = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+    fa, fb = worst(a), worst(b)
+    while hi - lo > EXPONENT_TOL:
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = hi - g * (hi - lo)
+            fa = worst(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + g * (hi - lo)
+            fb = worst(b)
+    e = (lo + hi) / 2.0
+    return e, worst(e)
+
+
+def fit(lb_cfg: dict = LOCAL_BUFFER) -> dict:
+    exponent, max_err = best_exponent(lb_cfg)
+    x, _ = lexicographic_minimax(relative_rows(exponent, lb_cfg))
     out = dict(zip(_FITTED, (float(v) for v in x)))
     out["sram_area_exponent"] = float(exponent)
     out.update(lb_cfg)

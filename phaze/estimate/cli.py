@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     trace = Path(args.trace)
     if not trace.is_dir():
         raise PhazeError(f"trace directory not found: {trace}")
-    ops = read_table(trace / "ops.parquet")
+    ops = read_table(trace / "ops.parquet", "ops", nonempty=True)
     space = select_archs(args)
     latency = estimate(ops, space, config["costmodel"])
     write_table(latency, args.out, "latency")

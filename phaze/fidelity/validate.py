@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from phaze.errors import PhazeError
+from phaze.io import checks
 
 REFERENCE = Path(__file__).resolve().parent / "data" / "megatron_narayanan2021_table1.csv"
 SEQ = 2048
@@ -46,21 +47,32 @@ def read_reference(path: Path | str = REFERENCE) -> list[dict]:
     missing = [c for c in REQUIRED if c not in rows[0]]
     if missing:
         raise PhazeError(f"{path}: missing columns {missing}")
-    out = []
+    out, seen = [], {}
     for i, r in enumerate(rows, 1):
-        try:
-            row = {
-                k: int(r[k])
-                for k in REQUIRED
-                if k not in ("params_billion", "ddp", "achieved_tflops_per_gpu")
-            }
-            row["params_billion"] = float(r["params_billion"])
-            row["achieved_tflops_per_gpu"] = float(r["achieved_tflops_per_gpu"])
-        except ValueError as exc:
-            raise PhazeError(f"{path}: row {i}: {exc}") from None
+        where = f"{path}: row {i}"
+        if None in r or any(r[k] is None for k in REQUIRED):
+            raise PhazeError(
+                f"{where}: has {len(r) - (None in r)} fields, the header has more or fewer"
+            )
+        row = {}
+        for k in REQUIRED:
+            if k == "ddp":
+                continue
+            try:
+                v = float(r[k])
+            except ValueError:
+                raise PhazeError(f"{where}: {k} must be a number, got {r[k]!r}") from None
+            if k in ("params_billion", "achieved_tflops_per_gpu"):
+                row[k] = checks.number(v, f"{where}: {k}", 0.0, strict=True)
+            else:
+                row[k] = checks.integer(v, f"{where}: {k}", 1)
         if r["ddp"] not in ("torch", "local"):
-            raise PhazeError(f"{path}: row {i}: ddp must be torch or local, got {r['ddp']!r}")
+            raise PhazeError(f"{where}: ddp must be torch or local, got {r['ddp']!r}")
         row["ddp"] = r["ddp"]
+        run = tuple(row[k] for k in REQUIRED if k != "achieved_tflops_per_gpu")
+        if run in seen:
+            raise PhazeError(f"{where} repeats the run of row {seen[run]}")
+        seen[run] = i
         out.append(row)
     return out
 

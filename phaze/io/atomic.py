@@ -13,14 +13,40 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from phaze.errors import PhazeError
+
+
+def ensure_dir(path: str | os.PathLike) -> Path:
+    """Create the output directory ``path`` (and its parents); PhazeError if that is impossible
+    (a file in the way, no permission)."""
+    path = Path(path)
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise PhazeError(f"cannot create the output directory {path}: {p} is a file")
+            break
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PhazeError(
+            f"cannot create the output directory {path}: {exc.strerror or exc}"
+        ) from exc
+    return path
+
 
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path in the target's directory; rename it onto ``target`` on success,
-    delete it on any exception."""
+    delete it on any exception. An output that cannot be written at all (a directory of that
+    name, a file in the way of its directory, no permission) is a PhazeError before any work."""
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    if target.is_dir():
+        raise PhazeError(f"output {target} is a directory")
+    ensure_dir(target.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise PhazeError(f"cannot write {target}: {exc.strerror or exc}") from exc
     os.close(fd)
     tmp_path = Path(tmp)
     # mkstemp creates 0600; give the output the permissions a plain open() would (umask), so

@@ -23,7 +23,7 @@ def add_arch_selection_arguments(parser: argparse.ArgumentParser) -> None:
 
 def select_archs(args: argparse.Namespace) -> pd.DataFrame:
     """Rows of the space table selected by --chunks/--chunk or --archs (all rows by default)."""
-    space = read_table(args.space, "space")
+    space = read_table(args.space, "space", nonempty=True)
     if getattr(args, "archs", None):
         wanted = [a for a in args.archs.split(",") if a]
         unknown = sorted(set(wanted) - set(space["arch"]))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -222,6 +223,119 @@ SCHEMAS: dict[str, pa.Schema] = {
 }
 
 
+# ---- what the readers accept ------------------------------------------------------------------
+# Every stage reads its inputs through ``read_table(path, name)``: a value of the wrong type, NaN,
+# inf, a negative size, count, FLOP count or time, or a repeated key is an error there, naming
+# the file, the column and the first bad row, so no stage computes with it.
+GE0, GT0, GE1, GE_NEG1 = ">= 0", "> 0", ">= 1", ">= -1"
+VALUES: dict[str, dict[str, str]] = {
+    "ops": {
+        **dict.fromkeys(("m", "n", "k", "batch", "elements", "flops"), GE0),
+        **dict.fromkeys(("bytes_in", "bytes_out", "weight_bytes"), GE0),
+        "group_size": GE1,
+        "fused_into": GE_NEG1,  # the op this one is fused into, -1 for none
+    },
+    "edges": {"bytes": GE0},
+    "layers": dict.fromkeys(
+        (
+            "param_bytes",
+            "activation_bytes",
+            "attention_activation_bytes",
+            "replicated_activation_bytes",
+            "stash_recompute_bytes",
+            "boundary_bytes",
+            "fwd_flops",
+            "bwd_flops",
+            "index",
+        ),
+        GE0,
+    ),
+    "space": {
+        **dict.fromkeys(("n_tc", "n_vc", "tc_width", "tc_depth", "vc_width", "glb_bytes"), GE1),
+        "freq_hz": GT0,
+        "area_mm2": GE0,
+        "peak_flops": GT0,
+    },
+    "latency": {"latency_1core_s": GE0, "latency_allcores_s": GE0},
+    "schedule": dict.fromkeys(
+        ("makespan_s", "lower_bound_s", "upper_bound_s", "gap", "solve_s", "peak_tc", "peak_vc"),
+        GE0,
+    ),
+    "place": {
+        **dict.fromkeys(("devices", "hbm_bytes", "microbatch"), GE1),
+        **dict.fromkeys(("throughput_seq_s", "time_per_batch_s", "mfu"), GE0),
+        **dict.fromkeys(("expert_throughput_seq_s", "expert_time_per_batch_s", "expert_mfu"), GE0),
+        # 0 where nothing fits
+        **dict.fromkeys(("pp", "tp", "dp", "expert_pp", "expert_tp", "expert_dp"), GE0),
+        **dict.fromkeys(("interleave", "expert_interleave"), GE1),
+    },
+    "chunks": {"chunk": GE0},
+}
+# columns that may be null/NaN where the value does not apply: GEMM sizes of a non-GEMM op in a
+# hand-made table; the result of a placement where nothing fits
+NULLABLE: dict[str, frozenset[str]] = {
+    "ops": frozenset(("m", "n", "k", "batch")),
+    "place": frozenset(
+        (
+            "throughput_seq_s",
+            "time_per_batch_s",
+            "mfu",
+            "expert_throughput_seq_s",
+            "expert_time_per_batch_s",
+            "expert_mfu",
+        )
+    ),
+}
+# the column sets that identify a row (a table may have several): a key column may not be
+# missing and a repeated key is an error (the row would be counted twice)
+KEYS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "ops": (("signature", "pass", "op"),),
+    "edges": (("signature", "pass", "src", "dst"),),
+    "layers": (("layer",), ("index",)),
+    "space": (("arch",),),
+    "latency": (("arch", "signature", "pass", "op"),),
+    "schedule": (("arch", "signature", "pass"),),
+    # one row per architecture: the placement axes (recompute, interleave, ...) are chosen in it
+    "place": (("arch", "model", "devices", "hbm_bytes", "microbatch"),),
+    "chunks": (("arch",),),
+}
+
+
+def check_values(df: pd.DataFrame, name: str, source: str) -> None:
+    """Raise PhazeError unless every VALUES column of ``df`` is finite and in range (or null where
+    NULLABLE allows it) and its KEYS are unique; ``source`` names the input in the message."""
+    nullable = NULLABLE.get(name, frozenset())
+    for col, rule in VALUES.get(name, {}).items():
+        if col not in df.columns:
+            continue
+        v = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+        null = df[col].isna().to_numpy()
+        if col in nullable:
+            v = np.where(null, 0.0 if rule != GT0 else 1.0, v)
+        low = {GE0: v >= 0, GT0: v > 0, GE1: v >= 1, GE_NEG1: v >= -1}[rule]
+        bad = ~(np.isfinite(v) & low)
+        if bad.any():
+            i = int(np.argmax(bad))
+            value = df[col].iloc[i]
+            value = value.item() if hasattr(value, "item") else value  # numpy scalar -> Python
+            raise PhazeError(
+                f"{source}: column {col!r} must be finite and {rule} (row {i}: {value!r})"
+            )
+    for key in KEYS.get(name, ()):
+        present = [c for c in key if c in df.columns]
+        for col in present:
+            null = df[col].isna().to_numpy()
+            if null.any():
+                raise PhazeError(
+                    f"{source}: column {col!r} has a missing value (row {int(null.argmax())})"
+                )
+        if len(present) == len(key):
+            dup = df.duplicated(list(key), keep=False)
+            if dup.any():
+                row = df.loc[dup, list(key)].iloc[0].to_dict()
+                raise PhazeError(f"{source}: {int(dup.sum())} rows repeat the key {row}")
+
+
 def _check(df: pd.DataFrame, name: str) -> pa.Table:
     if name not in SCHEMAS:
         raise ValueError(f"unknown table schema {name!r} (known: {sorted(SCHEMAS)})")
@@ -247,16 +361,42 @@ def write_table(df: pd.DataFrame, path: str | os.PathLike, name: str) -> None:
         pq.write_table(table, tmp)
 
 
-def read_table(path: str | os.PathLike, name: str | None = None) -> pd.DataFrame:
+def read_table(
+    path: str | os.PathLike, name: str | None = None, nonempty: bool = False
+) -> pd.DataFrame:
+    """Read a Parquet table. With a schema ``name``: its columns must be present and castable to
+    the schema's types (they are cast), and its values and keys valid (``check_values``);
+    ``nonempty`` makes a table without rows an error too."""
     path = Path(path)
     if not path.exists():
         raise PhazeError(f"input table not found: {path}")
+    if path.is_dir():
+        raise PhazeError(f"{path} is a directory, not a Parquet table")
     try:
-        df = pq.read_table(path).to_pandas()
+        table = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise PhazeError(f"cannot read Parquet table {path}: {exc}") from exc
-    if name is not None:
-        missing = [f for f in SCHEMAS[name].names if f not in df.columns]
-        if missing:
-            raise PhazeError(f"{path} is not a {name!r} table: missing columns {missing}")
+    if name is None:
+        return table.to_pandas()
+    schema = SCHEMAS[name]
+    missing = [f for f in schema.names if f not in table.column_names]
+    if missing:
+        raise PhazeError(f"{path} is not a {name!r} table: missing columns {missing}")
+    cast = False
+    for i, field in enumerate(table.schema):
+        if field.name in schema.names and field.type != schema.field(field.name).type:
+            want = schema.field(field.name).type
+            try:
+                table = table.set_column(i, field.name, table.column(i).cast(want))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                raise PhazeError(f"{path}: column {field.name!r} is not {want}: {first}") from exc
+            cast = True
+    if cast:  # pandas' stored dtypes would undo the cast
+        meta = {k: v for k, v in (table.schema.metadata or {}).items() if k != b"pandas"}
+        table = table.replace_schema_metadata(meta)
+    df = table.to_pandas()
+    check_values(df, name, str(path))
+    if nonempty and df.empty:
+        raise PhazeError(f"{path}: the {name!r} table has no rows")
     return df

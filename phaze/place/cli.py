@@ -17,6 +17,7 @@ is always flat, as upstream.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from phaze.config import add_config_argument
@@ -98,6 +99,7 @@ def _run_tables(args) -> int:
     from pathlib import Path
 
     from phaze.io import read_table, write_json_atomic, write_table
+    from phaze.io.tables import check_values
     from phaze.place.tables import PlaceSettings, export_instance, place_architectures
 
     if args.recompute is not None:
@@ -119,8 +121,10 @@ def _run_tables(args) -> int:
         )
     if len(set(args.tp)) != len(args.tp):
         raise PhazeError(f"--tp lists a width twice: {args.tp}")
-    if args.hbm_gib <= 0 or args.microbatch < 1:
-        raise PhazeError("--hbm-gib must be > 0 and --microbatch >= 1")
+    if not math.isfinite(args.hbm_gib) or args.hbm_gib <= 0:
+        raise PhazeError(f"--hbm-gib must be a finite number > 0, got {args.hbm_gib}")
+    if args.microbatch < 1:
+        raise PhazeError(f"--microbatch must be >= 1, got {args.microbatch}")
     from phaze.config import load_config
 
     config = load_config(args.config)
@@ -145,8 +149,14 @@ def _run_tables(args) -> int:
     for t, trace_dir, sched, lat in zip(args.tp, args.trace_dirs, args.schedules, latencies):
         if t < 1:
             raise PhazeError(f"tensor-parallel width must be >= 1, got {t}")
-        layers_by_t[t] = read_table(Path(trace_dir) / "layers.parquet", "layers")
-        schedules_by_t[t] = tables(sched, "schedule", "schedule", t)
+        layers = read_table(Path(trace_dir) / "layers.parquet", "layers", nonempty=True)
+        traced = sorted(set(layers["tp"])) if "tp" in layers.columns else [t]
+        if traced != [t]:
+            raise PhazeError(f"--tp {t} but {trace_dir} is a trace at tp {traced}")
+        layers_by_t[t] = layers
+        schedules = tables(sched, "schedule", "schedule", t)
+        check_values(schedules, "schedule", f"schedules for tp={t} ({sched})")
+        schedules_by_t[t] = schedules
         if lat is not None:
             latencies_by_t[t] = tables(lat, "latency", "latency", t)
             ops_by_t[t] = read_table(Path(trace_dir) / "ops.parquet", "ops")

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from phaze.errors import PhazeError
+from phaze.io import checks
 from phaze.place.dp import AllReduce, Placement, data_parallel_degrees, solve
 from phaze.place.graph import LayerGraph, StageRule, _max_position, stage_costs
 
@@ -57,43 +58,51 @@ DEVICES_LIMIT = 10_000
 
 
 def load_instance(path: str | Path) -> dict:
+    """The instance in ``path``, checked and with every value in its canonical type."""
     path = Path(path)
-    if not path.exists():
+    if not path.is_file():
         raise PhazeError(f"instance file not found: {path}")
     try:
         data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise PhazeError(f"instance {path} is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise PhazeError(f"instance {path} must hold a JSON object")
     missing = [k for k in REQUIRED if k not in data]
     if missing:
         raise PhazeError(f"instance {path} is missing fields {missing}")
-    check_instance(data)
-    return data
+    return check_instance(data)
 
 
-def check_instance(ins: dict) -> None:
-    """Upstream's input checks, as errors naming the problem."""
+def check_instance(ins: dict) -> dict:
+    """Upstream's input checks, as errors naming the problem; returns the instance with every
+    value checked (type, finite, range) and converted (ints, floats, bools)."""
 
     def bad(msg):
         raise PhazeError(f"instance: {msg}")
 
-    if not 1 <= int(ins["maxDevices"]) <= DEVICES_LIMIT:
-        bad(f"maxDevices must be in 1..{DEVICES_LIMIT}")
-    if float(ins["bandwidth"]) < 1e-9:
-        bad("bandwidth must be positive")
-    if float(ins["maxMemoryPerDevice"]) < 1e-9:
-        bad("maxMemoryPerDevice must be positive")
-    if int(ins["mbsInBatch"]) < 1:
-        bad("mbsInBatch must be >= 1")
+    out = dict(ins)
+    out["maxDevices"] = checks.integer(ins["maxDevices"], "instance: maxDevices", 1, DEVICES_LIMIT)
+    for key in ("bandwidth", "maxMemoryPerDevice"):
+        out[key] = checks.number(ins[key], f"instance: {key}", 0.0, strict=True)
+    out["mbsInBatch"] = checks.integer(ins["mbsInBatch"], "instance: mbsInBatch", 1)
+    for key in ("fixedPP", "fixedTMPC", "fixedDP"):
+        out[key] = checks.integer(ins[key], f"instance: {key}", 1)
+    out["numTransformerLayers"] = checks.integer(
+        ins["numTransformerLayers"], "instance: numTransformerLayers", 0
+    )
+    out["activationRecomputation"] = checks.boolean(
+        ins["activationRecomputation"], "instance: activationRecomputation"
+    )
     if ins["optimizerAlgorithm"] not in ("SGD", "Adam"):
         bad("optimizerAlgorithm must be SGD or Adam")
-    nodes, edges = ins["nodes"], ins["edges"]
-    if not isinstance(nodes, dict) or not nodes:
+    nodes = checks.mapping(ins["nodes"], "instance: nodes")
+    edges = checks.mapping(ins["edges"], "instance: edges")
+    if not nodes:
         bad("nodes must map TMPC widths to node lists")
-    if not isinstance(edges, dict) or set(edges) != set(nodes):
+    if set(edges) != set(nodes):
         bad("nodes and edges must have the same TMPC widths")
+    out["nodes"], out["edges"] = {}, {}
     ids_ref = None
     edges_ref = None
     for key in nodes:
@@ -104,16 +113,23 @@ def check_instance(ins: dict) -> None:
         if not 1 <= t <= DEVICES_LIMIT:
             bad(f"TMPC width {t} out of range")
         ids = []
-        for n in nodes[key]:
+        out["nodes"][key] = []
+        for n in checks.sequence(nodes[key], f"instance: nodes[{key!r}]"):
+            checks.mapping(n, f"instance: a node of width {t}")
             miss = [f for f in NODE_FIELDS if f not in n]
             if miss:
                 bad(f"a node of width {t} lacks {miss}")
+            node = {**n, "id": checks.integer(n["id"], f"instance: a node id of width {t}")}
+            where = f"instance: node {node['id']} (t={t})"
             for f in ("parameterSize", "activationSize", "optimalLatencyFw", "optimalLatencyBw"):
-                if float(n[f]) < 0:
-                    bad(f"node {n['id']} (t={t}) has {f} < 0")
-            if t == 1 and n["isTensorParallelized"]:
-                bad(f"node {n['id']} is tensor-parallel at TMPC width 1")
-            ids.append(int(n["id"]))
+                node[f] = checks.number(n[f], f"{where} {f}")
+            node["isTensorParallelized"] = checks.boolean(
+                n["isTensorParallelized"], f"{where} isTensorParallelized"
+            )
+            if t == 1 and node["isTensorParallelized"]:
+                bad(f"node {node['id']} is tensor-parallel at TMPC width 1")
+            ids.append(node["id"])
+            out["nodes"][key].append(node)
         if not ids:
             bad(f"width {t} has no nodes")
         if len(set(ids)) != len(ids):
@@ -123,21 +139,28 @@ def check_instance(ins: dict) -> None:
         elif set(ids) != ids_ref:
             bad("node ids differ between TMPC widths")
         pairs = []
-        for e in edges[key]:
-            s, d, c = int(e["sourceId"]), int(e["destId"]), float(e["communicationCost"])
+        out["edges"][key] = []
+        for e in checks.sequence(edges[key], f"instance: edges[{key!r}]"):
+            checks.mapping(e, f"instance: an edge of width {t}")
+            miss = [f for f in ("sourceId", "destId", "communicationCost") if f not in e]
+            if miss:
+                bad(f"an edge of width {t} lacks {miss}")
+            s = checks.integer(e["sourceId"], f"instance: an edge's sourceId (t={t})")
+            d = checks.integer(e["destId"], f"instance: an edge's destId (t={t})")
+            c = checks.number(e["communicationCost"], f"instance: edge {s}->{d} communicationCost")
             if s not in ids_ref or d not in ids_ref:
                 bad(f"edge {s}->{d} names an unknown node")
             if s == d:
                 bad(f"self-loop on node {s}")
-            if c < 0:
-                bad(f"edge {s}->{d} has communicationCost < 0")
             pairs.append((s, d))
+            out["edges"][key].append({**e, "sourceId": s, "destId": d, "communicationCost": c})
         if len(set(pairs)) != len(pairs):
             bad("parallel edges")
         if edges_ref is None:
             edges_ref = set(pairs)
         elif set(pairs) != edges_ref:
             bad("edges differ between TMPC widths")
+    return out
 
 
 def topological_order(node_ids: list[int], edges: list[tuple[int, int]]) -> list[int]:

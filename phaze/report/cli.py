@@ -26,9 +26,9 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)["report"]
     d = Path(args.summary)
-    best = read_table(d / "best.parquet", "best")
-    comparison = read_table(d / "comparison.parquet", "comparison")
-    explored = read_table(d / "explored.parquet", "explored")
+    best = read_table(d / "best.parquet", "best", nonempty=True)
+    comparison = read_table(d / "comparison.parquet", "comparison", nonempty=True)
+    explored = read_table(d / "explored.parquet", "explored", nonempty=True)
     figs = make_figures(best, comparison, explored, cfg["hbm_gib"])
     out = Path(args.out_dir)
     for name, fig in figs.items():

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from phaze.errors import PhazeError
+from phaze.io import checks
 from phaze.io.tables import read_table
 from phaze.schedule.instance import CORE_TYPES, Instance, make_instance
 
@@ -123,17 +124,37 @@ def build_instance(
 
 def instance_from_json(obj: dict) -> tuple[Instance, dict]:
     """The ``--instance`` format: n_tc, n_vc, ops [{id, core, latency_1core_s,
-    latency_allcores_s}], edges [[src, dst]], optional time_limit_s, gap."""
+    latency_allcores_s}], edges [[src, dst]], optional time_limit_s, gap. Every value is checked
+    (type, finite, range) before the instance is built."""
     if not isinstance(obj, dict):
         raise PhazeError("instance JSON must be an object")
     for key in ("n_tc", "n_vc", "ops"):
         if key not in obj:
             raise PhazeError(f"instance JSON lacks {key!r}")
-    if not isinstance(obj["ops"], list):
-        raise PhazeError("instance JSON: 'ops' must be a list")
-    inst = make_instance(obj["n_tc"], obj["n_vc"], obj["ops"], obj.get("edges", []))
-    overrides = {k: obj[k] for k in ("time_limit_s", "gap") if k in obj}
-    for k, v in overrides.items():
-        if not isinstance(v, (int, float)) or v < 0:
-            raise PhazeError(f"instance JSON: {k} must be a number >= 0")
+    n_tc, n_vc = (checks.integer(obj[k], f"instance JSON: {k}", 1) for k in ("n_tc", "n_vc"))
+    ops = []
+    for op in checks.sequence(obj["ops"], "instance JSON: 'ops'"):
+        checks.mapping(op, "instance JSON: an op")
+        missing = [
+            k for k in ("id", "core", "latency_1core_s", "latency_allcores_s") if k not in op
+        ]
+        if missing:
+            raise PhazeError(f"op {op!r} lacks {missing[0]!r}")
+        i = checks.integer(op["id"], "instance JSON: an op id")
+        if not isinstance(op["core"], str):
+            raise PhazeError(f"op {i}: core must be one of {CORE_TYPES}, got {op['core']!r}")
+        lat = {
+            k: checks.number(op[k], f"op {i}: {k}")
+            for k in ("latency_1core_s", "latency_allcores_s")
+        }
+        ops.append({**op, "id": i, **lat})
+    edges = []
+    for e in checks.sequence(obj.get("edges", []), "instance JSON: 'edges'"):
+        if not isinstance(e, list) or len(e) != 2:
+            raise PhazeError(f"edge {e!r} is not a [src, dst] pair")
+        edges.append(tuple(checks.integer(v, f"instance JSON: edge {e!r}") for v in e))
+    inst = make_instance(n_tc, n_vc, ops, edges)
+    overrides = {
+        k: checks.number(obj[k], f"instance JSON: {k}") for k in ("time_limit_s", "gap") if k in obj
+    }
     return inst, overrides

@@ -57,6 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "interpreter start-up: the workflow batches its many small placements)",
     )
     p.add_argument(
+        "--config",
+        help="config file given to every command that names none (the workflow's snapshot)",
+    )
+    p.add_argument(
         "commands", nargs="+", help="each a quoted `phaze` command line, e.g. 'place ...'"
     )
 

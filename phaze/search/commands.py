@@ -220,10 +220,20 @@ def batch(args: argparse.Namespace) -> int:
 
     from phaze.cli import main
 
-    for cmd in args.commands:
-        argv = shlex.split(cmd)
-        if argv and argv[0] == "search" and len(argv) > 1 and argv[1] == "batch":
+    commands = []
+    for i, cmd in enumerate(args.commands, 1):
+        try:
+            argv = shlex.split(cmd)
+        except ValueError as exc:  # an unbalanced quote
+            raise PhazeError(f"command {i} of the batch cannot be parsed: {exc}: {cmd!r}") from exc
+        if not argv:
+            raise PhazeError(f"command {i} of the batch is empty")
+        if argv[0] == "search" and len(argv) > 1 and argv[1] == "batch":
             raise PhazeError("search batch cannot nest itself")
+        if args.config and "--config" not in argv:
+            argv += ["--config", args.config]
+        commands.append(argv)
+    for argv in commands:  # every command parses before the first runs
         rc = main(argv)
         if rc:
             return rc

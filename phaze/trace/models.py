@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from phaze.errors import PhazeError
+from phaze.io import checks
 
 # Tensor-parallel widths the workflow considers (Megatron within a node).
 TP_CANDIDATES = (1, 2, 4, 8)
@@ -116,29 +117,51 @@ class ModelSpec:
         return config
 
     def model_class(self):
+        """The transformers class that trains this model (a causal- or masked-LM head).
+
+        A registry model uses its family's class. A config by path uses its model type's
+        masked-LM class for an encoder (``is_decoder`` false and a masked-LM class exists: BERT's
+        ``BertForMaskedLM``, as the registry builds) and its causal-LM class otherwise. A config
+        whose ``architectures`` names the other of the two is contradictory and an error.
+        """
         _hf_offline()
         import transformers
 
         if self.config_path is None:
             return getattr(transformers, FAMILIES[self.family]["model"])
         config = self.hf_config(1)
-        for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForMaskedLM):
-            mapping = auto._model_mapping
-            if type(config) in mapping:
-                return mapping[type(config)]
-        raise PhazeError(
-            f"{self.name}: model_type {config.model_type!r} has no causal-LM or "
-            "masked-LM class in transformers; cannot build a training graph"
-        )
+        causal, masked = _lm_classes(config)
+        if causal is None and masked is None:
+            raise PhazeError(
+                f"{self.name}: model_type {config.model_type!r} has no causal-LM or "
+                "masked-LM class in transformers; cannot build a training graph"
+            )
+        decoder = bool(getattr(config, "is_decoder", False))
+        cls = masked if masked is not None and (causal is None or not decoder) else causal
+        other = masked if cls is causal else causal
+        if other is not None and other.__name__ in (config.architectures or ()):
+            raise PhazeError(
+                f"{self.name}: architectures names {other.__name__} but is_decoder is "
+                f"{str(decoder).lower()}, which builds {cls.__name__}; set is_decoder to "
+                f"{str(not decoder).lower()} or fix architectures"
+            )
+        return cls
 
     @property
     def causal(self) -> bool:
         """Decoder (causal LM) vs encoder (masked LM): decides inputs and mask."""
-        if self.config_path is None:
-            return self.family not in ("bert", "megatron-bert")
-        import transformers
+        causal, _ = _lm_classes(self.hf_config(1))
+        return self.model_class() is causal
 
-        return type(self.hf_config(1)) in transformers.AutoModelForCausalLM._model_mapping
+
+def _lm_classes(config) -> tuple:
+    """(causal-LM class, masked-LM class) transformers has for ``config``'s type, None if none."""
+    import transformers
+
+    return tuple(
+        auto._model_mapping.get(type(config), None)
+        for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForMaskedLM)
+    )
 
 
 def _hf_offline() -> None:
@@ -285,30 +308,31 @@ def _spec_from_path(path: Path) -> ModelSpec:
         path = path / "config.json"
     config = _load_hf_config(path)
 
-    def first(*keys, default=None):
+    def first(*keys, default=None) -> int:
         for key in keys:
             value = getattr(config, key, None)
             if value is not None:
-                return value
+                return checks.integer(value, f"{path}: {key}", 1)
         if default is None:
             raise PhazeError(f"{path}: cannot find any of {keys} in the config")
         return default
 
-    hidden = int(first("hidden_size", "n_embd", "d_model"))
-    heads = int(first("num_attention_heads", "n_head"))
-    ffn = int(first("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden) or 4 * hidden)
-    seq = int(first("max_position_embeddings", "n_positions", default=2048))
+    hidden = first("hidden_size", "n_embd", "d_model")
+    heads = first("num_attention_heads", "n_head")
+    ffn = first("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)
+    seq = first("max_position_embeddings", "n_positions", default=2048)
+    kv_heads = first("num_key_value_heads", default=heads)
     family = MODEL_TYPES.get(config.model_type, f"hf:{config.model_type}")
     name = path.parent.name if path.name == "config.json" else path.stem
     return ModelSpec(
         name=name,
         family=family,
-        num_blocks=int(first("num_hidden_layers", "n_layer")),
+        num_blocks=first("num_hidden_layers", "n_layer"),
         hidden=hidden,
         heads=heads,
         ffn=ffn,
-        vocab=int(first("vocab_size")),
+        vocab=first("vocab_size"),
         seq=seq,
-        kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+        kv_heads=kv_heads,
         config_path=str(path.resolve()),
     )

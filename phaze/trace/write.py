@@ -6,6 +6,7 @@ import platform
 from pathlib import Path
 
 from phaze.io import write_json_atomic, write_table
+from phaze.io.atomic import ensure_dir
 from phaze.trace.models import ModelSpec
 
 
@@ -13,7 +14,7 @@ def write_trace(trace, out_dir: Path, spec: ModelSpec) -> None:
     import torch
     import transformers
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    ensure_dir(out_dir)
     write_table(trace.ops, out_dir / "ops.parquet", "ops")
     write_table(trace.edges, out_dir / "edges.parquet", "edges")
     # layers last: a reader that finds it finds the others complete

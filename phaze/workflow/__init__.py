@@ -7,7 +7,14 @@
   rounds read from the checkpoints, and the rules' input, param and manifest functions.
 """
 
-from phaze.workflow.provenance import code_version, config_section, snapshot_config
+from phaze.workflow.provenance import code_version, config_section, snapshot_config, snapshot_path
 from phaze.workflow.sweep import Sweep, gib_str
 
-__all__ = ["Sweep", "code_version", "config_section", "gib_str", "snapshot_config"]
+__all__ = [
+    "Sweep",
+    "code_version",
+    "config_section",
+    "gib_str",
+    "snapshot_config",
+    "snapshot_path",
+]

@@ -6,9 +6,11 @@
   does not re-run anything).
 * ``config_section(config, *keys)`` is what a rule puts in ``params:`` for the config it reads, so
   an edit to another stage's section does not re-run it.
-* ``snapshot_config(config, path)`` writes the validated, merged config once (only if its content
-  changed) for stage CLIs to read with ``--config`` (``phaze.config.load_config`` reads it as
-  JSON).
+* ``snapshot_path(config, results)`` / ``snapshot_config(config, path)``: the validated, merged
+  config as JSON under a name made of its content's hash, ``results/.config/<hash>.json``, written
+  once and never rewritten. Every job reads the snapshot of the run that started it (the Snakefile
+  exports its path as ``$PHAZE_CONFIG``), so a dry run or another invocation with another config
+  next to a running workflow writes its own file and cannot change that run's results.
 """
 
 from __future__ import annotations
@@ -44,9 +46,24 @@ def config_section(config: dict, *keys: str) -> str:
     return json.dumps({k: config[k] for k in keys}, sort_keys=True)
 
 
+def _snapshot_text(config: dict) -> str:
+    return json.dumps(config, indent=2, sort_keys=True) + "\n"
+
+
+def snapshot_path(config: dict, results: str | Path) -> str:
+    """Where the snapshot of ``config`` lives: results/.config/<16 hex digits of its SHA-256>.json."""
+    digest = hashlib.sha256(_snapshot_text(config).encode()).hexdigest()[:16]
+    return str(Path(results) / ".config" / f"{digest}.json")
+
+
 def snapshot_config(config: dict, path: str | Path) -> str:
-    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    """Write the snapshot to ``path`` unless a file with exactly this content is there; a file
+    there with other content (a snapshot is never rewritten) is an internal error."""
+    text = _snapshot_text(config)
     path = Path(path)
-    if not path.exists() or path.read_text() != text:
-        write_text_atomic(path, text)
+    if path.exists():
+        if path.read_text() != text:
+            raise RuntimeError(f"config snapshot {path} exists with other content")
+        return str(path)
+    write_text_atomic(path, text)
     return str(path)

@@ -30,9 +30,10 @@ import os
 import pandas as pd
 
 from phaze.arch.presets import load_preset
+from phaze.errors import PhazeError
 from phaze.report import FIGURES
 from phaze.trace.models import get_model_spec
-from phaze.workflow.provenance import code_version, config_section
+from phaze.workflow.provenance import code_version, config_section, snapshot_path
 
 #: search settings that decide the plan (chunks.parquet): only they re-run search_plan
 PLAN_KEYS = ("bucket_width_mm2", "round_buckets", "chunk_archs", "baseline_preset")
@@ -59,6 +60,22 @@ def _read_json(path: str, mtime: float) -> dict:
         return json.load(fh)
 
 
+def model_keys(models: list[str]) -> dict[str, str]:
+    """Model key (a registry name, or the directory name of a config.json) -> the config entry.
+    Two entries with one key (``opt-350m`` and ``/x/opt-350m/config.json``; two config.json files
+    in directories of one name) would share every path and table row: an error naming both."""
+    keys: dict[str, str] = {}
+    for m in models:
+        key = get_model_spec(m).name
+        if key in keys:
+            raise PhazeError(
+                f"models {keys[key]!r} and {m!r} have the same key {key!r} (a registry name or "
+                "the directory of a config.json): rename one directory"
+            )
+        keys[key] = m
+    return keys
+
+
 class Sweep:
     """The sweep of one validated config; ``checkpoints`` is Snakemake's (or a stand-in)."""
 
@@ -68,7 +85,7 @@ class Sweep:
         self.results = results = RESULTS  # the rules' paths are literal: results/...
         self.search = config["search"]
         # model key (used in paths and tables) -> the --model argument (registry name or path)
-        self.model_arg = {get_model_spec(m).name: m for m in config["models"]}
+        self.model_arg = model_keys(config["models"])
         self.models = list(self.model_arg)
         self.microbatches = list(config["trace"]["microbatch"])
         self.hbm_gib = list(config["place"]["hbm_gib"])
@@ -78,7 +95,9 @@ class Sweep:
         self.pairs = [(m, b) for m in self.models for b in self.microbatches]
         self.space = f"{results}/arch/space.parquet"
         self.plan = f"{results}/arch/chunks.parquet"
-        self.config_json = f"{results}/.config.json"
+        # this run's config snapshot (content-keyed); jobs get it as $PHAZE_CONFIG, not as a
+        # param, so a config edit re-runs only the jobs whose sections changed
+        self.config_json = snapshot_path(config, results)
         self.summary = {
             n: f"{results}/summary/{n}.parquet" for n in ("best", "comparison", "explored")
         }
@@ -412,8 +431,6 @@ class Sweep:
             str(wc.mbs),
             "--space",
             self.space,
-            "--config",
-            self.config_json,
         ]
         if self.needs_latencies:
             argv += ["--latencies", *(",".join(fs) for fs in lats)]
