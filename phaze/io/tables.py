@@ -8,6 +8,7 @@ record more than the contract requires.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pyarrow.parquet as pq
 
 from phaze.errors import PhazeError
 from phaze.io.atomic import atomic_path
+from phaze.step.strategy import DDP_MODES, RECOMPUTE_MODES
 
 i64, f64, s, b = pa.int64(), pa.float64(), pa.string(), pa.bool_()
 
@@ -271,6 +273,18 @@ VALUES: dict[str, dict[str, str]] = {
     },
     "chunks": {"chunk": GE0},
 }
+# text columns that name one of a few values (the placement axes; place_model = config/schema.yaml
+# place.model), and text columns holding a JSON list (per pipeline stage)
+CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
+    "place": {
+        "place_model": ("megatron", "upstream"),
+        **dict.fromkeys(("recompute", "expert_recompute"), RECOMPUTE_MODES),
+        **dict.fromkeys(("ddp", "expert_ddp"), DDP_MODES),
+    },
+}
+JSON_LISTS: dict[str, tuple[str, ...]] = {
+    "place": ("stages", "stage_mem_bytes", "expert_stages", "expert_stage_mem_bytes"),
+}
 # columns that may be null/NaN where the value does not apply: GEMM sizes of a non-GEMM op in a
 # hand-made table; the result of a placement where nothing fits
 NULLABLE: dict[str, frozenset[str]] = {
@@ -303,7 +317,8 @@ KEYS: dict[str, tuple[tuple[str, ...], ...]] = {
 
 def check_values(df: pd.DataFrame, name: str, source: str) -> None:
     """Raise PhazeError unless every VALUES column of ``df`` is finite and in range (or null where
-    NULLABLE allows it) and its KEYS are unique; ``source`` names the input in the message."""
+    NULLABLE allows it), every CHOICES column holds one of its values, every JSON_LISTS column a
+    JSON list, and its KEYS are unique; ``source`` names the input in the message."""
     nullable = NULLABLE.get(name, frozenset())
     for col, rule in VALUES.get(name, {}).items():
         if col not in df.columns:
@@ -321,6 +336,20 @@ def check_values(df: pd.DataFrame, name: str, source: str) -> None:
             raise PhazeError(
                 f"{source}: column {col!r} must be finite and {rule} (row {i}: {value!r})"
             )
+    for col, allowed in CHOICES.get(name, {}).items():
+        if col in df.columns:
+            bad = ~df[col].isin(allowed).to_numpy()
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise PhazeError(
+                    f"{source}: column {col!r} must be one of {'|'.join(allowed)} "
+                    f"(row {i}: {df[col].iloc[i]!r})"
+                )
+    for col in JSON_LISTS.get(name, ()):
+        if col in df.columns:
+            for i, text in enumerate(df[col]):
+                if not _is_json_list(text):
+                    raise PhazeError(f"{source}: column {col!r} must hold a JSON list (row {i})")
     for key in KEYS.get(name, ()):
         present = [c for c in key if c in df.columns]
         for col in present:
@@ -334,6 +363,13 @@ def check_values(df: pd.DataFrame, name: str, source: str) -> None:
             if dup.any():
                 row = df.loc[dup, list(key)].iloc[0].to_dict()
                 raise PhazeError(f"{source}: {int(dup.sum())} rows repeat the key {row}")
+
+
+def _is_json_list(text) -> bool:
+    try:
+        return isinstance(json.loads(text), list)
+    except (TypeError, ValueError):
+        return False
 
 
 def _check(df: pd.DataFrame, name: str) -> pa.Table:
