@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from phaze.arch.presets import load_preset
 from phaze.config import load_config
 from phaze.fidelity.evaluate import evaluate_strategy, gpu_chains, optimize_strategy
-from phaze.fidelity.validate import SEQ, gpt_spec, read_reference
+from phaze.fidelity.validate import SEQ, gpt_spec, published_strategy, read_reference
 from phaze.step.strategy import Strategy
 
 
@@ -50,16 +50,7 @@ def main() -> int:
     for i in pick:
         row = rows[i]
         spec = gpt_spec(row)
-        published = Strategy(
-            devices=row["gpus"],
-            tp=row["tensor_parallel"],
-            pp=row["pipeline_parallel"],
-            microbatch=row["microbatch"],
-            global_batch=row["global_batch"],
-            interleave=row["interleave"],
-            recompute="full",
-            ddp="overlap" if row["ddp"] == "torch" else "after",
-        )
+        published = published_strategy(row)
         microbatches = sorted({1, 2, 4, 8, 16, row["microbatch"]})
         c0 = time.process_time()
         for t in (1, 2, 4, 8):

@@ -3,8 +3,6 @@ parallelism, recomputation modes, DDP modes, the CLIs, and the Megatron validati
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 
@@ -143,17 +141,7 @@ def test_evaluate_rejects_invalid_interleaving_and_unknown_network():
         evaluate_strategy(spec, Strategy(8, 1, 1, 1, 8), load_preset("tpuv4"), seq=SEQ, config=CFG)
 
 
-def _cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "phaze", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
-def test_evaluate_cli_prints_the_contract(tmp_path):
+def test_evaluate_cli_prints_the_contract(tmp_path, phaze_cli):
     cfg = tmp_path / "config.json"
     cfg.write_text(
         json.dumps(
@@ -167,7 +155,7 @@ def test_evaluate_cli_prints_the_contract(tmp_path):
             }
         )
     )
-    out = _cli(
+    out = phaze_cli(
         "evaluate",
         "--hf-config",
         str(cfg),
@@ -216,7 +204,7 @@ def test_evaluate_cli_prints_the_contract(tmp_path):
         "data_parallel_comm_s",
         "optimizer_s",
     }
-    bad = _cli(
+    bad = phaze_cli(
         "evaluate",
         "--hf-config",
         str(cfg),

@@ -2,16 +2,13 @@
 `phaze evaluate` computes for the same strategy."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from phaze.arch.presets import load_preset
 from phaze.config import validate_config
 from phaze.fidelity.evaluate import evaluate_strategy, optimize_strategy
-from phaze.fidelity.validate import SEQ, gpt_spec, read_reference
-from phaze.step.strategy import Strategy
+from phaze.fidelity.validate import SEQ, gpt_spec, published_strategy, read_reference
 
 CFG = validate_config({})
 A100 = load_preset("a100-80gb")
@@ -24,16 +21,7 @@ def test_optimize_is_never_slower_than_the_published_strategy(row):
     full recomputation, DDP) lies in the space `optimize` searches, so the optimum under the same
     model is at least as fast; and `evaluate` of the optimum gives its time back."""
     spec = gpt_spec(row)
-    published = Strategy(
-        devices=row["gpus"],
-        tp=row["tensor_parallel"],
-        pp=row["pipeline_parallel"],
-        microbatch=row["microbatch"],
-        global_batch=row["global_batch"],
-        interleave=row["interleave"],
-        recompute="full",
-        ddp="overlap" if row["ddp"] == "torch" else "after",
-    )
+    published = published_strategy(row)
     want = evaluate_strategy(spec, published, A100, seq=SEQ, config=CFG)
     assert want["fits_memory"]
     got, found = optimize_strategy(
@@ -56,17 +44,7 @@ def test_optimize_is_never_slower_than_the_published_strategy(row):
     assert s.tp * s.pp * s.dp == row["gpus"] and row["global_batch"] % (s.microbatch * s.dp) == 0
 
 
-def _cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "phaze", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-
-
-def test_optimize_cli_json_and_evaluate_agree(tmp_path):
+def test_optimize_cli_json_and_evaluate_agree(tmp_path, phaze_cli):
     cfg = tmp_path / "config.json"
     cfg.write_text(
         json.dumps(
@@ -82,7 +60,9 @@ def test_optimize_cli_json_and_evaluate_agree(tmp_path):
     )
     common = ["--hf-config", str(cfg), "--arch", "a100-80gb", "--devices", "16"]
     search = ["--tp", "1", "2", "--microbatch", "1"]
-    out = _cli("optimize", *common, *search, "--global-batch", "64", "--hbm-gib", "0.5", "--json")
+    out = phaze_cli(
+        "optimize", *common, *search, "--global-batch", "64", "--hbm-gib", "0.5", "--json"
+    )
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     for key in ("iteration_time_s", "mfu", "peak_memory_bytes", "fits_memory", "breakdown"):
@@ -123,13 +103,13 @@ def test_optimize_cli_json_and_evaluate_agree(tmp_path):
     ]
     flags += ["--sequence-parallel"] * s["sequence_parallel"]
     flags += ["--distributed-optimizer"] * s["distributed_optimizer"]
-    ev = _cli("evaluate", *common, "--global-batch", "64", *flags)
+    ev = phaze_cli("evaluate", *common, "--global-batch", "64", *flags)
     assert ev.returncode == 0, ev.stderr
     e = json.loads(ev.stdout)
     assert e["strategy"] == s
     assert e["iteration_time_s"] == pytest.approx(r["iteration_time_s"], rel=1e-6)
     # nothing fits: exit 2, one line
-    bad = _cli(
+    bad = phaze_cli(
         "optimize",
         *common,
         "--tp",
@@ -155,7 +135,7 @@ def test_optimize_cli_json_and_evaluate_agree(tmp_path):
         (["--tp", "2", "--pp", "2", "--stages", "3,4"], "the model has 6"),
     ],
 )
-def test_evaluate_rejects_impossible_strategies_in_one_line(tmp_path, flags, needle):
+def test_evaluate_rejects_impossible_strategies_in_one_line(tmp_path, flags, needle, phaze_cli):
     cfg = tmp_path / "config.json"
     cfg.write_text(
         json.dumps(
@@ -169,7 +149,7 @@ def test_evaluate_rejects_impossible_strategies_in_one_line(tmp_path, flags, nee
             }
         )
     )
-    out = _cli(
+    out = phaze_cli(
         "evaluate",
         "--hf-config",
         str(cfg),
