@@ -17,6 +17,8 @@
      and nominal link bandwidths;
    * no gradient-accumulation pass (fused into the weight-gradient GEMM);
    * no kernel fusion of element-wise chains;
+   * GeLU as one kernel each way (HF's gelu_pytorch_tanh, like Megatron's fused bias-GeLU)
+     instead of GPT-2's default gelu_new chain;
    * every row with DDP after backward.
 """
 
@@ -64,7 +66,7 @@ def sensitivity() -> None:
     base_cfg = validate_config({})
     real_load = presets.load_preset
 
-    def variant(name, preset_edit=None, cfg_edit=None, ddp_after=False):
+    def variant(name, preset_edit=None, cfg_edit=None, ddp_after=False, activation=None):
         def load(n):
             p = real_load(n)
             if preset_edit:
@@ -76,6 +78,15 @@ def sensitivity() -> None:
             cfg_edit(cfg)
         presets.load_preset = load
         reference = validate_mod.REFERENCE
+        real_spec = validate_mod.gpt_spec
+        if activation:
+
+            def spec_with_activation(row):
+                spec = real_spec(row)
+                spec.config_kwargs["activation_function"] = activation
+                return spec
+
+            validate_mod.gpt_spec = spec_with_activation
         try:
             if ddp_after:
                 text = reference.read_text().replace(",torch,", ",local,")
@@ -85,6 +96,7 @@ def sensitivity() -> None:
             r = validate_mod.validate(cfg, reference)
         finally:
             presets.load_preset = real_load
+            validate_mod.gpt_spec = real_spec
         errs = " ".join(f"{row['error'] * 100:+.0f}" for row in r["rows"])
         print(
             f"{name:<44} mean {r['mean_abs_error'] * 100:5.1f} %  max {r['max_abs_error'] * 100:5.1f} %  "
@@ -127,12 +139,13 @@ def sensitivity() -> None:
     variant("nominal link bandwidths", nominal_links)
     variant(
         "no gradient-accumulation pass",
-        cfg_edit=lambda c: c["fidelity"].update(grad_accumulation_bytes_per_param=0),
+        cfg_edit=lambda c: c["step"].update(grad_accumulation_bytes_per_param=0),
     )
     variant(
         "no element-wise kernel fusion",
         cfg_edit=lambda c: c["fidelity"].update(fuse_elementwise=False),
     )
+    variant("GeLU as one kernel (gelu_pytorch_tanh)", activation="gelu_pytorch_tanh")
     variant("DDP after backward on every row", ddp_after=True)
 
 

@@ -68,6 +68,12 @@ def ring_seconds(kind: str, size_bytes, ranks, bandwidth_Bps, latency_s):
     return np.where(g > 1, seconds, 0.0)
 
 
+def collective_seconds(kind: str, size_bytes, ranks, bandwidth_Bps, latency_s):
+    """`ring_seconds`, with an empty message free (nothing is sent)."""
+    seconds = ring_seconds(kind, size_bytes, ranks, bandwidth_Bps, latency_s)
+    return np.where(np.asarray(size_bytes, dtype=np.float64) > 0, seconds, 0.0)
+
+
 def p2p_seconds(size_bytes, bandwidth_Bps, latency_s):
     """Seconds of one point-to-point send: ``size / bandwidth + latency``."""
     return size_bytes / bandwidth_Bps + latency_s
@@ -199,13 +205,48 @@ class HierarchicalNetwork(_Collectives):
         bw = min(self.intra.effective_Bps, shape.per_node * self.inter.effective_Bps)
         return bw, max(self.intra.latency_s, self.inter.latency_s)
 
+    def ring_params(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(bottleneck bytes/s, per-step latency) of a ring over each row of `ranks` (each row
+        increasing): `_ring` of the row's `shape`, for many groups at once, in the form
+        `ring_seconds` takes."""
+        nodes = np.asarray(ranks) // self.devices_per_node
+        groups, g = nodes.shape
+        intra, inter = self.intra, self.inter
+        if g == 1:
+            return np.full(groups, intra.effective_Bps), np.full(groups, intra.latency_s)
+        change = nodes[:, 1:] != nodes[:, :-1]
+        spans = change.any(axis=1)
+        starts = np.concatenate([np.ones((groups, 1), dtype=bool), change], axis=1)
+        run = np.cumsum(starts, axis=1) - 1  # which node of its row a member is on
+        counts = np.bincount((np.arange(groups)[:, None] * g + run).ravel(), minlength=groups * g)
+        fewest = np.where(counts > 0, counts, g + 1).reshape(groups, g).min(axis=1)
+        bw = np.where(
+            spans,
+            np.minimum(intra.effective_Bps, fewest * inter.effective_Bps),
+            intra.effective_Bps,
+        )
+        lat = np.where(spans, max(intra.latency_s, inter.latency_s), intra.latency_s)
+        return bw, lat
+
+    def p2p_params(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(bytes/s, latency) of a send from each rank of `src` to the rank of `dst` at the same
+        position (`p2p` for many pairs at once: the intra-node level inside a node)."""
+        crosses = self.crosses_nodes(src, dst)
+        bw = np.where(crosses, self.inter.effective_Bps, self.intra.effective_Bps)
+        return bw, np.where(crosses, self.inter.latency_s, self.intra.latency_s)
+
+    def crosses_nodes(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Whether each pair leaves its node (where Megatron's scatter/gather can help)."""
+        n = self.devices_per_node
+        return np.asarray(src) // n != np.asarray(dst) // n
+
     def collective(self, kind: str, size_bytes: float, ranks: Sequence[int]) -> float:
         """Seconds of a ring collective over these ranks (empty messages are free)."""
         shape = self.shape(ranks)
-        if shape.size == 1 or size_bytes <= 0:
+        if shape.size == 1:
             return 0.0
         bw, lat = self._ring(shape)
-        return float(ring_seconds(kind, size_bytes, shape.size, bw, lat))
+        return float(collective_seconds(kind, size_bytes, shape.size, bw, lat))
 
     # --- point to point -----------------------------------------------------------------------
     def p2p(self, size_bytes: float, src: int, dst: int) -> float:
@@ -381,16 +422,52 @@ class TorusNetwork(_Collectives):
         g = len(ranks)
         if g <= 1 or size_bytes <= 0:
             return 0.0
+        width, hops = self._ring_shape(ranks)
+        phase = (g - 1) / g * size_bytes / width + hops * self.link.latency_s
+        return RING_STEPS[kind] * phase
+
+    def _ring_shape(self, ranks: Sequence[int]) -> tuple[float, int]:
+        """(bytes/s of a phase, hops of latency per phase) of a collective over these ranks: a
+        box uses every axis it spans, else one ring in rank order at its farthest step."""
         bw = self.link.effective_Bps
         axes = self._box_axes(ranks)
         if axes is None:
             ring = sorted(ranks)
             worst = max(self.hops(a, b) for a, b in zip(ring, ring[1:] + ring[:1]))
-            return float(ring_seconds(kind, size_bytes, g, bw, worst * self.link.latency_s))
+            return bw, worst * (len(ring) - 1)
         width = sum((2.0 if closed else 1.0) * bw for _, closed in axes)
-        hops = sum((n // 2) if closed else (n - 1) for n, closed in axes)
-        phase = (g - 1) / g * size_bytes / width + hops * self.link.latency_s
-        return RING_STEPS[kind] * phase
+        return width, sum((n // 2) if closed else (n - 1) for n, closed in axes)
+
+    def ring_params(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(bytes/s, per-step latency) per row of `ranks` such that `ring_seconds` with g = the
+        row's length gives `collective`: a phase ``(g − 1)/g · S/W + hops · L`` is the ring form
+        with bandwidth W and latency ``hops · L / (g − 1)`` per step."""
+        ranks = np.asarray(ranks)
+        groups, g = ranks.shape
+        bw = np.full(groups, self.link.effective_Bps)
+        lat = np.full(groups, self.link.latency_s)
+        if g == 1:
+            return bw, lat
+        seen: dict[tuple, tuple[float, float]] = {}
+        for i, row in enumerate(ranks):
+            key = tuple(int(r) for r in row)
+            if key not in seen:
+                width, hops = self._ring_shape(key)
+                seen[key] = (width, hops * self.link.latency_s / (g - 1))
+            bw[i], lat[i] = seen[key]
+        return bw, lat
+
+    def p2p_params(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(bytes/s, latency) of a send from each rank of `src` to its counterpart in `dst`
+        (`p2p` for many pairs at once)."""
+        src, dst = np.broadcast_arrays(np.asarray(src), np.asarray(dst))
+        hops = np.array([self.hops(int(a), int(b)) for a, b in zip(src.ravel(), dst.ravel())])
+        lat = (hops * self.link.latency_s).reshape(src.shape)
+        return np.full(src.shape, self.link.effective_Bps), lat
+
+    def crosses_nodes(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """No pair shares a NIC on a torus: scatter/gather never applies (`stage_transfer`)."""
+        return np.zeros(np.broadcast(np.asarray(src), np.asarray(dst)).shape, dtype=bool)
 
     # --- point to point -----------------------------------------------------------------------
     def p2p(self, size_bytes: float, src: int, dst: int) -> float:

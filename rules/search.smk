@@ -72,9 +72,10 @@ rule place_bounds:
     conda:
         "../environment.yml"
     params:
-        # place reads costmodel.link_* (pipeline transfers, all-reduce) and presets' overrides
-        code=code_version("place", "arch/presets.py"),
-        cfg=W.section("place", "costmodel"),
+        # place reads costmodel (links, HBM bandwidth; presets' overrides) and the step model's
+        # accounting (config step)
+        code=code_version("place", "step", "network.py", "arch/presets.py"),
+        cfg=W.section("place", "costmodel", "step"),
         cmds=W.place_commands("bounds"),
     shell:
         'python3 -m phaze search batch --config "$PHAZE_CONFIG" {params.cmds:q} > {log:q} 2>&1'
@@ -144,8 +145,8 @@ rule place_ilp:
     conda:
         "../environment.yml"
     params:
-        code=code_version("place", "arch/presets.py"),
-        cfg=W.section("place", "costmodel"),
+        code=code_version("place", "step", "network.py", "arch/presets.py"),
+        cfg=W.section("place", "costmodel", "step"),
         cmds=W.place_commands("ilp"),
     shell:
         'python3 -m phaze search batch --config "$PHAZE_CONFIG" {params.cmds:q} > {log:q} 2>&1'

@@ -165,6 +165,10 @@ def test_summary_tables_and_plots_are_nontrivial(run_dir):
     rows = explored[explored["arch"].isin(faithful)]
     assert len(rows) and (rows["bucket"] == -1).all() and not rows["visited"].any()
     assert (best["throughput_seq_s"] > 0).all() and len(best) >= 2
+    # the placement model and the axes it chose travel with every placement
+    assert set(cmp["place_model"]) == {"megatron"}
+    assert set(cmp["recompute"]) <= {"none", "selective", "full"}
+    assert set(cmp["ddp"]) <= {"overlap", "after"} and (cmp["interleave"] >= 1).all()
     # merged architecture columns appear once, not as pandas' _x/_y duplicates
     assert not [c for c in best.columns if c.endswith(("_x", "_y"))], list(best.columns)
     assert {"n_tc", "n_vc", "area_mm2", "peak_flops"} <= set(best.columns)
@@ -283,7 +287,7 @@ def test_stand_alone_schedule_and_place_rules(run_dir, tmp_path, copy_checkout, 
     the search's ILP-tier placement where the search ran the ILP."""
     assert run_dir["second"].returncode == 0
     work = copy_checkout(tmp_path / "repo", results_from=run_dir["dir"])
-    target = "results/place/opt-350m/h32_b1_roff/0.parquet"
+    target = "results/place/opt-350m/h32_b1/0.parquet"
     # An estimate job that the fixture's interrupt cut short can keep Snakemake's incomplete
     # marker (the resumed run reached it only behind the search_plan checkpoint, which it does
     # not re-check): --rerun-incomplete re-runs it here; nothing else may run.
@@ -304,7 +308,7 @@ def test_stand_alone_schedule_and_place_rules(run_dir, tmp_path, copy_checkout, 
         assert "bounds" not in set(sched["status"]), sched["status"]  # the ILP tier ran
     got = pd.read_parquet(work / target).set_index("arch")["throughput_seq_s"]
     assert set(got.index) == chunk0 and (got > 0).all()
-    d = res / "place" / "opt-350m" / "h32_b1_roff"
+    d = res / "place" / "opt-350m" / "h32_b1"
     lo = pd.read_parquet(d / "r0_lo.parquet").set_index("arch")["throughput_seq_s"]
     ub = pd.read_parquet(d / "r0_ub.parquet").set_index("arch")["throughput_seq_s"]
     ilp = pd.read_parquet(d / "r0_ilp.parquet").set_index("arch")["throughput_seq_s"]
