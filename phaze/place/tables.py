@@ -356,9 +356,7 @@ def link_parameters(costmodel: dict, preset_name: str | None) -> tuple[float, fl
     return bw, lat
 
 
-def network_for(
-    settings: PlaceSettings, preset_name: str | None, costmodel: dict, devices: int
-):
+def network_for(settings: PlaceSettings, preset_name: str | None, costmodel: dict, devices: int):
     """The network an architecture is placed on (a `phaze.network` network, None = the flat
     costmodel link) and its label for the output, for a job of `devices` devices, as
     `phaze.network.network_for_architecture` chooses it for every stage: the preset's
