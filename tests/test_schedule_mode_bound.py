@@ -9,7 +9,7 @@ import random
 import pytest
 
 from phaze.schedule.bounds import lower_bound
-from phaze.schedule.ilp import _dual_bound, _scip, mode_bound_model
+from phaze.schedule.ilp import _dual_bound, _scip, mode_bound_model, segment_ops
 from phaze.schedule.instance import make_instance
 from phaze.schedule.listsched import best_list_schedule
 from tests.test_schedule import _bf, random_instance
@@ -45,3 +45,74 @@ def test_mode_bound_sees_modes_and_overlap_together():
     assert _bf(inst) == pytest.approx(6.5)
     assert lower_bound(inst, 7.0)[0] == pytest.approx(5.0)
     assert _mode_bound(inst, 7.0) == pytest.approx(6.5)
+
+
+# ---- segment cuts: a long single-core op's run is one interval that no intra-op op overlaps ----
+def _many_core_instance(rng: random.Random):
+    """Random DAGs of 3-6 ops on 3-4 cores per type with mixed intra-op scaling (LA from L1 / n
+    to L1, sometimes 0), where single-core runs are long and some ops hide beside them."""
+    n, nc = rng.randint(3, 6), rng.choice([3, 4])
+    p_edge = rng.choice([0.3, 0.5, 0.7])
+    edges = [[a, b] for a in range(n) for b in range(a + 1, n) if rng.random() < p_edge]
+    ops = []
+    for i in range(n):
+        l1 = float(rng.randint(1, 9))
+        la = min(l1, l1 / nc * rng.choice([1.0, 1.5, 2.5, 3.5]))
+        if rng.random() < 0.15:  # an op that takes no time intra-op (a view, a reshape)
+            la = 0.0
+        core = rng.choice(["tc", "vc", "fused"])
+        ops.append({"id": i, "core": core, "latency_1core_s": l1, "latency_allcores_s": la})
+    return make_instance(nc, nc, ops, edges)
+
+
+def _bound(inst, ub, segment_k):
+    res, status = _scip(mode_bound_model(inst, ub, 0.0, segment_k), 30, 0.0, 1, 0, 0, False)
+    assert status == "optimal"
+    return min(_dual_bound(res, ub), ub)
+
+
+def test_segment_cuts_never_exceed_the_optimum():
+    rng = random.Random(20250302)
+    stronger = 0
+    for _ in range(300):
+        inst = _many_core_instance(rng)
+        ub = best_list_schedule(inst).makespan(inst)
+        plain = _bound(inst, ub, 0)
+        every = _bound(inst, ub, inst.n)  # segment cuts for every eligible op: the strongest
+        if every > plain * (1 + 1e-6):
+            stronger += 1
+        opt = _bf(inst)
+        assert every <= opt * (1 + 1e-9), (inst, every, opt)
+    assert stronger >= 3
+
+
+def test_segment_cuts_see_that_a_long_run_cannot_hold_an_intra_op_op():
+    # a leaf (tc, 4 on one core, 1 intra-op) beside the chain a -> x -> b (a, b scale badly).
+    # The mode cuts let a and b hide beside the leaf's single-core run with x intra-op (5.0);
+    # but x lies between a and b, so it would have to run inside that run too. Optimum 5.8.
+    ops = [
+        {"id": 0, "core": "tc", "latency_1core_s": 4.0, "latency_allcores_s": 1.0},
+        {"id": 1, "core": "vc", "latency_1core_s": 2.0, "latency_allcores_s": 1.9},
+        {"id": 2, "core": "tc", "latency_1core_s": 4.0, "latency_allcores_s": 1.0},
+        {"id": 3, "core": "vc", "latency_1core_s": 2.0, "latency_allcores_s": 1.9},
+    ]
+    inst = make_instance(4, 4, ops, [[1, 2], [2, 3]])
+    assert _bf(inst) == pytest.approx(5.8)
+    assert _bound(inst, 5.8, 0) == pytest.approx(5.0)
+    assert segment_ops(inst, 1) == [0]
+    assert _bound(inst, 5.8, 1) == pytest.approx(5.8)
+
+
+def test_segment_cuts_let_a_zero_time_op_sit_inside_the_run():
+    # as above, but x takes no time intra-op: a, x (intra-op, at a point) and b all fit beside
+    # the leaf's single-core run. Optimum 4.0; a bound that forced x inside the run onto one
+    # core would give 4.8 (with the loose upper bound 10, so that x is not fixed intra-op).
+    ops = [
+        {"id": 0, "core": "tc", "latency_1core_s": 4.0, "latency_allcores_s": 1.0},
+        {"id": 1, "core": "vc", "latency_1core_s": 2.0, "latency_allcores_s": 1.9},
+        {"id": 2, "core": "tc", "latency_1core_s": 4.0, "latency_allcores_s": 0.0},
+        {"id": 3, "core": "vc", "latency_1core_s": 2.0, "latency_allcores_s": 1.9},
+    ]
+    inst = make_instance(4, 4, ops, [[1, 2], [2, 3]])
+    assert _bf(inst) == pytest.approx(4.0)
+    assert _bound(inst, 10.0, inst.n) == pytest.approx(4.0)
