@@ -314,7 +314,7 @@ class Scheduler:
                 )
             _check(inst, rep, rms)
             if rms < ub:
-                final, method = rep, "ilp"
+                final, method = rep, out.method
         ms = final.makespan(inst)
         if lb > ms * (1 + 1e-6):
             raise RuntimeError(
