@@ -116,3 +116,14 @@ def test_segment_cuts_let_a_zero_time_op_sit_inside_the_run():
     inst = make_instance(4, 4, ops, [[1, 2], [2, 3]])
     assert _bf(inst) == pytest.approx(4.0)
     assert _bound(inst, 10.0, inst.n) == pytest.approx(4.0)
+
+
+def test_segment_ops_add_the_incumbents_single_core_ops():
+    ops = [
+        {"id": i, "core": "tc", "latency_1core_s": float(9 - i), "latency_allcores_s": 0.5}
+        for i in range(5)
+    ]
+    inst = make_instance(4, 4, ops, [])
+    assert segment_ops(inst, 2) == [0, 1]
+    assert segment_ops(inst, 2, [1, 1, 1, 0, 0], 1) == [0, 1, 3]
+    assert segment_ops(inst, 2, [0, 1, 1, 1, 0], 2) == [0, 1, 4]
