@@ -496,7 +496,7 @@ _SCIP_STATUS = {
 # Share of the time left that the mode-aware bound MIP may take before the full model (measured
 # on the schedule benchmark: it proves optimality of its own small model in 0.1-1 s on blocks of
 # <= 33 ops and 1-5 s on the 69-71-op ones).
-_MODE_BOUND_SHARE = 0.3
+_MODE_BOUND_SHARE = 0.5
 
 # Share of the time left after the mode bound that the mode kicks (``kick_modes``) may take; they
 # usually stop on their kick count first (0.5-2.5 CPU-s on the 69-71-op blocks).
