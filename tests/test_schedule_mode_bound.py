@@ -9,14 +9,15 @@ import random
 import pytest
 
 from phaze.schedule.bounds import lower_bound
-from phaze.schedule.ilp import _dual_bound, _scip, mode_bound_model, segment_ops
+from phaze.schedule.ilp import _SEGMENT_OPS, _dual_bound, _scip, mode_bound_model, segment_ops
 from phaze.schedule.instance import make_instance
 from phaze.schedule.listsched import best_list_schedule
 from tests.test_schedule import _bf, random_instance
 
 
-def _mode_bound(inst, ub):
-    res, status = _scip(mode_bound_model(inst, ub, 0.0), 30, 0.0, 1, 0, 0, False)
+def _bound(inst, ub, segment_k=_SEGMENT_OPS):
+    """The mode bound (solved to optimality) with the segment cuts of ``segment_k`` ops."""
+    res, status = _scip(mode_bound_model(inst, ub, 0.0, segment_k), 30, 0.0, 1, 0, 0, False)
     assert status == "optimal"
     return min(_dual_bound(res, ub), ub)
 
@@ -28,7 +29,7 @@ def test_mode_bound_never_exceeds_the_optimum():
         inst = random_instance(rng, n_max=6)
         opt = _bf(inst)
         ub = best_list_schedule(inst).makespan(inst)
-        mb = _mode_bound(inst, ub)
+        mb = _bound(inst, ub)
         assert mb <= opt * (1 + 1e-9), (inst, mb, opt)
         stronger += mb > lower_bound(inst, ub)[0] * (1 + 1e-6)
     assert stronger >= 3  # it is not just the cheap bounds again
@@ -44,7 +45,7 @@ def test_mode_bound_sees_modes_and_overlap_together():
     inst = make_instance(1, 2, ops, [])
     assert _bf(inst) == pytest.approx(6.5)
     assert lower_bound(inst, 7.0)[0] == pytest.approx(5.0)
-    assert _mode_bound(inst, 7.0) == pytest.approx(6.5)
+    assert _bound(inst, 7.0) == pytest.approx(6.5)
 
 
 # ---- segment cuts: a long single-core op's run is one interval that no intra-op op overlaps ----
@@ -65,12 +66,6 @@ def _many_core_instance(rng: random.Random):
     return make_instance(nc, nc, ops, edges)
 
 
-def _bound(inst, ub, segment_k):
-    res, status = _scip(mode_bound_model(inst, ub, 0.0, segment_k), 30, 0.0, 1, 0, 0, False)
-    assert status == "optimal"
-    return min(_dual_bound(res, ub), ub)
-
-
 def test_segment_cuts_never_exceed_the_optimum():
     rng = random.Random(20250302)
     stronger = 0
@@ -86,17 +81,21 @@ def test_segment_cuts_never_exceed_the_optimum():
     assert stronger >= 3
 
 
+def _leaf_beside_chain(la_x: float):
+    """A leaf (tc, 4 on one core, 1 intra-op) beside the chain a -> x -> b (a, b: vc, scaling
+    badly; x: tc, 4 on one core, ``la_x`` intra-op), 4 cores per type."""
+    lat = [(4.0, 1.0), (2.0, 1.9), (4.0, la_x), (2.0, 1.9)]
+    ops = [
+        {"id": i, "core": "vc" if i % 2 else "tc", "latency_1core_s": l1, "latency_allcores_s": la}
+        for i, (l1, la) in enumerate(lat)
+    ]
+    return make_instance(4, 4, ops, [[1, 2], [2, 3]])
+
+
 def test_segment_cuts_see_that_a_long_run_cannot_hold_an_intra_op_op():
-    # a leaf (tc, 4 on one core, 1 intra-op) beside the chain a -> x -> b (a, b scale badly).
     # The mode cuts let a and b hide beside the leaf's single-core run with x intra-op (5.0);
     # but x lies between a and b, so it would have to run inside that run too. Optimum 5.8.
-    ops = [
-        {"id": 0, "core": "tc", "latency_1core_s": 4.0, "latency_allcores_s": 1.0},
-        {"id": 1, "core": "vc", "latency_1core_s": 2.0, "latency_allcores_s": 1.9},
-        {"id": 2, "core": "tc", "latency_1core_s": 4.0, "latency_allcores_s": 1.0},
-        {"id": 3, "core": "vc", "latency_1core_s": 2.0, "latency_allcores_s": 1.9},
-    ]
-    inst = make_instance(4, 4, ops, [[1, 2], [2, 3]])
+    inst = _leaf_beside_chain(1.0)
     assert _bf(inst) == pytest.approx(5.8)
     assert _bound(inst, 5.8, 0) == pytest.approx(5.0)
     assert segment_ops(inst, 1) == [0]
@@ -104,16 +103,10 @@ def test_segment_cuts_see_that_a_long_run_cannot_hold_an_intra_op_op():
 
 
 def test_segment_cuts_let_a_zero_time_op_sit_inside_the_run():
-    # as above, but x takes no time intra-op: a, x (intra-op, at a point) and b all fit beside
-    # the leaf's single-core run. Optimum 4.0; a bound that forced x inside the run onto one
-    # core would give 4.8 (with the loose upper bound 10, so that x is not fixed intra-op).
-    ops = [
-        {"id": 0, "core": "tc", "latency_1core_s": 4.0, "latency_allcores_s": 1.0},
-        {"id": 1, "core": "vc", "latency_1core_s": 2.0, "latency_allcores_s": 1.9},
-        {"id": 2, "core": "tc", "latency_1core_s": 4.0, "latency_allcores_s": 0.0},
-        {"id": 3, "core": "vc", "latency_1core_s": 2.0, "latency_allcores_s": 1.9},
-    ]
-    inst = make_instance(4, 4, ops, [[1, 2], [2, 3]])
+    # x takes no time intra-op: a, x (intra-op, at a point) and b all fit beside the leaf's
+    # single-core run. Optimum 4.0; a bound that forced x inside the run onto one core would
+    # give 4.8 (with the loose upper bound 10, so that x is not fixed intra-op).
+    inst = _leaf_beside_chain(0.0)
     assert _bf(inst) == pytest.approx(4.0)
     assert _bound(inst, 10.0, inst.n) == pytest.approx(4.0)
 
