@@ -5,11 +5,19 @@ recompute on (tests/place_instances.py: gpt3_like_instance). Prints, separately:
 * the solve itself (in-process, after imports, best of --repeat runs), and
 * the whole `python -m phaze place --instance FILE` process (interpreter start-up, imports,
   JSON parse, solve, print), and the start-up alone (`python -m phaze place --help`).
-Also times our mode's objective (largest-stage all-reduce, adam, link latency) on the same chain
-for t in {1, 2, 4, 8}, on the flat link and on a two-level network (the a100-80gb preset's DGX A100
-network: 8 devices per node; phaze.place.network).
+Also times our upstream-model objective (largest-stage all-reduce, adam, link latency) on the
+same chain for t in {1, 2, 4, 8}, on the flat link and on a two-level network (the a100-80gb
+preset's DGX A100 network: 8 devices per node; phaze.place.network).
 
-    .venv/bin/python benchmarks/place.py [--repeat 5]
+Then the megatron model's exact search (phaze/place/megatron.py): GPT-3 175B (the real trace:
+memory from its saved tensors) on 1,024 devices, global batch 1,536, every axis open — tp in
+{1, 2, 4, 8}, interleave in {1, 2, 3, 4, 6, 8}, recompute none / selective / full, sequence
+parallelism, distributed optimizer, DDP overlap / after, every pipeline depth and every split —
+with the a100-80gb preset's kernel-sum layer times, on its DGX network and on one flat 44.8 GB/s
+link (as a grid architecture without a network). CPU seconds per HBM size and microbatch (one
+placement job's work for one architecture), chains prepared beforehand.
+
+    .venv/bin/python benchmarks/place.py [--repeat 5] [--skip-upstream] [--skip-megatron]
 """
 
 from __future__ import annotations
@@ -47,7 +55,66 @@ def best_of(fn, repeat):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--skip-upstream", action="store_true")
+    ap.add_argument("--skip-megatron", action="store_true")
     args = ap.parse_args()
+    if not args.skip_upstream:
+        upstream(args)
+    if not args.skip_megatron:
+        megatron(args)
+    return 0
+
+
+def megatron(args) -> None:
+    from phaze.config import load_config
+    from phaze.fidelity.evaluate import gpu_chains, step_constants
+    from phaze.network import HierarchicalNetwork, LinkLevel
+    from phaze.place.megatron import Axes, optimize
+    from phaze.trace.models import get_model_spec
+
+    cfg = load_config(None)
+    preset = load_preset("a100-80gb")
+    spec = get_model_spec("gpt3-175b")
+    axes = Axes(interleave=(1, 2, 3, 4, 6, 8))
+    t0 = time.perf_counter()
+    chains = {}
+    for b in (1, 2):
+        for t in (1, 2, 4, 8):
+            for sp, c in gpu_chains(spec, t, b, spec.seq, preset, cfg).items():
+                chains[(t, b, sp)] = c
+    print(
+        f"megatron model: GPT-3 175B, 1,024 devices, global batch 1,536, tp in 1,2,4,8, V in "
+        f"{list(axes.interleave)}, every other axis open (chains: {time.perf_counter() - t0:.1f} s)"
+    )
+    consts = step_constants(preset, cfg)
+    nets = {
+        "a100-80gb DGX network": HierarchicalNetwork.from_preset(preset["network"]),
+        "flat 44.8 GB/s link": HierarchicalNetwork.flat(LinkLevel(44.8e9, 1e-6), 1024),
+    }
+    for label, net in nets.items():
+        for b in (1, 2):
+            sub = {k: v for k, v in chains.items() if k[1] == b}
+            for hbm_gib in (32, 64, 80):
+                cpu = []
+                for _ in range(args.repeat):
+                    c0 = time.process_time()
+                    r = optimize(sub, net, consts, 1024, 1536, hbm_gib * 2**30, axes)
+                    cpu.append(time.process_time() - c0)
+                s_ = r.strategy
+                best = (
+                    f"{r.time_s:.3f} s/iteration: tp {s_.tp} pp {s_.pp} dp {s_.dp} V {s_.interleave} "
+                    f"{s_.recompute} sp {int(s_.sequence_parallel)} zero "
+                    f"{int(s_.distributed_optimizer)} {s_.ddp}"
+                    if s_
+                    else "nothing fits"
+                )
+                print(
+                    f"  {label}, b {b}, {hbm_gib} GiB: {min(cpu):.3f} s CPU (best of "
+                    f"{args.repeat}; {r.configurations} configurations, {r.solved} solved) -> {best}"
+                )
+
+
+def upstream(args) -> None:
 
     ins = gpt3_like_instance()
     solve_s, out = best_of(lambda: solve_instance(ins), args.repeat)
@@ -134,7 +201,6 @@ def main() -> int:
                 f"recompute {'on' if recompute else 'off'}: {s:.3f} s -> t={p.t} d={p.d} pp={p.pp} "
                 f"{p.time_per_batch:.4f} s/batch"
             )
-    return 0
 
 
 if __name__ == "__main__":

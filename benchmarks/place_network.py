@@ -3,9 +3,10 @@ two-level network (8 GPUs per node on NVLink, one 200 Gb/s InfiniBand NIC per GP
 
 Per-layer latencies come from the shared trace and cost model the way the fidelity stage runs a
 GPU preset (one kernel at a time on all SMs: the sum of the kernels' all-core latencies,
-phaze.fidelity.build_workload), plus the layer's tensor-parallel collectives on the intra-node
-level (tensor parallelism stays inside a node in both runs, so both see the same layer times).
-Then `phaze.place.tables.place_architectures` places the model twice on the a100-80gb preset:
+phaze.fidelity.evaluate.gpu_chains), plus the layer's tensor-parallel collectives on the
+intra-node level (tensor parallelism stays inside a node in both runs, so both see the same layer
+times). Then `phaze.place.tables.place_architectures` places the model twice on the a100-80gb
+preset, under the upstream placement model (Phaze's objective, place.model: upstream):
 `place.preset_networks: false` (the preset's flat costmodel link, 300 GB/s, 2 us) and true (its
 `network:` section). Prints, per recompute setting, time per batch, throughput, MFU, the chosen
 p / t / d, and the solve time (DP over t in 1, 2, 4, 8; traces excluded).
@@ -26,8 +27,7 @@ import pandas as pd
 
 from phaze.arch.presets import load_preset
 from phaze.config import load_config
-from phaze.fidelity.evaluate import build_workload, trace_for
-from phaze.fidelity.strategy import Strategy
+from phaze.fidelity.evaluate import gpu_chains, trace_for
 from phaze.network import HierarchicalNetwork
 from phaze.place.tables import PlaceSettings, place_architectures
 from phaze.trace.models import get_model_spec
@@ -53,21 +53,10 @@ def tables_for(model: str, widths, microbatch: int, devices: int):
     net = HierarchicalNetwork.from_preset(preset["network"])
     layers_by_t, sched_by_t = {}, {}
     for t in widths:
-        strategy = Strategy(
-            devices=devices,
-            tp=t,
-            pp=1,
-            microbatch=microbatch,
-            global_batch=devices // t * microbatch,
-        )
-        work = build_workload(spec, strategy, spec.seq, preset, cfg["costmodel"], cfg["fidelity"])
+        chain = gpu_chains(spec, t, microbatch, spec.seq, preset, cfg)[False]
         layers = trace_for(spec, microbatch, t, spec.seq).layers.copy()
         rows = []
-        for name, w in (
-            ("embedding", work.embedding),
-            ("block.0", work.block),
-            ("head", work.head),
-        ):
+        for name, w in (("embedding", chain.first), ("block.0", chain.block), ("head", chain.last)):
             sig = layers.loc[layers["layer"] == name, "signature"].iloc[0]
             for pass_, comp, coll in (
                 ("fwd", w.fwd_s, w.fwd_collectives),
@@ -112,16 +101,15 @@ def main() -> int:
     )
     for recompute in (False, True):
         for preset_networks in (False, True):
+            place = {
+                **cfg["place"],
+                "model": "upstream",
+                "recompute": ["full" if recompute else "none"],
+                "global_batch": args.global_batch,
+                "preset_networks": preset_networks,
+            }
             settings = PlaceSettings.from_config(
-                {
-                    **cfg["place"],
-                    "global_batch": args.global_batch,
-                    "preset_networks": preset_networks,
-                },
-                args.model,
-                int(args.hbm_gib * 2**30),
-                args.microbatch,
-                recompute,
+                {**cfg, "place": place}, args.model, int(args.hbm_gib * 2**30), args.microbatch
             )
             t1 = time.perf_counter()
             row = place_architectures(

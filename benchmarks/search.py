@@ -4,7 +4,7 @@ Reads a results directory of a completed run (default: the repo's results/ after
 `bash scripts/run.sh`): the CPU time of every job (Snakemake `benchmark:` files), the work units
 each stage did (architecture × trace for estimate/schedule, architecture × placement setting for
 place), the ILP instances solved and avoided by pruning. Then scales the per-unit costs to the
-paper's sweep: all eight models, their microbatch sizes and valid t, HBM × recompute, the full
+paper's sweep: all eight models, their microbatch sizes and valid t, HBM sizes, the full
 architecture grid — for an exhaustive search and for early stops that visit a given share of it.
 
     .venv/bin/python benchmarks/search.py [--results results] [--paper config/paper.yaml]
@@ -104,7 +104,6 @@ def _paper_counts(paper: Path) -> dict:
         len(cfg["models"])
         * len(cfg["trace"]["microbatch"])
         * len(cfg["place"]["hbm_gib"])
-        * len(cfg["place"]["recompute"])
         * len(cfg["place"]["devices"])
     )
     return {

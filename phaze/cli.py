@@ -22,6 +22,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "search": ("phaze.search.cli", "architecture search, baselines and summary tables"),
     "report": ("phaze.report.cli", "plots and HTML report"),
     "evaluate": ("phaze.fidelity.evaluate_cli", "evaluate a given parallel strategy"),
+    "optimize": ("phaze.fidelity.optimize_cli", "the fastest parallel strategy on a GPU preset"),
     "validate": ("phaze.fidelity.validate_cli", "validate against published training runs"),
 }
 

@@ -16,7 +16,8 @@ exactly the values a workflow run sees:
 Beyond the schema: no number may be NaN or infinite, every microbatch size must divide the global
 batch and every preset named must exist (``_check_consistency``), so the Snakefile's validation
 stops a dry run on them. The tensor-parallel width was once called ``tmp``; a config that still
-uses that key is rejected with an error naming ``tp``.
+uses that key is rejected with an error naming ``tp``. Likewise for keys that moved to another
+section (the step accounting now in ``step``) and for the old on/off form of ``place.recompute``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,20 @@ SCHEMA_PATH = REPO_ROOT / "config" / "schema.yaml"
 DEFAULT_CONFIG = REPO_ROOT / "config" / "config.yaml"
 # keys that were renamed: old name -> new name (reported, never silently accepted)
 RENAMED_KEYS = {"tmp": "tp"}
+# keys that moved to another section: old path -> new path
+MOVED_KEYS = {
+    **{
+        f"fidelity.{k}": f"step.{k}"
+        for k in (
+            "state_bytes_per_param",
+            "grad_bytes_per_param",
+            "optimizer_bytes_per_param",
+            "ddp_bucket_bytes",
+            "scatter_gather",
+        )
+    },
+    "place.scatter_gather": "step.scatter_gather",
+}
 
 
 def _extend_with_default(validator_class):
@@ -127,6 +142,16 @@ def validate_config(config: dict) -> dict:
         head, _, key = old.rpartition(".")
         new = f"{head}.{RENAMED_KEYS[key]}" if head else RENAMED_KEYS[key]
         raise PhazeError(f"config key {old} was renamed: write {new}")
+    for path, new in MOVED_KEYS.items():
+        section, key = path.split(".")
+        if isinstance(config.get(section), dict) and key in config[section]:
+            raise PhazeError(f"config key {path} moved: write {new}")
+    recompute = (config.get("place") or {}).get("recompute")
+    if isinstance(recompute, list) and any(isinstance(x, bool) for x in recompute):
+        raise PhazeError(
+            "config place.recompute lists recompute modes now, not on/off: write e.g. "
+            "[none, selective, full] (false was none, true full)"
+        )
     bad = _non_finite(config)
     if bad:
         raise PhazeError(f"config invalid at {bad}: NaN and infinite numbers are not allowed")

@@ -61,6 +61,12 @@ def ring_seconds(kind: str, size_bytes, ranks, bandwidth_Bps, latency_s):
     return np.where(g > 1, seconds, 0.0)
 
 
+def collective_seconds(kind: str, size_bytes, ranks, bandwidth_Bps, latency_s):
+    """`ring_seconds`, with an empty message free (nothing is sent)."""
+    seconds = ring_seconds(kind, size_bytes, ranks, bandwidth_Bps, latency_s)
+    return np.where(np.asarray(size_bytes, dtype=np.float64) > 0, seconds, 0.0)
+
+
 def p2p_seconds(size_bytes, bandwidth_Bps, latency_s):
     """Seconds of one point-to-point send: ``size / bandwidth + latency``."""
     return size_bytes / bandwidth_Bps + latency_s
@@ -169,13 +175,36 @@ class HierarchicalNetwork:
         bw = min(self.intra.effective_Bps, shape.per_node * self.inter.effective_Bps)
         return bw, max(self.intra.latency_s, self.inter.latency_s)
 
+    def ring_params(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(bottleneck bytes/s, per-step latency) of a ring over each row of `nodes` (the node of
+        every member, each row non-decreasing): `_ring` of the row's `shape`, for many groups
+        at once."""
+        nodes = np.asarray(nodes)
+        groups, g = nodes.shape
+        intra, inter = self.intra, self.inter
+        if g == 1:
+            return np.full(groups, intra.effective_Bps), np.full(groups, intra.latency_s)
+        change = nodes[:, 1:] != nodes[:, :-1]
+        spans = change.any(axis=1)
+        starts = np.concatenate([np.ones((groups, 1), dtype=bool), change], axis=1)
+        run = np.cumsum(starts, axis=1) - 1  # which node of its row a member is on
+        counts = np.bincount((np.arange(groups)[:, None] * g + run).ravel(), minlength=groups * g)
+        fewest = np.where(counts > 0, counts, g + 1).reshape(groups, g).min(axis=1)
+        bw = np.where(
+            spans,
+            np.minimum(intra.effective_Bps, fewest * inter.effective_Bps),
+            intra.effective_Bps,
+        )
+        lat = np.where(spans, max(intra.latency_s, inter.latency_s), intra.latency_s)
+        return bw, lat
+
     def collective(self, kind: str, size_bytes: float, ranks: Sequence[int]) -> float:
         """Seconds of a ring collective over these ranks (empty messages are free)."""
         shape = self.shape(ranks)
-        if shape.size == 1 or size_bytes <= 0:
+        if shape.size == 1:
             return 0.0
         bw, lat = self._ring(shape)
-        return float(ring_seconds(kind, size_bytes, shape.size, bw, lat))
+        return float(collective_seconds(kind, size_bytes, shape.size, bw, lat))
 
     def reduce_scatter(self, size_bytes: float, ranks: Sequence[int]) -> float:
         return self.collective("reduce_scatter", size_bytes, ranks)

@@ -104,8 +104,8 @@ rule place_blind:
     conda:
         "../environment.yml"
     params:
-        code=code_version("place", "arch/presets.py"),
-        cfg=W.section("place", "costmodel"),
+        code=code_version("place", "step", "network.py", "arch/presets.py"),
+        cfg=W.section("place", "costmodel", "step"),
         cmds=W.place_commands("blind"),
     shell:
         'python3 -m phaze search batch --config "$PHAZE_CONFIG" {params.cmds:q} > {log:q} 2>&1'

@@ -14,5 +14,4 @@ wildcard_constraints:
     chunk=r"\d+",
     round=r"\d+",
     hbm=r"[0-9.]+",
-    rec=r"on|off",
     tier=r"ub|lo|ilp",

@@ -72,9 +72,10 @@ rule place_bounds:
     conda:
         "../environment.yml"
     params:
-        # place reads costmodel.link_* (pipeline transfers, all-reduce) and presets' overrides
-        code=code_version("place", "arch/presets.py"),
-        cfg=W.section("place", "costmodel"),
+        # place reads costmodel (links, HBM bandwidth; presets' overrides) and the step model's
+        # accounting (config step)
+        code=code_version("place", "step", "network.py", "arch/presets.py"),
+        cfg=W.section("place", "costmodel", "step"),
         cmds=W.place_commands("bounds"),
     shell:
         'python3 -m phaze search batch --config "$PHAZE_CONFIG" {params.cmds:q} > {log:q} 2>&1'
@@ -144,8 +145,8 @@ rule place_ilp:
     conda:
         "../environment.yml"
     params:
-        code=code_version("place", "arch/presets.py"),
-        cfg=W.section("place", "costmodel"),
+        code=code_version("place", "step", "network.py", "arch/presets.py"),
+        cfg=W.section("place", "costmodel", "step"),
         cmds=W.place_commands("ilp"),
     shell:
         'python3 -m phaze search batch --config "$PHAZE_CONFIG" {params.cmds:q} > {log:q} 2>&1'
@@ -164,14 +165,18 @@ checkpoint search_state:
     params:
         code=W.search_code(),
         cfg=W.search_params(),
+        bench=BENCH,
     run:
         manifest = W.write_manifest(
             f"{log}.manifest.json", W.state_manifest(wildcards), input
         )
         shell(
             "python3 -m phaze search state --plan {input.plan:q} --round {wildcards.round}"
-            ' --manifest {manifest:q} --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
+            ' --manifest {manifest:q} --config "$PHAZE_CONFIG" --benchmarks {params.bench:q}'
+            " --out {output:q} > {log:q} 2>&1"
         )
+        # the round's progress line, on the terminal of the Snakemake process
+        shell("grep -m 1 '^phaze search: round' {log:q} || true")
 
 
 rule search_summary:

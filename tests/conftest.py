@@ -91,6 +91,23 @@ def snakemake(snakemake_env):
 
 
 @pytest.fixture(scope="session")
+def phaze_cli():
+    """`python -m phaze ARGS` in a fresh interpreter (what a user's shell runs: exit code, stdout
+    and stderr as they would see them)."""
+
+    def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "phaze", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    return run
+
+
+@pytest.fixture(scope="session")
 def trace_cli():
     from phaze.cli import main
 

@@ -4,6 +4,7 @@ schema, the old `tmp` key, and the schema's JSON Schema draft."""
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import pytest
@@ -91,6 +92,22 @@ def test_the_old_tmp_key_is_rejected_naming_tp(config, old, new):
     with pytest.raises(PhazeError) as err:
         validate_config(config)
     assert old in str(err.value) and new in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "config,needle",
+    [
+        ({"fidelity": {"state_bytes_per_param": 16}}, "write step.state_bytes_per_param"),
+        ({"fidelity": {"ddp_bucket_bytes": 1}}, "write step.ddp_bucket_bytes"),
+        ({"place": {"scatter_gather": True}}, "write step.scatter_gather"),
+        ({"place": {"recompute": [False, True]}}, "[none, selective, full]"),
+        ({"place": {"recompute": [True]}}, "lists recompute modes now"),
+    ],
+)
+def test_moved_keys_and_the_on_off_recompute_list_are_rejected_naming_the_new_form(config, needle):
+    with pytest.raises(PhazeError, match=re.escape(needle)) as err:
+        validate_config(config)
+    assert "\n" not in str(err.value)
 
 
 def test_the_schema_is_json_schema_2020_12_and_mentions_no_tmp():

@@ -99,7 +99,9 @@ def place_inputs(tmp_path, space_table):
         args["sched"].append(str(tmp_path / f"sched_t{t}.parquet"))
     space = space_table(list(PEAK), peak_flops=list(PEAK.values()), preset="")
     write_table(space, tmp_path / "space.parquet", "space")
-    cfg = {"models": ["tiny"], "place": {"devices": [16], "global_batch": 256}}
+    # selective recomputation would need the ops and operator latencies too
+    place = {"devices": [16], "global_batch": 256, "recompute": ["none", "full"]}
+    cfg = {"models": ["tiny"], "place": place}
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     return tmp_path, args
 

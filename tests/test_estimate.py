@@ -41,6 +41,10 @@ def tpu():
 def fixture_ops() -> pd.DataFrame:
     ops = pd.read_csv(DATA / "estimate_ops.csv")
     ops["collective"] = ops["collective"].fillna("")
+    # the trace's core-attention / replicated-region flags (not read by the estimate)
+    for flag in ("attention", "replicated"):
+        if flag not in ops.columns:
+            ops[flag] = False
     return ops
 
 

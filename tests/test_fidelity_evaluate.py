@@ -3,16 +3,15 @@ parallelism, recomputation modes, DDP modes, the CLIs, and the Megatron validati
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 
 from phaze.arch.presets import load_preset
 from phaze.config import validate_config
 from phaze.errors import PhazeError
-from phaze.fidelity.evaluate import build_workload, evaluate_strategy
-from phaze.fidelity.strategy import Strategy
+from phaze.fidelity.compute import gpu_core, layer_works, preset_costmodel
+from phaze.fidelity.evaluate import evaluate_strategy, gpu_chains, trace_for
+from phaze.step.strategy import Strategy
 from phaze.trace.models import ModelSpec
 
 SEQ = 256
@@ -33,24 +32,38 @@ def tiny_gpt(layers=8, hidden=256, heads=8, vocab=1024):
 
 
 def run(spec, **kw):
-    base = {"devices": 16, "tp": 2, "pp": 2, "microbatch": 2, "global_batch": 32}
+    base = {"devices": 16, "tp": 2, "pp": 2, "microbatch": 2, "global_batch": 32, "ddp": "after"}
     base.update(kw)
-    return evaluate_strategy(
-        spec, Strategy(**base), A100, seq=SEQ, costmodel=CFG["costmodel"], fidelity=CFG["fidelity"]
+    return evaluate_strategy(spec, Strategy(**base), A100, seq=SEQ, config=CFG)
+
+
+def chains(spec, tp=2, microbatch=2):
+    """{sequence_parallel: ChainCost} of the model on the A100 preset."""
+    return gpu_chains(spec, tp, microbatch, SEQ, A100, CFG)
+
+
+def block_works(spec, tp):
+    """{sequence_parallel: LayerWork} of one block (the kernel sums before pricing)."""
+    trace = trace_for(spec, 2, tp, SEQ)
+    layers = trace.layers.set_index("layer")
+    return layer_works(
+        trace.ops[trace.ops["layer"] == "block.0"],
+        trace.edges[trace.edges["layer"] == "block.0"],
+        core=gpu_core(A100),
+        cm=preset_costmodel(A100, CFG["costmodel"]),
+        n_tc=A100["arch"]["n_tc"],
+        n_vc=A100["arch"]["n_vc"],
+        fuse=True,
+        tp=tp,
+        param_bytes=int(layers.loc["block.0", "param_bytes"]),
     )
-
-
-def workload(spec, **kw):
-    base = {"devices": 16, "tp": 2, "pp": 2, "microbatch": 2, "global_batch": 32}
-    base.update(kw)
-    return build_workload(spec, Strategy(**base), SEQ, A100, CFG["costmodel"], CFG["fidelity"])
 
 
 def test_sequence_parallel_keeps_flops_divides_replicated_work_and_swaps_collectives():
     spec = tiny_gpt()
     for t in (2, 4):
-        plain = workload(spec, devices=8 * t, tp=t, sequence_parallel=False).block
-        sp = workload(spec, devices=8 * t, tp=t, sequence_parallel=True).block
+        works = block_works(spec, t)
+        plain, sp = works[False], works[True]
         assert sp.fwd_flops == plain.fwd_flops and sp.bwd_flops == plain.bwd_flops
         # every all-reduce of b·s·h becomes a reduce-scatter + all-gather of the same tensor
         assert [k for k, _ in plain.fwd_collectives] == ["all_reduce"] * 2
@@ -73,8 +86,8 @@ def test_sequence_parallel_keeps_flops_divides_replicated_work_and_swaps_collect
 
 def test_core_attention_is_part_of_forward_and_selective_recompute_is_cheaper_than_full():
     spec = tiny_gpt()
-    blk = workload(spec).block
-    assert 0 < blk.attention_core_fwd_s < blk.fwd_s
+    blk = chains(spec)[False].block
+    assert 0 < blk.attention_fwd_s < blk.fwd_s
     full = run(spec, recompute="full")
     selective = run(spec, recompute="selective")
     none = run(spec, recompute="none")
@@ -89,10 +102,15 @@ def test_breakdown_sums_to_iteration_time_and_flops_follow_eq3():
     r = run(spec, interleave=2, recompute="full")
     assert math.isclose(sum(r["breakdown"].values()), r["iteration_time_s"], rel_tol=1e-12)
     B, s, l, h, V = 32, SEQ, 8, 256, 1024
+    # Narayanan et al.'s Eq. (3) counts what runs under full recomputation (hardware FLOPs);
+    # model FLOPs (MFU, PaLM's convention) are 3 passes: Eq. (3) without the recomputed forward
     eq3 = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
-    assert math.isclose(r["model_flops"], eq3, rel_tol=1e-9)
-    assert math.isclose(r["tflops_per_device"], eq3 / (16 * r["iteration_time_s"]) / 1e12)
-    assert 0 < r["mfu"] < 1
+    assert math.isclose(r["hardware_flops"], eq3, rel_tol=1e-9)
+    assert math.isclose(r["model_flops"], eq3 - B * l * (24 * s * h * h + 4 * s * s * h))
+    assert math.isclose(
+        r["mfu"], r["model_flops"] / (16 * r["iteration_time_s"] * 312e12), rel_tol=1e-3
+    )
+    assert 0 < r["mfu"] < r["hfu"] < 1
 
 
 def test_ddp_overlap_hides_gradient_all_reduce():
@@ -117,30 +135,13 @@ def test_interleaving_shrinks_the_bubble_and_adds_traffic():
 
 def test_evaluate_rejects_invalid_interleaving_and_unknown_network():
     spec = tiny_gpt(layers=6)
-    with pytest.raises(PhazeError, match="split evenly"):
-        run(spec, pp=2, interleave=2)  # 6 layers over 2·2 chunks
+    with pytest.raises(PhazeError, match="interleave 2 does not divide the 3 blocks"):
+        run(spec, pp=2, interleave=2)  # 6 blocks: 3 per stage, not 2 chunks of whole blocks
     with pytest.raises(PhazeError, match="network"):
-        evaluate_strategy(
-            spec,
-            Strategy(8, 1, 1, 1, 8),
-            load_preset("tpuv4"),
-            seq=SEQ,
-            costmodel=CFG["costmodel"],
-            fidelity=CFG["fidelity"],
-        )
+        evaluate_strategy(spec, Strategy(8, 1, 1, 1, 8), load_preset("tpuv4"), seq=SEQ, config=CFG)
 
 
-def _cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "phaze", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
-def test_evaluate_cli_prints_the_contract(tmp_path):
+def test_evaluate_cli_prints_the_contract(tmp_path, phaze_cli):
     cfg = tmp_path / "config.json"
     cfg.write_text(
         json.dumps(
@@ -154,7 +155,7 @@ def test_evaluate_cli_prints_the_contract(tmp_path):
             }
         )
     )
-    out = _cli(
+    out = phaze_cli(
         "evaluate",
         "--hf-config",
         str(cfg),
@@ -178,8 +179,22 @@ def test_evaluate_cli_prints_the_contract(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
-    for key in ("iteration_time_s", "model_flops", "tflops_per_device", "mfu", "peak_memory_bytes"):
+    for key in ("iteration_time_s", "model_flops", "hardware_flops", "mfu", "hfu"):
         assert r[key] > 0
+    assert r["peak_memory_bytes"] > 0 and r["fits_memory"] is True
+    assert set(r["strategy"]) == {
+        "tp",
+        "pp",
+        "dp",
+        "microbatch",
+        "interleave",
+        "recompute",
+        "sequence_parallel",
+        "distributed_optimizer",
+        "ddp",
+        "stages",
+    }
+    assert r["strategy"]["stages"] == [2, 2] and r["strategy"]["ddp"] == "after"
     assert set(r["breakdown"]) == {
         "compute_s",
         "recompute_s",
@@ -189,7 +204,7 @@ def test_evaluate_cli_prints_the_contract(tmp_path):
         "data_parallel_comm_s",
         "optimizer_s",
     }
-    bad = _cli(
+    bad = phaze_cli(
         "evaluate",
         "--hf-config",
         str(cfg),
@@ -238,25 +253,24 @@ def test_spearman_handles_ties():
 
 def test_embedding_and_head_follow_megatron():
     spec = tiny_gpt()
-    plain = workload(spec, tp=2)
-    sp = workload(spec, tp=2, sequence_parallel=True)
+    plain, sp = chains(spec)[False], chains(spec)[True]
     act = 2 * SEQ * 256 * 2  # b·s·h fp16
     # trace: vocab-parallel embedding all-reduce (fwd), head-input gradient all-reduce (bwd);
     # here: + the cross-entropy's three b·s fp32 all-reduces
-    assert plain.embedding.fwd_collectives == [("all_reduce", act)]
-    assert plain.head.bwd_collectives == [("all_reduce", act)]
-    assert plain.head.fwd_collectives == [("all_reduce", 2 * SEQ * 4)] * 3
+    assert plain.first.fwd_collectives == (("all_reduce", act),)
+    assert plain.last.bwd_collectives == (("all_reduce", act),)
+    assert plain.last.fwd_collectives == (("all_reduce", 2 * SEQ * 4),) * 3
     # sequence parallelism: reduce-scatter into / all-gather out of the sequence-parallel region
-    assert sp.embedding.fwd_collectives == [("reduce_scatter", act)]
-    assert sp.head.fwd_collectives[0] == ("all_gather", act)
-    assert sp.head.bwd_collectives == [("reduce_scatter", act)]
+    assert sp.first.fwd_collectives == (("reduce_scatter", act),)
+    assert sp.last.fwd_collectives[0] == ("all_gather", act)
+    assert sp.last.bwd_collectives == (("reduce_scatter", act),)
     # GPT-2 ties the LM head to the word embedding: the last stage keeps a copy (V/t rows)
-    assert plain.tied_embeddings and plain.word_embedding_params == 1024 // 2 * 256
+    assert plain.tied and plain.last.tied_params == 1024 // 2 * 256
     r = run(spec, tp=2, pp=2)
     first, last = r["per_stage"]
-    blocks = 4 * plain.block.param_bytes / 2
-    assert math.isclose(last["params"], blocks + plain.head.param_bytes / 2 + 1024 // 2 * 256)
-    assert math.isclose(first["params"], blocks + plain.embedding.param_bytes / 2)
+    blocks = 4 * plain.block.params
+    assert math.isclose(last["params"], blocks + plain.last.params + 1024 // 2 * 256)
+    assert math.isclose(first["params"], blocks + plain.first.params)
 
 
 def test_presets_carry_sources_and_h100_beats_a100():
@@ -271,12 +285,8 @@ def test_presets_carry_sources_and_h100_beats_a100():
         assert "network" in preset and "devices_per_node" in preset["network"]
     spec = tiny_gpt(hidden=512)
     s = Strategy(devices=16, tp=2, pp=2, microbatch=2, global_batch=32)
-    a = evaluate_strategy(
-        spec, s, A100, seq=SEQ, costmodel=CFG["costmodel"], fidelity=CFG["fidelity"]
-    )
-    h = evaluate_strategy(
-        spec, s, h100, seq=SEQ, costmodel=CFG["costmodel"], fidelity=CFG["fidelity"]
-    )
+    a = evaluate_strategy(spec, s, A100, seq=SEQ, config=CFG)
+    h = evaluate_strategy(spec, s, h100, seq=SEQ, config=CFG)
     assert h["iteration_time_s"] < a["iteration_time_s"]
 
 

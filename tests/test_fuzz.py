@@ -417,11 +417,18 @@ def test_fuzz_estimate(estimate_clean, data):
 # --- target: place, tables mode (layers + schedules + space) -----------------------------------
 PLACE_CONFIG = {
     "models": ["tiny"],
-    "place": {"devices": [16], "global_batch": 64, "expert": {"tiny": {"pp": 2, "dp": 4, "tp": 2}}},
+    "place": {
+        "devices": [16],
+        "global_batch": 64,
+        "recompute": ["none", "full"],
+        "expert": {"tiny": {"pp": 2, "dp": 4, "tp": 2}},
+    },
 }
 LAYER_NUMBERS = (
     "param_bytes",
     "activation_bytes",
+    "attention_activation_bytes",
+    "replicated_activation_bytes",
     "stash_recompute_bytes",
     "boundary_bytes",
     "fwd_flops",
@@ -456,7 +463,7 @@ def _run_place_tables(d: Path, tables: dict, cuts: dict, flags: dict) -> tuple[O
     argv = ["place", "--model", "tiny", "--tp", "1", "2"]
     argv += ["--trace-dirs", str(d / "trace1"), str(d / "trace2")]
     argv += ["--schedules", str(d / "sched1.parquet"), str(d / "sched2.parquet")]
-    argv += ["--space", str(d / "space.parquet"), "--recompute", "on"]
+    argv += ["--space", str(d / "space.parquet")]
     argv += [x for kv in flags.items() for x in kv]
     argv += ["--config", str(d / "cfg.yaml"), "--out", str(out)]
     return run_cli(argv), out

@@ -1,4 +1,6 @@
-"""Tables mode (the workflow's): layers + schedules + space -> one row per arch x cluster size."""
+"""Tables mode (the workflow's): layers + schedules + space -> one row per arch x cluster size,
+under the upstream model (Phaze's objective, the first part) and the megatron model (the step
+model of docs/step.md, the second part)."""
 
 import json
 
@@ -28,6 +30,10 @@ def layers_frame(t):
             "boundary_bytes": int(1e7),
             "fwd_flops": 1e9,
             "bwd_flops": 2e9,
+            "fwd_matmul_flops": 0.0,
+            "attention_activation_bytes": 0,
+            "replicated_activation_bytes": int(1e7) if t > 1 else 0,
+            "tied_param_bytes": 0,
         }
     ]
     for b in range(BLOCKS):
@@ -42,6 +48,10 @@ def layers_frame(t):
                 "boundary_bytes": int(1e7),
                 "fwd_flops": 2e12 / t,
                 "bwd_flops": 4e12 / t,
+                "fwd_matmul_flops": 1.9e12 / t,
+                "attention_activation_bytes": int(2e8 / t),
+                "replicated_activation_bytes": int(1e8) if t > 1 else 0,
+                "tied_param_bytes": 0,
             }
         )
     rows.append(
@@ -55,10 +65,16 @@ def layers_frame(t):
             "boundary_bytes": 0,
             "fwd_flops": 4e11,
             "bwd_flops": 8e11,
+            "fwd_matmul_flops": 3.9e11,
+            "attention_activation_bytes": 0,
+            "replicated_activation_bytes": int(1e7) if t > 1 else 0,
+            "tied_param_bytes": 0,
         }
     )
     df = pd.DataFrame(rows)
-    df["tensor_parallel"] = (df["kind"] == "block") & (t > 1)
+    # as the trace has it: blocks, and the vocab-parallel embedding and head, split over t
+    df["tensor_parallel"] = t > 1
+    df.loc[df["kind"] != "block", "fwd_matmul_flops"] /= t
     df["index"] = np.arange(len(df))
     return df
 
@@ -105,6 +121,8 @@ def inputs(tmp_path, space_table):
     cfg = {
         "models": ["tiny"],
         "place": {
+            "model": "upstream",
+            "recompute": ["full"],
             "devices": [64, 16],
             "global_batch": 256,
             "expert": {"tiny": {"pp": 2, "dp": 16, "tp": 2}},
@@ -132,8 +150,6 @@ def run_place(tmp_path, args, *extra, hbm="32", out="place.parquet", config="cfg
         hbm,
         "--microbatch",
         "2",
-        "--recompute",
-        "on",
         "--config",
         str(tmp_path / config),
         "--out",
@@ -167,10 +183,7 @@ def test_rows_per_arch_and_cluster_size(inputs):
         assert stages[0]["first"] == "embedding" and stages[-1]["last"] == "head"
         assert sum(s["layers"] for s in stages) == BLOCKS + 2 and len(stages) == r["pp"]
         assert max(json.loads(r["stage_mem_bytes"])) <= 32 * 2**30
-        flops_seq = (
-            sum(f + b for f, b in zip(layers_frame(1)["fwd_flops"], layers_frame(1)["bwd_flops"]))
-            / 2
-        )
+        flops_seq = 3 * layers_frame(1)["fwd_matmul_flops"].sum() / 2  # PaLM's 3 passes
         assert r["mfu"] == pytest.approx(
             flops_seq * 256 / (r["time_per_batch_s"] * r["devices"] * PEAK[r["arch"]])
         )
@@ -195,6 +208,8 @@ def test_expert_infeasible_memory_never_discards_the_architecture(inputs, tmp_pa
     cfg = {
         "models": ["tiny"],
         "place": {
+            "model": "upstream",
+            "recompute": ["full"],
             "devices": [64],
             "global_batch": 256,
             "expert": {"tiny": {"pp": 1, "dp": 64, "tp": 1}},
@@ -277,8 +292,6 @@ def test_export_instance_round_trip(inputs):
         "32",
         "--microbatch",
         "2",
-        "--recompute",
-        "on",
         "--archs",
         "fast",
         "--config",
@@ -313,6 +326,8 @@ def _with_place(tmp_path, name, **place):
     cfg = {
         "models": ["tiny"],
         "place": {
+            "model": "upstream",
+            "recompute": ["full"],
             "devices": [64, 16],
             "global_batch": 256,
             "expert": {"tiny": {"pp": 2, "dp": 16, "tp": 2}},
@@ -415,3 +430,218 @@ def test_invalid_network_config_is_an_error(inputs, capsys):
     )
     assert run_place(tmp_path, args, out="bad.parquet", config=cfg) == 2
     assert "inter_node" in capsys.readouterr().err
+
+
+# ---------- the megatron model (config place.model: megatron, the default) ----------
+
+
+def _megatron_cfg(tmp_path, name="meg.yaml", **place):
+    cfg = {
+        "models": ["tiny"],
+        "place": {
+            "devices": [64, 16],
+            "global_batch": 256,
+            "recompute": ["none", "full"],
+            "interleave": [1, 2, 3],
+            "expert": {"tiny": {"pp": 2, "dp": 16, "tp": 2}},
+            **place,
+        },
+    }
+    (tmp_path / name).write_text(yaml.safe_dump(cfg))
+    return name
+
+
+def _hand_chain(t, sp, arch, column="makespan_s", attention_s=0.0):
+    """The chain the megatron rows price, built from the synthetic frames by hand."""
+    from phaze.step.layers import ChainCost, LayerCost
+
+    lay = layers_frame(t).drop_duplicates("signature").set_index("kind")
+    sched = schedule_frame(t).set_index(["arch", "signature", "pass"])[column]
+
+    def layer(kind, att=0.0):
+        r = lay.loc[kind]
+        split = t if sp else 1
+        return LayerCost(
+            fwd_s=sched[(arch, r["signature"], "fwd")],
+            bwd_s=sched[(arch, r["signature"], "bwd")],
+            params=r["param_bytes"] / 2,
+            activation_bytes=r["activation_bytes"]
+            - r["replicated_activation_bytes"] * (1 - 1 / split),
+            attention_fwd_s=att,
+            attention_activation_bytes=r["attention_activation_bytes"],
+            input_bytes=r["stash_recompute_bytes"] / split,
+            fwd_matmul_flops=r["fwd_matmul_flops"],
+        )
+
+    return ChainCost(
+        layer("embedding"),
+        layer("block", attention_s),
+        layer("head"),
+        BLOCKS,
+        t,
+        2,
+        sp,
+        boundary_bytes=1e7,
+    )
+
+
+def _row_strategy(r, prefix=""):
+    from phaze.step.strategy import Strategy
+
+    stages = tuple(s["blocks"] for s in json.loads(r[prefix + "stages"]))
+    return Strategy(
+        devices=int(r["devices"]),
+        tp=int(r[prefix + "tp"]),
+        pp=int(r[prefix + "pp"]),
+        microbatch=2,
+        global_batch=256,
+        interleave=int(r[prefix + "interleave"]),
+        recompute=r[prefix + "recompute"],
+        sequence_parallel=bool(r[prefix + "sequence_parallel"]),
+        distributed_optimizer=bool(r[prefix + "distributed_optimizer"]),
+        ddp=r[prefix + "ddp"],
+        stages=stages,
+    )
+
+
+def _flat_and_consts():
+    from phaze.config import schema_defaults
+    from phaze.network import HierarchicalNetwork, LinkLevel
+    from phaze.step.model import StepConstants
+
+    cfg = schema_defaults()
+    cm = cfg["costmodel"]
+    net = HierarchicalNetwork.flat(LinkLevel(cm["link_bandwidth_Bps"], cm["link_latency_s"]), 64)
+    return net, StepConstants.from_config(cfg["step"], cm["hbm_bandwidth_Bps"])
+
+
+def test_megatron_rows_price_their_strategy_and_beat_the_expert(inputs):
+    from phaze.step.model import price
+
+    tmp_path, args = inputs
+    cfg = _megatron_cfg(tmp_path)
+    assert run_place(tmp_path, args, config=cfg, out="meg.parquet") == 0
+    df = read_table(tmp_path / "meg.parquet", "place")
+    assert (df["place_model"] == "megatron").all() and df["feasible"].all()
+    net, consts = _flat_and_consts()
+    for _, r in df.iterrows():
+        s = _row_strategy(r)
+        assert s.tp * s.pp * s.dp == r["devices"] == r["devices_used"]  # every device
+        assert 256 % (2 * s.dp) == 0  # microbatch·dp divides the global batch
+        chain = _hand_chain(s.tp, s.sequence_parallel, r["arch"])
+        want = price(chain, s, net, consts, PEAK[r["arch"]], 32 * 2**30)
+        assert r["time_per_batch_s"] == pytest.approx(want["iteration_time_s"], rel=1e-12)
+        assert r["mfu"] == pytest.approx(want["mfu"], rel=1e-12)
+        stages = json.loads(r["stages"])
+        assert stages[0]["first"] == "embedding" and stages[-1]["last"] == "head"
+        assert sum(x["layers"] for x in stages) == BLOCKS + 2
+        assert max(json.loads(r["stage_mem_bytes"])) <= 32 * 2**30
+        if r["expert_feasible"]:
+            e = _row_strategy(r, "expert_")
+            assert (e.pp, e.dp, e.tp, e.stages) == (2, 16, 2, (3, 3))
+            assert r["time_per_batch_s"] <= r["expert_time_per_batch_s"] * (1 + 1e-12)
+    small = df[df["devices"] == 16]
+    assert not small["expert_feasible"].any()
+    assert small["expert_reason"].str.contains("uses every device").all()
+    assert df[df["devices"] == 64]["expert_feasible"].all()
+    # the model FLOPs of MFU: 3 passes over the forward matmuls (per rank x t), per sequence
+    r = df.iloc[0]
+    flops = 3 * layers_frame(1)["fwd_matmul_flops"].sum() / 2 * 256
+    assert r["mfu"] == pytest.approx(
+        flops / (r["time_per_batch_s"] * r["devices"] * PEAK[r["arch"]])
+    )
+
+
+def test_megatron_bound_tier_gives_a_throughput_upper_bound(inputs):
+    tmp_path, args = inputs
+    cfg = _megatron_cfg(tmp_path)
+    assert run_place(tmp_path, args, config=cfg, out="lo.parquet") == 0
+    extra = ("--latency-column", "lower_bound_s")
+    assert run_place(tmp_path, args, *extra, config=cfg, out="ub.parquet") == 0
+    a = read_table(tmp_path / "lo.parquet").sort_values(["arch", "devices"])
+    b = read_table(tmp_path / "ub.parquet").sort_values(["arch", "devices"])
+    assert (b["throughput_seq_s"].to_numpy() >= a["throughput_seq_s"].to_numpy()).all()
+    assert (b["throughput_seq_s"].to_numpy() > a["throughput_seq_s"].to_numpy()).any()
+
+
+def _ops_and_latencies(tmp_path, t):
+    """Minimal ops (the block's forward: two attention ops, one other) and their latencies."""
+    from phaze.io.tables import SCHEMAS
+
+    rows = []
+    for op, attention in ((0, True), (1, True), (2, False)):
+        row = {f.name: 0 for f in SCHEMAS["ops"]}
+        row.update(
+            layer="block.0",
+            signature=f"blk{t}",
+            op=op,
+            aten="aten.bmm.default",
+            kind="matmul" if op == 0 else "vector",
+            core="tc",
+            collective="",
+            group_size=1,  # no collective: the group of one rank
+            attention=attention,
+            replicated=False,
+            flops=1e9 if op == 0 else 0.0,
+            **{"pass": "fwd"},
+        )
+        rows.append(row)
+    write_table(pd.DataFrame(rows), tmp_path / f"trace_t{t}" / "ops.parquet", "ops")
+    lat = []
+    for arch in ("fast", "slow"):
+        for op in (0, 1, 2):
+            lat.append(
+                dict(
+                    arch=arch,
+                    signature=f"blk{t}",
+                    op=op,
+                    core="tc",
+                    latency_1core_s=0.02 * (op + 1),
+                    latency_allcores_s=0.01 * (op + 1),
+                    bound="compute",
+                    **{"pass": "fwd"},
+                )
+            )
+    path = tmp_path / f"lat_t{t}.parquet"
+    write_table(pd.DataFrame(lat), path, "latency")
+    return str(path)
+
+
+def test_selective_recompute_costs_core_attentions_ops(inputs, capsys):
+    from phaze.step.model import price
+
+    tmp_path, args = inputs
+    cfg = _megatron_cfg(tmp_path, "sel.yaml", recompute=["selective"], devices=[64])
+    assert run_place(tmp_path, args, config=cfg, out="sel.parquet") == 2
+    assert "selective recomputation needs" in capsys.readouterr().err
+    lats = [_ops_and_latencies(tmp_path, t) for t in (1, 2)]
+    assert run_place(tmp_path, args, "--latencies", *lats, config=cfg, out="sel.parquet") == 0
+    df = read_table(tmp_path / "sel.parquet", "place")
+    assert (df["recompute"] == "selective").all()
+    net, consts = _flat_and_consts()
+    for _, r in df.iterrows():
+        s = _row_strategy(r)
+        # core attention = ops 0 and 1, each on its faster core set: 0.01 + 0.02 s
+        chain = _hand_chain(s.tp, s.sequence_parallel, r["arch"], attention_s=0.03)
+        want = price(chain, s, net, consts, PEAK[r["arch"]], 32 * 2**30)
+        assert r["time_per_batch_s"] == pytest.approx(want["iteration_time_s"], rel=1e-12)
+
+
+def test_old_recompute_forms_are_errors_naming_the_new_one(inputs, capsys):
+    tmp_path, args = inputs
+    assert run_place(tmp_path, args, "--recompute", "on") == 2
+    assert "config place.recompute" in capsys.readouterr().err
+    bad = {"models": ["tiny"], "place": {"recompute": [False, True]}}
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(bad))
+    assert run_place(tmp_path, args, config="old.yaml") == 2
+    err = capsys.readouterr().err
+    assert "[none, selective, full]" in err and len(err.strip().splitlines()) == 1
+
+
+def test_megatron_needs_a_chain_of_identical_blocks(inputs, capsys):
+    tmp_path, args = inputs
+    odd = layers_frame(2)
+    odd.loc[3, "activation_bytes"] += 1
+    write_table(odd, tmp_path / "trace_t2" / "layers.parquet", "layers")
+    assert run_place(tmp_path, args, config=_megatron_cfg(tmp_path), out="x.parquet") == 2
+    assert "identical blocks" in capsys.readouterr().err

@@ -100,6 +100,8 @@ def _write_trace(d: Path) -> None:
             "collective": "",
             "group_size": 1,
             "signature": "sigA",
+            "attention": False,
+            "replicated": False,
         }
     )
     edges = pd.DataFrame(

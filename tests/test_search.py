@@ -128,9 +128,7 @@ MBS = [1, 2]
 def _truth(rng, n_archs, n_hbm=1, infeasible_frac=0.1):
     """Exact throughput per component, with a list-schedule value below it and a bound above."""
     rows = []
-    for m, h, b, r, a in itertools.product(
-        MODELS, range(n_hbm), MBS, [False, True], range(n_archs)
-    ):
+    for m, h, b, a in itertools.product(MODELS, range(n_hbm), MBS, range(n_archs)):
         v = float(rng.choice([rng.uniform(1, 10), np.round(rng.uniform(1, 10))]))
         if rng.random() < infeasible_frac:
             v = np.nan
@@ -141,7 +139,6 @@ def _truth(rng, n_archs, n_hbm=1, infeasible_frac=0.1):
                 "model": m,
                 "hbm_bytes": (h + 1) * 2**30,
                 "microbatch": b,
-                "recompute": r,
                 "devices": 64,
                 "arch": f"a{a}",
                 "v": v,
@@ -266,7 +263,6 @@ def test_common_score_is_mean_of_per_model_best_and_drops_infeasible():
                 "model": m,
                 "hbm_bytes": 1,
                 "microbatch": b,
-                "recompute": False,
                 "devices": 8,
                 "arch": a,
                 "tier": "ilp",

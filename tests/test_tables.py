@@ -9,7 +9,16 @@ import pandas as pd
 import pytest
 
 from phaze.errors import PhazeError
-from phaze.io.tables import KEYS, SCHEMAS, VALUES, check_values, read_table, write_table
+from phaze.io.tables import (
+    CHOICES,
+    JSON_LISTS,
+    KEYS,
+    SCHEMAS,
+    VALUES,
+    check_values,
+    read_table,
+    write_table,
+)
 from tests.test_estimate import fixture_ops, small_space
 
 
@@ -95,13 +104,47 @@ def test_empty_truncated_directory_and_missing_inputs(tmp_path):
 
 
 def test_checks_name_only_schema_columns_and_keys_apply_after_concatenation():
-    for name in (*VALUES, *KEYS):
+    for name in (*VALUES, *KEYS, *CHOICES, *JSON_LISTS):
         cols = set(SCHEMAS[name].names)
         keys = {c for key in KEYS.get(name, ()) for c in key}
-        assert set(VALUES.get(name, {})) <= cols and keys <= cols, name
+        named = {*VALUES.get(name, {}), *CHOICES.get(name, {}), *JSON_LISTS.get(name, ())}
+        assert named <= cols and keys <= cols, name
     sched = pd.DataFrame(
         {"arch": ["a", "a"], "signature": ["s", "s"], "pass": ["fwd", "fwd"], "makespan_s": [1, 1]}
     )
     with pytest.raises(PhazeError, match="chunk files: 2 rows repeat the key"):
         check_values(sched, "schedule", "chunk files")
     check_values(sched.assign(**{"pass": ["fwd", "bwd"]}), "schedule", "chunk files")
+
+
+@pytest.mark.parametrize(
+    "column,value,needle",
+    [
+        ("recompute", "True", "'recompute' must be one of none|selective|full (row 1: 'True')"),
+        ("expert_recompute", "on", "'expert_recompute' must be one of none|selective|full"),
+        ("ddp", "torch", "'ddp' must be one of overlap|after (row 1: 'torch')"),
+        ("place_model", "", "'place_model' must be one of megatron|upstream"),
+        ("interleave", 0, "'interleave' must be finite and >= 1 (row 1: 0)"),
+        ("tp", -1, "'tp' must be finite and >= 0"),
+        ("stages", "[{", "'stages' must hold a JSON list (row 1)"),
+        ("stage_mem_bytes", "3", "'stage_mem_bytes' must hold a JSON list (row 1)"),
+    ],
+)
+def test_placement_axes_and_stage_lists_are_checked(column, value, needle):
+    rows = pd.DataFrame(
+        {
+            "place_model": ["megatron", "upstream"],
+            "recompute": ["selective", "full"],
+            "expert_recompute": ["none", "full"],
+            "ddp": ["overlap", "after"],
+            "interleave": [2, 1],
+            "tp": [8, 0],  # 0 where nothing fits
+            "stages": ['[{"first": "embedding", "layers": 3}]', "[]"],
+            "stage_mem_bytes": ["[1, 2]", "[]"],
+        }
+    )
+    check_values(rows, "place", "p.parquet")
+    rows.loc[1, column] = value
+    with pytest.raises(PhazeError, match="p.parquet") as err:
+        check_values(rows, "place", "p.parquet")
+    assert needle in str(err.value) and "\n" not in str(err.value)

@@ -10,6 +10,7 @@ import functools
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -251,6 +252,94 @@ def test_block_activation_bytes_match_korthikanti(name):
             expected = s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) + 4 * s * b * 2
             row = _block_row(_trace(name, b, t))
             assert row["activation_bytes"] == pytest.approx(expected, abs=0.5)
+
+
+@pytest.mark.parametrize(
+    "name", ["gpt2-xl", "megatron-gpt-2.5b", "gpt3-175b", "bert-large", "megatron-bert"]
+)
+def test_activation_bytes_per_recompute_mode_and_sequence_parallelism_match_korthikanti(name):
+    """What the step model keeps per block (phaze/step/layers.py), from the trace's saved
+    tensors, against Korthikanti et al. (2022) §4 for GPT/BERT blocks, per rank: without
+    recomputation s·b·h·(10 + 24/t + 5as/(ht)), selective s·b·h·(10 + 24/t), full 2·s·b·h
+    (the block input); with sequence parallelism the 10·s·b·h outside the tensor-parallel region
+    and the input are split by t (their Eqs. (4)–(6): 34·s·b·h/t selective). The trace adds the
+    LayerNorms' mean/rstd (4·s·b values, outside the region)."""
+    spec = get_model_spec(name)
+    s, h, a = spec.seq, spec.hidden, spec.heads
+    for t in spec.valid_tp:
+        row = _block_row(_trace(name, 1, t))
+        sbh, stats = s * h, 8 * s
+        core = 5 * a * s * s / t
+        assert row["attention_activation_bytes"] == core
+        none, selective = row["activation_bytes"], row["activation_bytes"] - core
+        assert none == sbh * (10 + 24 / t) + core + stats
+        assert selective == sbh * (10 + 24 / t) + stats
+        assert row["stash_recompute_bytes"] == 2 * sbh  # full recomputation keeps the input
+        if t == 1:
+            assert row["replicated_activation_bytes"] == 0  # no region without tensor parallelism
+            continue
+        outside = row["replicated_activation_bytes"]
+        assert outside == 10 * sbh + stats
+        # sequence parallelism: what lies outside the region, and the input, split by t
+        assert none - outside * (1 - 1 / t) == sbh * 34 / t + core + stats / t
+        assert selective - outside * (1 - 1 / t) == sbh * 34 / t + stats / t
+        assert row["stash_recompute_bytes"] / t == 2 * sbh / t
+
+
+@pytest.mark.parametrize("name,t", [("gpt2-xl", 1), ("bert-large", 4), ("opt-350m", 2)])
+def test_core_attention_and_replicated_ops_are_found_by_data_flow(name, t):
+    """Core attention: QKᵀ, scale, mask, softmax, dropout, ×V (forward only). Replicated ops
+    (t > 1): outside the tensor-parallel region, each producing the full activation (b·s·h
+    elements, or b·s for a norm's statistics); every matmul of a block is inside."""
+    spec = get_model_spec(name)
+    fwd = _block(_trace(name, 1, t), "fwd")
+    att = fwd[fwd["attention"]]
+    names = [x.removeprefix("aten.").split(".")[0] for x in att["aten"]]
+    assert names[0] == names[-1] == "bmm" and "_softmax" in names
+    assert (att["kind"] != "collective").all() and len(att) < len(fwd) / 2
+    assert not _block(_trace(name, 1, t), "bwd")["attention"].any()
+    rep = fwd[fwd["replicated"]]
+    if t == 1:
+        assert rep.empty
+        return
+    assert (rep["kind"] != "matmul").all() and len(rep) > 0
+    first = rep["out_shapes"].str.split(";").str[0].str.split("x")
+    numel = first.map(lambda dims: int(np.prod([int(x) for x in dims])))
+    assert set(numel) <= {spec.seq * spec.hidden, spec.seq}  # b = 1
+    assert not (fwd["attention"] & fwd["replicated"]).any()
+
+
+def test_a_replicated_matmul_before_the_blocks_stays_outside_the_region():
+    """OPT-350m projects its 512-wide embedding to 1,024 with a replicated matmul before the
+    blocks: the block input stays outside the tensor-parallel region, so the block keeps
+    10·s·b·h + 8·s·b bytes outside it, as a GPT block (the region is found from sliced weights,
+    not from matmuls)."""
+    spec = get_model_spec("opt-350m")
+    for t in (2, 4):
+        row = _block_row(_trace("opt-350m", 1, t))
+        assert row["replicated_activation_bytes"] == 10 * spec.seq * spec.hidden + 8 * spec.seq
+
+
+def test_core_attention_is_not_found_by_shape_alone():
+    """A block whose per-rank width equals the sequence length (h/t = s): the attention output
+    (b, s, h/t) looks s×s but is not core attention, and the counts stay exact."""
+    from phaze.trace.models import ModelSpec
+    from phaze.trace.tracer import trace_model
+
+    h, a, s = 1024, 16, 512
+    kw = {
+        "n_layer": 1,
+        "n_embd": h,
+        "n_head": a,
+        "n_inner": 4 * h,
+        "vocab_size": 1024,
+        "n_positions": s,
+        "activation_function": "gelu_pytorch_tanh",
+    }
+    spec = ModelSpec("g", "gpt2", 1, h, a, 4 * h, 1024, s, a, kw)
+    for t in (2, 8):  # h/t = s, then the FFN width per rank 4h/t = s
+        row = trace_model(spec, 1, t, verify=False).layers.set_index("layer").loc["block.0"]
+        assert row["attention_activation_bytes"] == 5 * a * s * s / t
 
 
 @pytest.mark.parametrize("name", PAPER)
@@ -555,6 +644,11 @@ def test_identities_hold_for_random_block_shapes():
         assert fwd * t == 2 * _weight_matrix_params(spec) * b * s + 4 * b * s * s * h
         assert _block(trace, "bwd", "matmul")["flops"].sum() == 2 * fwd
         assert _block_row(trace)["param_bytes"] == 2 * _block_params_per_rank(spec, t)
+        # core attention's saved tensors, tiny shapes included (h, the head size or s may
+        # coincide): softmax output, with GPT-2's dropout its 1-byte mask and output too
+        per_score = 5 if family == "gpt2" else 2
+        attention = per_score * spec.heads * s * s * b / t
+        assert _block_row(trace)["attention_activation_bytes"] == attention
         for pass_ in ("fwd", "bwd"):
             assert len(_block(trace, pass_, "collective")) == (2 if t > 1 else 0)
         assert trace.layers["signature"].iloc[1:4].nunique() == 1

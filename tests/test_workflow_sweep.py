@@ -50,7 +50,7 @@ def sweep(tmp_path):
         {
             "models": ["opt-350m", "gpt2-xl"],
             "trace": {"microbatch": [1, 2], "tp": [1, 2, 4], "seq": {"gpt2-xl": 256}},
-            "place": {"hbm_gib": [32, 80.5], "recompute": [False, True]},
+            "place": {"hbm_gib": [32, 80.5]},
         }
     )
     ck = FakeCheckpoints(tmp_path)
@@ -87,9 +87,7 @@ def test_axes_and_paths(sweep):
     assert sweep.tag("opt-350m", 2, 4) == "b2_s2048_tp4"
     assert sweep.trace_dir("gpt2-xl", 1, 1) == "results/trace/gpt2-xl/b1_s256_tp1"
     assert sweep.place_outputs("blind") == [
-        f"results/place/{{model}}/h{h}_b{{mbs}}_r{r}/blind.parquet"
-        for h in ("32", "80.5")
-        for r in ("off", "on")
+        f"results/place/{{model}}/h{h}_b{{mbs}}/blind.parquet" for h in ("32", "80.5")
     ]
     assert sweep.trace_dir_of(wc(model="m", mbs="1", seq="8", tp="2")) == (
         "results/trace/m/b1_s8_tp2"
@@ -107,9 +105,9 @@ def test_rounds_from_the_checkpoints(sweep):
 
 def test_manifests_list_exactly_the_jobs_inputs_with_their_metadata(sweep, tmp_path, monkeypatch):
     prune1 = sweep.prune_manifest(wc(round="1"))["place"]
-    # round 0 bounds (4 pairs x 2 HBM x 2 recompute x ub/lo), its ILP files (2 pairs with a
-    # selection), then round 1's bounds (1 pair)
-    assert len(prune1) == 4 * 2 * 2 * 2 + 2 * 2 * 2 + 1 * 2 * 2 * 2
+    # round 0 bounds (4 pairs x 2 HBM x ub/lo), its ILP files (2 pairs with a selection), then
+    # round 1's bounds (1 pair); the placement axes (recompute among them) are inside each job
+    assert len(prune1) == 4 * 2 * 2 + 2 * 2 + 1 * 2 * 2
     assert {(e["round"], e["tier"]) for e in prune1} == {
         (0, "ub"),
         (0, "lo"),
@@ -118,16 +116,11 @@ def test_manifests_list_exactly_the_jobs_inputs_with_their_metadata(sweep, tmp_p
         (1, "lo"),
     }
     for e in prune1:
-        d = sweep.place_dir(
-            e["model"],
-            32 if "h32_" in e["path"] else 80.5,
-            e["microbatch"],
-            "on" if e["path"].split("/")[-2].endswith("on") else "off",
-        )
+        d = sweep.place_dir(e["model"], 32 if "h32_" in e["path"] else 80.5, e["microbatch"])
         assert e["path"] == f"{d}/r{e['round']}_{e['tier']}.parquet"
     assert sweep.prune_inputs(wc(round="1")) == [e["path"] for e in prune1]
     state1 = sweep.state_manifest(wc(round="1"))["place"]
-    assert state1[: len(prune1)] == prune1 and len(state1) == len(prune1) + 1 * 2 * 2
+    assert state1[: len(prune1)] == prune1 and len(state1) == len(prune1) + 1 * 2
     summary = sweep.summary_manifest()
     assert summary["place"] == state1
     sched = summary["schedules"]
@@ -207,6 +200,9 @@ def test_placement_commands_parse_and_write_the_rules_outputs(sweep, kind, names
         assert [f"{d}/layers.parquet" for d in a.trace_dirs] == inputs["layers"]
         # no config in the command (a param): `search batch --config "$PHAZE_CONFIG"` adds it
         assert a.config is None and a.space == sweep.space
+        lats = [f for x in a.latencies for f in x.split(",")]
+        assert lats == inputs["latencies"]
+        assert [f"{d}/ops.parquet" for d in a.trace_dirs] == inputs["ops"]
     if kind == "bounds":
         assert {a.latency_column for a in args} == {"lower_bound_s", "makespan_s"}
         ub = [a for a in args if a.out.endswith("_ub.parquet")]
@@ -214,10 +210,12 @@ def test_placement_commands_parse_and_write_the_rules_outputs(sweep, kind, names
 
 
 def test_stand_alone_place_arguments(sweep):
-    w = wc(model="gpt2-xl", mbs="2", hbm="32", rec="on", chunk="3")
+    w = wc(model="gpt2-xl", mbs="2", hbm="32", chunk="3")
     args = build_parser().parse_args(["place", *sweep.place_chunk_args(w), "--out", "x"])
-    assert args.tp == [1] and args.hbm_gib == 32.0 and args.recompute == "on"
+    assert args.tp == [1] and args.hbm_gib == 32.0 and args.recompute is None
     assert args.schedules == ["results/schedule/gpt2-xl/b2_s256_tp1/3.parquet"]
+    # the megatron model searches selective recomputation: the operators' latencies of the chunk
+    assert args.latencies == ["results/estimate/gpt2-xl/b2_s256_tp1/3.parquet"]
 
 
 def test_plot_outputs_mark_the_pngs_for_the_report(sweep):

@@ -13,12 +13,12 @@ two shared stages, each a statement about how GPU training runs rather than a tu
   forward / backward all-reduces); added here: the three b·s fp32 all-reduces of Megatron's
   vocab-parallel cross-entropy (max, sum of exp, target logit), which the trace leaves out, and
   the sequence-parallel form of the embedding/head collectives.
-* **Sequence parallelism**: the ops outside the tensor-parallel region (those whose output is the
-  full b×s×h activation: layer norms, dropouts, residual adds, biases after row-parallel GEMMs)
-  run on s/t tokens, so their time is divided by t, and every all-reduce becomes a
-  reduce-scatter + all-gather of the same tensor (Korthikanti et al. 2022 §4.2.2).
-* **Core attention** (for selective recomputation): forward ops with an s×s operand or result —
-  QKᵀ, scale, mask, softmax, dropout, ×V.
+* **Sequence parallelism**: the ops outside the tensor-parallel region (the trace's
+  ``replicated`` ops: layer norms, dropouts, residual adds, biases after row-parallel GEMMs) run
+  on s/t tokens, so their time is divided by t, and every all-reduce becomes a reduce-scatter +
+  all-gather of the same tensor (Korthikanti et al. 2022 §4.2.2).
+* **Core attention** (for selective recomputation): the trace's ``attention`` ops — QKᵀ, scale,
+  mask, softmax, dropout, ×V.
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ class LayerWork:
     attention_core_fwd_s: float = 0.0  # forward kernels of core attention (selective recompute)
     replicated_s: float = 0.0  # fwd + bwd kernels outside the tensor-parallel region, on
     # all s tokens (what sequence parallelism divides by t)
-    fwd_flops: float = 0.0
+    fwd_flops: float = 0.0  # matmul FLOPs
     bwd_flops: float = 0.0
+    attention_fwd_flops: float = 0.0  # of the forward's, core attention's (QKᵀ, ×V)
     fwd_collectives: list = field(default_factory=list)  # (kind, bytes) in execution order
     bwd_collectives: list = field(default_factory=list)
     param_bytes: int = 0
@@ -71,27 +72,6 @@ def preset_costmodel(preset: dict, costmodel: dict) -> dict:
         raise PhazeError(f"preset overrides unknown costmodel keys {unknown}")
     cm.update(preset.get("costmodel") or {})
     return cm
-
-
-# ---------------------------------------------------------------------------------------------
-# shape helpers
-# ---------------------------------------------------------------------------------------------
-def _parse_shapes(text: str) -> list[tuple[int, ...]]:
-    if not isinstance(text, str) or not text:
-        return []
-    out = []
-    for part in text.split(";"):
-        out.append(() if part == "scalar" else tuple(int(x) for x in part.split("x")))
-    return out
-
-
-def _first_out(text: str) -> tuple[int, ...]:
-    shapes = _parse_shapes(text)
-    return shapes[0] if shapes else ()
-
-
-def _has_square_tail(shapes: list[tuple[int, ...]], seq: int) -> bool:
-    return any(len(s) >= 2 and s[-1] == seq and s[-2] == seq for s in shapes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,7 +172,7 @@ def kernel_latencies(
 # ---------------------------------------------------------------------------------------------
 # a whole layer
 # ---------------------------------------------------------------------------------------------
-def layer_work(
+def layer_works(
     ops: pd.DataFrame,
     edges: pd.DataFrame,
     *,
@@ -202,57 +182,56 @@ def layer_work(
     n_vc: int,
     fuse: bool,
     tp: int,
-    sequence_parallel: bool,
-    microbatch: int,
-    seq: int,
-    hidden: int,
     param_bytes: int,
-) -> LayerWork:
-    """Per-microbatch work of one layer on one tensor-parallel rank (ops/edges of that layer)."""
-    work = LayerWork(param_bytes=int(param_bytes))
-    token_shape = (microbatch, seq, hidden)
+) -> dict[bool, LayerWork]:
+    """Per-microbatch work of one layer on one tensor-parallel rank (ops/edges of that layer),
+    without and (t > 1) with sequence parallelism: {sequence_parallel: LayerWork}. The kernels
+    are costed once; sequence parallelism divides the replicated ones (the trace's ``replicated``
+    ops) by t and swaps each all-reduce for a reduce-scatter + all-gather. Core attention = the
+    kernels of the trace's ``attention`` ops."""
+    variants = (False, True) if tp > 1 else (False,)
+    works = {sp: LayerWork(param_bytes=int(param_bytes)) for sp in variants}
     for pass_ in ("fwd", "bwd"):
         o = ops[ops["pass"] == pass_].sort_values("op").reset_index(drop=True)
         e = edges[edges["pass"] == pass_]
         if o.empty:
             continue
         kernels = kernel_latencies(o, e, core, cm, n_tc, n_vc, fuse)
-        replicated = o["out_shapes"].map(lambda s: _first_out(s) == token_shape).to_numpy(bool) & (
-            o["kind"] == "vector"
-        ).to_numpy(bool)
-        square = [
-            (_has_square_tail(_parse_shapes(a) + _parse_shapes(b), seq))
-            for a, b in zip(o["in_shapes"], o["out_shapes"])
-        ]
-        total = 0.0
-        attention = 0.0
-        for _, k in kernels.iterrows():
-            lat = k["latency_s"]
-            if all(replicated[i] for i in k["ops"]):
-                work.replicated_s += lat
-                if sequence_parallel and tp > 1:
-                    lat /= tp  # runs on s/t tokens
-            total += lat
-            work.bound_s[k["bound"]] = work.bound_s.get(k["bound"], 0.0) + lat
-            if pass_ == "fwd" and all(square[i] for i in k["ops"]):
-                attention += lat
+        vector = (o["kind"] == "vector").to_numpy(bool)
+        replicated = o["replicated"].to_numpy(bool) & vector
+        attention = o["attention"].to_numpy(bool)
         flops = float(o.loc[o["kind"] == "matmul", "flops"].sum())
-        coll = []
-        for _, c in o[o["kind"] == "collective"].iterrows():
-            size = float(c["bytes_in"])
-            if int(c["group_size"]) <= 1:
-                continue
-            if sequence_parallel:
-                coll += [("reduce_scatter", size), ("all_gather", size)]
+        attention_flops = float(o.loc[(o["kind"] == "matmul") & attention, "flops"].sum())
+        colls = [
+            (c["collective"] or "all_reduce", float(c["bytes_in"]))
+            for _, c in o[o["kind"] == "collective"].iterrows()
+            if int(c["group_size"]) > 1
+        ]
+        for sp, work in works.items():
+            total = attention_s = 0.0
+            for _, k in kernels.iterrows():
+                lat = k["latency_s"]
+                if all(replicated[i] for i in k["ops"]):
+                    work.replicated_s += lat
+                    if sp:
+                        lat /= tp  # runs on s/t tokens
+                total += lat
+                work.bound_s[k["bound"]] = work.bound_s.get(k["bound"], 0.0) + lat
+                if all(attention[i] for i in k["ops"]):
+                    attention_s += lat
+            coll = (
+                [x for _, size in colls for x in (("reduce_scatter", size), ("all_gather", size))]
+                if sp
+                else list(colls)
+            )
+            if pass_ == "fwd":
+                work.fwd_s, work.attention_core_fwd_s, work.fwd_flops = total, attention_s, flops
+                work.attention_fwd_flops = attention_flops
+                work.fwd_collectives, work.kernels_fwd = coll, len(kernels)
             else:
-                coll.append((c["collective"] or "all_reduce", size))
-        if pass_ == "fwd":
-            work.fwd_s, work.attention_core_fwd_s, work.fwd_flops = total, attention, flops
-            work.fwd_collectives, work.kernels_fwd = coll, len(kernels)
-        else:
-            work.bwd_s, work.bwd_flops, work.bwd_collectives = total, flops, coll
-            work.kernels_bwd = len(kernels)
-    return work
+                work.bwd_s, work.bwd_flops, work.bwd_collectives = total, flops, coll
+                work.kernels_bwd = len(kernels)
+    return works
 
 
 def megatron_edge_collectives(

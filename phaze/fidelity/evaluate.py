@@ -1,37 +1,31 @@
-"""Evaluate one training iteration of a given parallel strategy on a GPU-like preset.
+"""A training iteration on a GPU-shaped preset: the per-layer work of one tensor-parallel rank
+summed from kernels (`phaze.fidelity.compute`, over the shared trace and cost model), priced by the
+step model (`phaze.step`, docs/step.md) — the one model the placement search also optimises.
 
-Time of one iteration (seconds), for p pipeline devices, V chunks each, m microbatches:
-
-    T = m·max_j T_j + (Σ_j T_j − max_j T_j)/V + max_j (DP_j + OPT_j)
-
-T_j = per-microbatch time of pipeline device j = compute (forward + backward kernels of its
-layers) + recomputation + exposed tensor-parallel collectives (Megatron does not overlap them) +
-exposed pipeline sends (blocking point-to-point, V per direction with interleaving). DP_j = the
-exposed data-parallel gradient all-reduce (all of it for Megatron's local DDP, only what the last
-microbatch's backward cannot hide for PyTorch DDP), plus the tied-embedding all-reduce between
-the first and last stage; OPT_j = the optimizer step, HBM-bound (bytes per parameter counted per
-kernel in config). The breakdown reports the terms of the critical device, summing to T.
+What is GPU-specific lives here: a layer's time is the sum of its kernels' latencies (one kernel at
+a time on all SMs), element-wise chains fused; the tensor-parallel collectives are priced by the
+step model on the preset's two-level network. Memory comes from the trace's saved tensors
+(``activation_bytes`` and its core-attention and outside-the-region parts).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 from functools import lru_cache
 
-from phaze.arch.presets import preset_peak_flops
 from phaze.errors import PhazeError
 from phaze.fidelity.compute import (
     LayerWork,
     gpu_core,
-    layer_work,
+    layer_works,
     megatron_edge_collectives,
     preset_costmodel,
 )
-from phaze.fidelity.memory import BlockShape, block_activation_bytes, block_working_bytes
-from phaze.fidelity.strategy import Strategy
 from phaze.network import HierarchicalNetwork
+from phaze.step.layers import ChainCost, LayerCost
+from phaze.step.model import StepConstants, price
+from phaze.step.strategy import Strategy
 
 ELEM_BYTES = 2  # fp16/bf16 activations and weights (the trace's convention)
 
@@ -78,280 +72,180 @@ def trace_for(spec, microbatch: int, tp: int, seq: int):
 
 
 # ---------------------------------------------------------------------------------------------
-# per-layer work of one rank
+# the chain of one (t, b): layer costs from kernels and the trace
 # ---------------------------------------------------------------------------------------------
-@dataclass
-class Workload:
-    block: LayerWork
-    embedding: LayerWork
-    head: LayerWork
-    num_blocks: int
-    word_embedding_params: int  # one rank's share of a tied word embedding (0 if untied)
-    head_activation_bytes: float
-    embedding_activation_bytes: float
-    tied_embeddings: bool = True  # the head reuses the word embedding (GPT, BERT, OPT)
+def _layer_cost(work: LayerWork, row, tp: int, sp: bool, tied_bytes: float = 0.0) -> LayerCost:
+    split = tp if sp else 1
+    # with sequence parallelism what lies outside the tensor-parallel region is split by t
+    outside = float(row["replicated_activation_bytes"]) * (1 - 1 / split)
+    return LayerCost(
+        fwd_s=work.fwd_s,
+        bwd_s=work.bwd_s,
+        params=work.param_bytes / ELEM_BYTES,
+        activation_bytes=float(row["activation_bytes"]) - outside,
+        fwd_collectives=tuple(work.fwd_collectives),
+        bwd_collectives=tuple(work.bwd_collectives),
+        attention_fwd_s=work.attention_core_fwd_s,
+        attention_activation_bytes=float(row["attention_activation_bytes"]),
+        input_bytes=float(row["stash_recompute_bytes"]) / split,
+        tied_params=tied_bytes / ELEM_BYTES,
+        fwd_matmul_flops=work.fwd_flops,
+        attention_matmul_flops=work.attention_fwd_flops,
+    )
 
 
-def build_workload(
-    spec, strategy: Strategy, seq: int, preset: dict, costmodel: dict, fidelity: dict
-) -> Workload:
-    tp, b = strategy.tp, strategy.microbatch
-    trace = trace_for(spec, b, tp, seq)
-    ops = trace.ops
+_CHAINS: dict[tuple, dict[bool, ChainCost]] = {}
+
+
+def gpu_chains(spec, tp: int, microbatch: int, seq: int, preset: dict, config: dict):
+    """{sequence_parallel: ChainCost} of the model at (tp, microbatch) on a GPU preset (both
+    settings for tp > 1, from one costing of the kernels); cached per process."""
+    key = (
+        _spec_key(spec),
+        tp,
+        microbatch,
+        seq,
+        json.dumps(preset, sort_keys=True, default=str),
+        json.dumps([config["costmodel"], config["fidelity"]], sort_keys=True),
+    )
+    if key in _CHAINS:
+        return _CHAINS[key]
+    spec.check_tp(tp)
+    trace = trace_for(spec, microbatch, tp, seq)
     layers = trace.layers.set_index("layer")
-    core = gpu_core(preset)
-    cm = preset_costmodel(preset, costmodel)
-    arch = preset["arch"]
     common = {
-        "core": core,
-        "cm": cm,
-        "n_tc": int(arch["n_tc"]),
-        "n_vc": int(arch["n_vc"]),
-        "fuse": bool(fidelity["fuse_elementwise"]),
+        "core": gpu_core(preset),
+        "cm": preset_costmodel(preset, config["costmodel"]),
+        "n_tc": int(preset["arch"]["n_tc"]),
+        "n_vc": int(preset["arch"]["n_vc"]),
+        "fuse": bool(config["fidelity"]["fuse_elementwise"]),
         "tp": tp,
-        "sequence_parallel": strategy.sequence_parallel,
-        "microbatch": b,
-        "seq": seq,
-        "hidden": spec.hidden,
     }
-
-    def work(name: str) -> LayerWork:
-        return layer_work(
-            ops[ops["layer"] == name],
+    works = {
+        name: layer_works(
+            trace.ops[trace.ops["layer"] == name],
             trace.edges[trace.edges["layer"] == name],
             param_bytes=int(layers.loc[name, "param_bytes"]),
             **common,
         )
-
-    block_name = "block.0"
-    block, embedding, head = work(block_name), work("embedding"), work("head")
-    megatron_edge_collectives(
-        embedding, head, tp=tp, microbatch=b, seq=seq, sequence_parallel=strategy.sequence_parallel
-    )
+        for name in ("embedding", "block.0", "head")
+    }
     # a tied LM head (GPT-2's) is counted once, in the embedding; a last pipeline stage without
     # the embedding keeps its own copy (the trace's tied_param_bytes), as Megatron does
-    tied_bytes = (
-        int(layers["tied_param_bytes"].get("head", 0)) if "tied_param_bytes" in layers else 0
-    )
-    return Workload(
-        block,
-        embedding,
-        head,
-        spec.num_blocks,
-        tied_bytes // ELEM_BYTES,
-        float(layers.loc["head", "activation_bytes"]),
-        float(layers.loc["embedding", "activation_bytes"]),
-        tied_bytes > 0,
-    )
+    tied = float(layers.loc["head", "tied_param_bytes"])
+    chains = {}
+    for sp in works["block.0"]:
+        emb, blk, head = (works[n][sp] for n in ("embedding", "block.0", "head"))
+        megatron_edge_collectives(
+            emb, head, tp=tp, microbatch=microbatch, seq=seq, sequence_parallel=sp
+        )
+        chains[sp] = ChainCost(
+            first=_layer_cost(emb, layers.loc["embedding"], tp, sp),
+            block=_layer_cost(blk, layers.loc["block.0"], tp, sp),
+            last=_layer_cost(head, layers.loc["head"], tp, sp, tied),
+            blocks=spec.num_blocks,
+            tp=tp,
+            microbatch=microbatch,
+            sequence_parallel=sp,
+            boundary_bytes=float(microbatch * seq * spec.hidden * ELEM_BYTES),
+            meta={"block_kernel_bounds_s": dict(sorted(blk.bound_s.items()))},
+        )
+    _CHAINS[key] = chains
+    return chains
 
 
 # ---------------------------------------------------------------------------------------------
-# the iteration
+# one strategy
 # ---------------------------------------------------------------------------------------------
-def _coll_time(net: HierarchicalNetwork, collectives, ranks) -> float:
-    total = 0.0
-    for kind, size in collectives:
-        if kind == "all_reduce":
-            total += net.all_reduce(size, ranks)
-        elif kind == "reduce_scatter":
-            total += net.reduce_scatter(size, ranks)
-        elif kind == "all_gather":
-            total += net.all_gather(size, ranks)
-        else:
-            raise PhazeError(f"unknown collective {kind!r} in the trace")
-    return total
+def preset_network(preset: dict, name: str) -> HierarchicalNetwork:
+    if "network" not in preset:
+        raise PhazeError(
+            f"preset {name!r} has no `network:` section (devices_per_node, intra_node, "
+            "inter_node); evaluate and optimize need one (e.g. a100-80gb or h100-sxm)"
+        )
+    return HierarchicalNetwork.from_preset(preset["network"], f"preset {name} network")
+
+
+def step_constants(preset: dict, config: dict) -> StepConstants:
+    hbm = preset_costmodel(preset, config["costmodel"])["hbm_bandwidth_Bps"]
+    return StepConstants.from_config(config["step"], hbm)
 
 
 def evaluate_strategy(
+    spec, strategy: Strategy, preset: dict, *, seq: int, config: dict, name: str = "preset"
+) -> dict:
+    """`phaze.step.model.price` of `strategy` for model `spec` on a GPU preset, plus the GPU
+    detail (the block's kernel time by bound, the device's peak)."""
+    from phaze.arch.presets import preset_peak_flops
+
+    net = preset_network(preset, name)
+    spec.check_tp(strategy.tp)
+    strategy.check_layers(spec.num_blocks)
+    chain = gpu_chains(spec, strategy.tp, strategy.microbatch, seq, preset, config)[
+        strategy.sequence_parallel
+    ]
+    peak = preset_peak_flops(preset)
+    capacity = (preset.get("gpu") or {}).get("hbm_bytes")
+    result = price(chain, strategy, net, step_constants(preset, config), peak, capacity)
+    result["devices"] = strategy.devices
+    result["global_batch"] = strategy.global_batch
+    result["microbatches"] = strategy.microbatches
+    result["seq"] = seq
+    result["block_kernel_bounds_s"] = chain.meta["block_kernel_bounds_s"]
+    result["peak_flops_per_device"] = peak
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# the best strategy
+# ---------------------------------------------------------------------------------------------
+def axes_from_config(place: dict):
+    """The placement axes of config section ``place`` (phaze.place.megatron.Axes)."""
+    from phaze.place.megatron import Axes
+
+    return Axes(
+        interleave=tuple(place["interleave"]),
+        recompute=tuple(place["recompute"]),
+        sequence_parallel=tuple(place["sequence_parallel"]),
+        distributed_optimizer=tuple(place["distributed_optimizer"]),
+        ddp=tuple(place["ddp"]),
+    )
+
+
+def optimize_strategy(
     spec,
-    strategy: Strategy,
     preset: dict,
     *,
+    devices: int,
+    global_batch: int,
     seq: int,
-    costmodel: dict,
-    fidelity: dict,
-    workload: Workload | None = None,
-) -> dict:
-    if "network" not in preset:
-        raise PhazeError(
-            "the preset has no `network:` section (devices_per_node, intra_node, "
-            "inter_node); `evaluate` needs one"
-        )
-    net = HierarchicalNetwork.from_preset(preset["network"])
-    spec.check_tp(strategy.tp)
-    sched = strategy.schedule
-    sched.check_layers(spec.num_blocks)
-    if workload is None:
-        workload = build_workload(spec, strategy, seq, preset, costmodel, fidelity)
-    w = workload
-    p, v, m, t, b = (
-        strategy.pp,
-        strategy.interleave,
-        strategy.microbatches,
-        strategy.tp,
-        strategy.microbatch,
+    hbm_bytes: float,
+    config: dict,
+    microbatches,
+    tps,
+    name: str = "preset",
+):
+    """The fastest strategy that fits `hbm_bytes` per device under the step model (the exact
+    search of phaze.place.megatron over the tp and microbatch values given and the axes of config
+    ``place``). Returns (evaluate_strategy's dict of it or None, the search's Result)."""
+    from phaze.place.megatron import optimize
+
+    net = preset_network(preset, name)
+    chains = {}
+    for t in tps:
+        for b in microbatches:
+            for sp, chain in gpu_chains(spec, t, b, seq, preset, config).items():
+                chains[(t, b, sp)] = chain
+    found = optimize(
+        chains,
+        net,
+        step_constants(preset, config),
+        devices,
+        global_batch,
+        hbm_bytes,
+        axes_from_config(config["place"]),
     )
-    blocks_per_device = spec.num_blocks // p
-    cm = preset_costmodel(preset, costmodel)
-
-    blk = w.block
-    recompute_s = {"full": blk.fwd_s, "selective": blk.attention_core_fwd_s, "none": 0.0}[
-        strategy.recompute
-    ]
-    # what crosses a stage boundary: b·s·h; with sequence parallelism each rank holds s/t of it
-    act_bytes = float(b * seq * spec.hidden * ELEM_BYTES)
-    devices = []
-    for j in range(p):
-        tp_ranks = strategy.tp_group(0, j)
-        first, last = j == 0, j == p - 1
-        compute = blocks_per_device * (blk.fwd_s + blk.bwd_s)
-        tp_comm = blocks_per_device * (
-            _coll_time(net, blk.fwd_collectives, tp_ranks)
-            * (2 if strategy.recompute == "full" else 1)
-            + _coll_time(net, blk.bwd_collectives, tp_ranks)
-        )
-        bwd_part = blocks_per_device * (
-            blk.bwd_s
-            + recompute_s
-            + _coll_time(net, blk.bwd_collectives, tp_ranks)
-            + (
-                _coll_time(net, blk.fwd_collectives, tp_ranks)
-                if strategy.recompute == "full"
-                else 0.0
-            )
-        )
-        for layer, here in ((w.embedding, first), (w.head, last)):
-            if here:
-                compute += layer.fwd_s + layer.bwd_s
-                tp_comm += _coll_time(net, layer.fwd_collectives + layer.bwd_collectives, tp_ranks)
-                bwd_part += layer.bwd_s + _coll_time(net, layer.bwd_collectives, tp_ranks)
-        pp_comm = 0.0
-        if p > 1:
-            nxt = strategy.tp_group(0, (j + 1) % p)
-            prv = strategy.tp_group(0, (j - 1) % p)
-            if strategy.sequence_parallel:
-
-                def send(dst, tp_ranks=tp_ranks):
-                    return max(net.p2p(act_bytes / t, a, d) for a, d in zip(tp_ranks, dst))
-            else:
-
-                def send(dst, tp_ranks=tp_ranks):
-                    return net.stage_transfer(act_bytes, tp_ranks, dst, fidelity["scatter_gather"])
-
-            pp_comm = (v - (1 if last else 0)) * send(nxt) + (v - (1 if first else 0)) * send(prv)
-        recompute = blocks_per_device * recompute_s
-        per_mb = compute + recompute + tp_comm + pp_comm
-
-        params = blocks_per_device * blk.param_bytes / ELEM_BYTES
-        if first:
-            params += w.embedding.param_bytes / ELEM_BYTES
-        if last:
-            # with tied embeddings the last stage keeps its own copy of the word embedding
-            params += w.head.param_bytes / ELEM_BYTES + (
-                w.word_embedding_params if p > 1 and w.tied_embeddings else 0
-            )
-        dp_ranks = strategy.dp_group(0, j)
-        grads = params * fidelity["grad_bytes_per_param"]
-        ar = net.all_reduce(grads, dp_ranks)
-        if strategy.ddp == "overlap":
-            last_bucket = net.all_reduce(min(float(fidelity["ddp_bucket_bytes"]), grads), dp_ranks)
-            dp = max(ar - bwd_part, last_bucket)
-        else:
-            dp = ar
-        if p > 1 and (first or last) and w.tied_embeddings:
-            # Megatron all-reduces the tied word-embedding gradient between first and last stage
-            dp += net.all_reduce(
-                w.word_embedding_params * fidelity["grad_bytes_per_param"],
-                [strategy.rank(0, 0, 0), strategy.rank(0, 0, p - 1)],
-            )
-        opt = params * fidelity["optimizer_bytes_per_param"] / cm["hbm_bandwidth_Bps"]
-
-        # memory
-        shape = BlockShape(seq, b, spec.hidden, spec.heads, spec.ffn)
-        stash = block_activation_bytes(shape, t, strategy.sequence_parallel, strategy.recompute)
-        working = block_working_bytes(shape, t, strategy.sequence_parallel, strategy.recompute)
-        inflight = sched.inflight_microbatch_stages(j)
-        extra = (inflight * w.embedding_activation_bytes if first else 0.0) + (
-            w.head_activation_bytes if last else 0.0
-        )
-        mem = (
-            params * fidelity["state_bytes_per_param"]
-            + inflight * blocks_per_device * stash
-            + working
-            + extra
-        )
-        devices.append(
-            {
-                "per_microbatch_s": per_mb,
-                "compute_s": compute,
-                "recompute_s": recompute,
-                "tp_comm_s": tp_comm,
-                "pp_comm_s": pp_comm,
-                "dp_comm_s": dp,
-                "optimizer_s": opt,
-                "params": params,
-                "memory_bytes": mem,
-            }
-        )
-
-    pipe, bubble = sched.iteration_time([d["per_microbatch_s"] for d in devices])
-    crit = max(range(p), key=lambda j: devices[j]["per_microbatch_s"])
-    tail_j = max(range(p), key=lambda j: devices[j]["dp_comm_s"] + devices[j]["optimizer_s"])
-    c, tl = devices[crit], devices[tail_j]
-    iteration = pipe + tl["dp_comm_s"] + tl["optimizer_s"]
-    breakdown = {
-        "compute_s": m * c["compute_s"],
-        "recompute_s": m * c["recompute_s"],
-        "tensor_parallel_comm_s": m * c["tp_comm_s"],
-        "pipeline_comm_s": m * c["pp_comm_s"],
-        "pipeline_bubble_s": bubble,
-        "data_parallel_comm_s": tl["dp_comm_s"],
-        "optimizer_s": tl["optimizer_s"],
-    }
-    # Eq. (3) of Narayanan et al. 2021 generalised through the trace: 4 passes' worth of block
-    # matmul FLOPs (forward, backward = 2x, recomputation) and 3 of the logits GEMM.
-    sequences = strategy.global_batch
-    block_fwd = blk.fwd_flops * t / b
-    head_fwd = w.head.fwd_flops * t / b
-    model_flops = sequences * (4 * spec.num_blocks * block_fwd + 3 * head_fwd)
-    useful_flops = sequences * 3 * (spec.num_blocks * block_fwd + head_fwd)
-    peak = preset_peak_flops(preset)
-    n = strategy.devices
-    peak_memory = max(d["memory_bytes"] for d in devices)
-    capacity = (preset.get("gpu") or {}).get("hbm_bytes")
-    return {
-        "iteration_time_s": iteration,
-        "model_flops": model_flops,
-        "tflops_per_device": model_flops / (n * iteration) / 1e12,
-        "mfu": useful_flops / (n * iteration * peak),
-        "peak_memory_bytes": peak_memory,
-        "hbm_bytes": capacity,
-        "fits_memory": None if capacity is None else bool(peak_memory <= capacity),
-        "breakdown": breakdown,
-        "strategy": {
-            "devices": n,
-            "tp": t,
-            "pp": p,
-            "dp": strategy.dp,
-            "microbatch": b,
-            "global_batch": strategy.global_batch,
-            "microbatches": m,
-            "interleave": v,
-            "recompute": strategy.recompute,
-            "sequence_parallel": strategy.sequence_parallel,
-            "ddp": strategy.ddp,
-            "seq": seq,
-        },
-        "critical_stage": crit,
-        "per_stage": [
-            {
-                "stage": j,
-                "per_microbatch_s": d["per_microbatch_s"],
-                "memory_bytes": d["memory_bytes"],
-                "params": d["params"],
-            }
-            for j, d in enumerate(devices)
-        ],
-        "block_kernel_bounds_s": dict(sorted(blk.bound_s.items())),
-        "peak_flops_per_device": peak,
-    }
+    if found.strategy is None:
+        return None, found
+    result = evaluate_strategy(spec, found.strategy, preset, seq=seq, config=config, name=name)
+    return result, found

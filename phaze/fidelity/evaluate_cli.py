@@ -1,4 +1,9 @@
-"""`python -m phaze evaluate`: one training iteration of a given parallel strategy -> JSON."""
+"""`python -m phaze evaluate`: one training iteration of a given parallel strategy -> JSON.
+
+The step model of docs/step.md on a GPU preset (layer times summed from kernels). Impossible
+strategies (sequence parallelism with tp = 1, the distributed optimizer with dp = 1, an interleave
+that does not divide a stage's blocks, ...) exit 2 with one line.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,8 @@ from phaze.config import add_config_argument
 from phaze.errors import PhazeError
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """What `evaluate` and `optimize` share: the model, the preset, the cluster, the batch."""
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--model", help="registry name (phaze/trace/models.py)")
     model.add_argument("--hf-config", help="path to a Hugging Face config.json")
@@ -19,10 +25,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="preset with a `network:` section (config/presets/NAME.yaml), e.g. a100-80gb",
     )
     parser.add_argument("--devices", type=int, required=True, help="number of devices N")
+    parser.add_argument("--global-batch", type=int, required=True, help="sequences per iteration")
+    parser.add_argument("--seq", type=int, help="sequence length (default: the model's)")
+    add_config_argument(parser)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_run_arguments(parser)
     parser.add_argument("--tp", type=int, required=True, help="tensor-parallel width tp")
     parser.add_argument("--pp", type=int, required=True, help="pipeline stages p")
     parser.add_argument("--microbatch", type=int, required=True, help="microbatch size b")
-    parser.add_argument("--global-batch", type=int, required=True, help="sequences per iteration")
     parser.add_argument(
         "--interleave",
         type=int,
@@ -41,24 +53,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Megatron sequence parallelism (needs --tp > 1)",
     )
     parser.add_argument(
+        "--distributed-optimizer",
+        action="store_true",
+        help="Megatron's distributed optimizer, ZeRO-1 (needs dp > 1)",
+    )
+    parser.add_argument(
         "--ddp",
         choices=["overlap", "after"],
         default="overlap",
-        help="data-parallel all-reduce overlapped with backward (PyTorch DDP) "
-        "or after it (Megatron local DDP)",
+        help="data-parallel gradient reduction overlapped with backward or after it",
     )
-    parser.add_argument("--seq", type=int, help="sequence length (default: the model's)")
-    add_config_argument(parser)
+    parser.add_argument(
+        "--stages",
+        help="blocks per pipeline stage, comma-separated (default: Megatron's even split)",
+    )
 
 
-def run(args: argparse.Namespace) -> int:
+def parse_stages(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        stages = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise PhazeError(f"--stages takes integers separated by commas, got {text!r}") from None
+    return stages
+
+
+def load_run(args) -> tuple:
+    """(spec, preset, config, seq) of an evaluate / optimize command line."""
     from phaze.arch.presets import load_preset
     from phaze.config import load_config
-    from phaze.fidelity.strategy import Strategy
+    from phaze.fidelity.evaluate import preset_network
     from phaze.trace.models import get_model_spec
 
     if args.seq is not None and args.seq < 2:
         raise PhazeError(f"--seq must be >= 2 (got {args.seq})")
+    if args.devices < 1 or args.global_batch < 1:
+        raise PhazeError("--devices and --global-batch must be >= 1")
+    config = load_config(args.config)
+    spec = get_model_spec(args.model if args.model else args.hf_config)
+    preset = load_preset(args.arch)
+    preset_network(preset, args.arch)
+    return spec, preset, config, args.seq or spec.seq
+
+
+def run(args: argparse.Namespace) -> int:
+    from phaze.step.strategy import Strategy
+
     # the strategy first: its errors need no model, config or heavy import
     strategy = Strategy(
         devices=args.devices,
@@ -69,29 +110,16 @@ def run(args: argparse.Namespace) -> int:
         interleave=args.interleave,
         recompute=args.recompute,
         sequence_parallel=args.sequence_parallel,
+        distributed_optimizer=args.distributed_optimizer,
         ddp=args.ddp,
+        stages=parse_stages(args.stages),
     )
-    config = load_config(args.config)
-    spec = get_model_spec(args.model if args.model else args.hf_config)
+    spec, preset, config, seq = load_run(args)
     spec.check_tp(strategy.tp)
-    strategy.schedule.check_layers(spec.num_blocks)
-    preset = load_preset(args.arch)
-    if "network" not in preset:
-        raise PhazeError(
-            f"preset {args.arch!r} has no `network:` section; evaluate needs one "
-            "(e.g. --arch a100-80gb or h100-sxm)"
-        )
+    strategy.check_layers(spec.num_blocks)
 
     from phaze.fidelity.evaluate import evaluate_strategy
 
-    result = evaluate_strategy(
-        spec,
-        strategy,
-        preset,
-        seq=args.seq or spec.seq,
-        costmodel=config["costmodel"],
-        fidelity=config["fidelity"],
-    )
-    result = {"model": spec.name, "arch": args.arch, **result}
-    print(json.dumps(result, indent=2))
+    result = evaluate_strategy(spec, strategy, preset, seq=seq, config=config, name=args.arch)
+    print(json.dumps({"model": spec.name, "arch": args.arch, **result}, indent=2))
     return 0

@@ -106,6 +106,25 @@ def gpt_spec(row: dict):
     )
 
 
+def published_strategy(row: dict):
+    """The strategy a Table 1 row was trained with: its tp, pp, microbatch and interleaving on
+    every GPU, full recomputation, no sequence parallelism, and the gradient reduction of its
+    DDP implementation (PyTorch's overlaps it with backward, Megatron's own runs after it)."""
+    from phaze.step.strategy import Strategy
+
+    return Strategy(
+        devices=row["gpus"],
+        tp=row["tensor_parallel"],
+        pp=row["pipeline_parallel"],
+        microbatch=row["microbatch"],
+        global_batch=row["global_batch"],
+        interleave=row["interleave"],
+        recompute="full",
+        sequence_parallel=False,
+        ddp="overlap" if row["ddp"] == "torch" else "after",
+    )
+
+
 def spearman(x: list[float], y: list[float]) -> float:
     """Spearman's rank correlation (average ranks for ties)."""
 
@@ -135,31 +154,13 @@ def spearman(x: list[float], y: list[float]) -> float:
 def validate(config: dict, reference: Path | str = REFERENCE) -> dict:
     from phaze.arch.presets import load_preset
     from phaze.fidelity.evaluate import evaluate_strategy
-    from phaze.fidelity.strategy import Strategy
 
     preset = load_preset(PRESET)
     rows = []
     for ref in read_reference(reference):
         spec = gpt_spec(ref)
-        strategy = Strategy(
-            devices=ref["gpus"],
-            tp=ref["tensor_parallel"],
-            pp=ref["pipeline_parallel"],
-            microbatch=ref["microbatch"],
-            global_batch=ref["global_batch"],
-            interleave=ref["interleave"],
-            recompute="full",
-            sequence_parallel=False,
-            ddp="overlap" if ref["ddp"] == "torch" else "after",
-        )
-        result = evaluate_strategy(
-            spec,
-            strategy,
-            preset,
-            seq=SEQ,
-            costmodel=config["costmodel"],
-            fidelity=config["fidelity"],
-        )
+        strategy = published_strategy(ref)
+        result = evaluate_strategy(spec, strategy, preset, seq=SEQ, config=config, name=PRESET)
         flops = eq3_flops(ref["global_batch"], SEQ, ref["layers"], ref["hidden_size"], VOCAB)
         published_s = flops / (ref["gpus"] * ref["achieved_tflops_per_gpu"] * 1e12)
         predicted_s = result["iteration_time_s"]

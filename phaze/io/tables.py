@@ -8,6 +8,7 @@ record more than the contract requires.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pyarrow.parquet as pq
 
 from phaze.errors import PhazeError
 from phaze.io.atomic import atomic_path
+from phaze.step.strategy import DDP_MODES, RECOMPUTE_MODES
 
 i64, f64, s, b = pa.int64(), pa.float64(), pa.string(), pa.bool_()
 
@@ -49,6 +51,9 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("core", s),
         ("collective", s),
         ("group_size", i64),
+        # core attention (forward) / outside the tensor-parallel region (phaze.trace.recorder)
+        ("attention", b),
+        ("replicated", b),
     ),
     "edges": _schema(
         ("layer", s),
@@ -64,6 +69,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("signature", s),
         ("param_bytes", i64),
         ("activation_bytes", i64),
+        ("attention_activation_bytes", i64),
+        ("replicated_activation_bytes", i64),
         ("stash_recompute_bytes", i64),
         ("boundary_bytes", i64),
         ("tensor_parallel", b),
@@ -117,7 +124,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("devices", i64),
         ("hbm_bytes", i64),
         ("microbatch", i64),
-        ("recompute", b),
+        ("place_model", s),
         ("feasible", b),
         ("throughput_seq_s", f64),
         ("time_per_batch_s", f64),
@@ -125,6 +132,12 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("pp", i64),
         ("tp", i64),
         ("dp", i64),
+        # the placement axes (docs/step.md)
+        ("interleave", i64),
+        ("recompute", s),
+        ("sequence_parallel", b),
+        ("distributed_optimizer", b),
+        ("ddp", s),
         ("stages", s),
         ("stage_mem_bytes", s),
         ("expert_feasible", b),
@@ -135,6 +148,11 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("expert_pp", i64),
         ("expert_tp", i64),
         ("expert_dp", i64),
+        ("expert_interleave", i64),
+        ("expert_recompute", s),
+        ("expert_sequence_parallel", b),
+        ("expert_distributed_optimizer", b),
+        ("expert_ddp", s),
         # reason = why nothing fits (empty when feasible); expert stage layout as for `stages`
         ("reason", s),
         ("expert_stages", s),
@@ -147,7 +165,11 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("arch", s),
         ("hbm_bytes", i64),
         ("microbatch", i64),
-        ("recompute", b),
+        ("recompute", s),
+        ("interleave", i64),
+        ("sequence_parallel", b),
+        ("distributed_optimizer", b),
+        ("ddp", s),
         ("pp", i64),
         ("tp", i64),
         ("dp", i64),
@@ -166,7 +188,11 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("hbm_bytes", i64),
         ("devices", i64),
         ("microbatch", i64),
-        ("recompute", b),
+        ("recompute", s),
+        ("interleave", i64),
+        ("sequence_parallel", b),
+        ("distributed_optimizer", b),
+        ("ddp", s),
         ("pp", i64),
         ("tp", i64),
         ("dp", i64),
@@ -182,7 +208,6 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("model", s),
         ("hbm_bytes", i64),
         ("microbatch", i64),
-        ("recompute", b),
         ("devices", i64),
         ("arch", s),
         ("bucket", i64),
@@ -217,6 +242,8 @@ VALUES: dict[str, dict[str, str]] = {
         (
             "param_bytes",
             "activation_bytes",
+            "attention_activation_bytes",
+            "replicated_activation_bytes",
             "stash_recompute_bytes",
             "boundary_bytes",
             "fwd_flops",
@@ -240,8 +267,23 @@ VALUES: dict[str, dict[str, str]] = {
         **dict.fromkeys(("devices", "hbm_bytes", "microbatch"), GE1),
         **dict.fromkeys(("throughput_seq_s", "time_per_batch_s", "mfu"), GE0),
         **dict.fromkeys(("expert_throughput_seq_s", "expert_time_per_batch_s", "expert_mfu"), GE0),
+        # 0 where nothing fits
+        **dict.fromkeys(("pp", "tp", "dp", "expert_pp", "expert_tp", "expert_dp"), GE0),
+        **dict.fromkeys(("interleave", "expert_interleave"), GE1),
     },
     "chunks": {"chunk": GE0},
+}
+# text columns that name one of a few values (the placement axes; place_model = config/schema.yaml
+# place.model), and text columns holding a JSON list (per pipeline stage)
+CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
+    "place": {
+        "place_model": ("megatron", "upstream"),
+        **dict.fromkeys(("recompute", "expert_recompute"), RECOMPUTE_MODES),
+        **dict.fromkeys(("ddp", "expert_ddp"), DDP_MODES),
+    },
+}
+JSON_LISTS: dict[str, tuple[str, ...]] = {
+    "place": ("stages", "stage_mem_bytes", "expert_stages", "expert_stage_mem_bytes"),
 }
 # columns that may be null/NaN where the value does not apply: GEMM sizes of a non-GEMM op in a
 # hand-made table; the result of a placement where nothing fits
@@ -267,14 +309,16 @@ KEYS: dict[str, tuple[tuple[str, ...], ...]] = {
     "space": (("arch",),),
     "latency": (("arch", "signature", "pass", "op"),),
     "schedule": (("arch", "signature", "pass"),),
-    "place": (("arch", "model", "devices", "hbm_bytes", "microbatch", "recompute"),),
+    # one row per architecture: the placement axes (recompute, interleave, ...) are chosen in it
+    "place": (("arch", "model", "devices", "hbm_bytes", "microbatch"),),
     "chunks": (("arch",),),
 }
 
 
 def check_values(df: pd.DataFrame, name: str, source: str) -> None:
     """Raise PhazeError unless every VALUES column of ``df`` is finite and in range (or null where
-    NULLABLE allows it) and its KEYS are unique; ``source`` names the input in the message."""
+    NULLABLE allows it), every CHOICES column holds one of its values, every JSON_LISTS column a
+    JSON list, and its KEYS are unique; ``source`` names the input in the message."""
     nullable = NULLABLE.get(name, frozenset())
     for col, rule in VALUES.get(name, {}).items():
         if col not in df.columns:
@@ -292,6 +336,20 @@ def check_values(df: pd.DataFrame, name: str, source: str) -> None:
             raise PhazeError(
                 f"{source}: column {col!r} must be finite and {rule} (row {i}: {value!r})"
             )
+    for col, allowed in CHOICES.get(name, {}).items():
+        if col in df.columns:
+            bad = ~df[col].isin(allowed).to_numpy()
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise PhazeError(
+                    f"{source}: column {col!r} must be one of {'|'.join(allowed)} "
+                    f"(row {i}: {df[col].iloc[i]!r})"
+                )
+    for col in JSON_LISTS.get(name, ()):
+        if col in df.columns:
+            for i, text in enumerate(df[col]):
+                if not _is_json_list(text):
+                    raise PhazeError(f"{source}: column {col!r} must hold a JSON list (row {i})")
     for key in KEYS.get(name, ()):
         present = [c for c in key if c in df.columns]
         for col in present:
@@ -305,6 +363,13 @@ def check_values(df: pd.DataFrame, name: str, source: str) -> None:
             if dup.any():
                 row = df.loc[dup, list(key)].iloc[0].to_dict()
                 raise PhazeError(f"{source}: {int(dup.sum())} rows repeat the key {row}")
+
+
+def _is_json_list(text) -> bool:
+    try:
+        return isinstance(json.loads(text), list)
+    except (TypeError, ValueError):
+        return False
 
 
 def _check(df: pd.DataFrame, name: str) -> pa.Table:

@@ -1,10 +1,11 @@
 """`python -m phaze place`: pipeline/data/tensor-parallel placement.
 
 Two modes:
-* tables (the workflow's): ``--model --tp T.. --trace-dirs D.. --schedules S.. --space F
-  --hbm-gib H --microbatch B --recompute on|off --out place.parquet`` — one row per architecture ×
-  cluster size; ``--export-instance FILE.json`` instead writes upstream's instance format for one
-  architecture (``--archs ID``).
+* tables (the workflow's): ``--model --tp T.. --trace-dirs D.. --schedules S.. [--latencies L..]
+  --space F --hbm-gib H --microbatch B --out place.parquet`` — one row per architecture ×
+  cluster size, under config ``place.model`` (megatron: the step model, searching the placement
+  axes of config ``place``; upstream: Phaze's objective); ``--export-instance FILE.json`` instead
+  writes upstream's instance format for one architecture (``--archs ID``).
 * ``--instance FILE.json`` — solve an instance in upstream's format with upstream's semantics and
   print the result JSON (exit 0 also when nothing fits: the time is null and a reason is given).
 
@@ -43,7 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--hbm-gib", type=float, help="HBM capacity per device, GiB")
     parser.add_argument("--microbatch", type=int, help="microbatch size (sequences)")
-    parser.add_argument("--recompute", choices=["on", "off"], help="activation recomputation")
+    parser.add_argument(
+        "--latencies",
+        nargs="+",
+        help="operator latency table(s) per tp (the estimate stage's; comma-join several chunk "
+        "files): the megatron model's selective recomputation needs them",
+    )
+    parser.add_argument("--recompute", help=argparse.SUPPRESS)  # replaced by config place.recompute
     parser.add_argument(
         "--latency-column",
         default="makespan_s",
@@ -95,23 +102,22 @@ def _run_tables(args) -> int:
     from phaze.io.tables import check_values
     from phaze.place.tables import PlaceSettings, export_instance, place_architectures
 
-    _require(
-        args,
-        "model",
-        "tp",
-        "trace_dirs",
-        "schedules",
-        "space",
-        "hbm_gib",
-        "microbatch",
-        "recompute",
-    )
+    if args.recompute is not None:
+        raise PhazeError(
+            "--recompute is gone: the placement searches the modes of config place.recompute "
+            "(none, selective, full)"
+        )
+    _require(args, "model", "tp", "trace_dirs", "schedules", "space", "hbm_gib", "microbatch")
     if not args.out and not args.export_instance:
         raise PhazeError("give --out (placement table) or --export-instance FILE")
     if len(args.tp) != len(args.trace_dirs) or len(args.tp) != len(args.schedules):
         raise PhazeError(
             f"--tp ({len(args.tp)}), --trace-dirs ({len(args.trace_dirs)}) and "
             f"--schedules ({len(args.schedules)}) need one entry per tp"
+        )
+    if args.latencies is not None and len(args.latencies) != len(args.tp):
+        raise PhazeError(
+            f"--latencies ({len(args.latencies)}) needs one entry per tp ({len(args.tp)})"
         )
     if len(set(args.tp)) != len(args.tp):
         raise PhazeError(f"--tp lists a width twice: {args.tp}")
@@ -124,16 +130,23 @@ def _run_tables(args) -> int:
     config = load_config(args.config)
     pc = config["place"]
     settings = PlaceSettings.from_config(
-        pc, args.model, round(args.hbm_gib * 2**30), args.microbatch, args.recompute == "on"
+        config, args.model, round(args.hbm_gib * 2**30), args.microbatch
     )
     devices_list = args.devices or list(pc["devices"])
     if any(d < 1 for d in devices_list):
         raise PhazeError(f"cluster sizes must be >= 1, got {devices_list}")
 
-    layers_by_t, schedules_by_t = {}, {}
+    layers_by_t, schedules_by_t, ops_by_t, latencies_by_t = {}, {}, {}, {}
     import pandas as pd
 
-    for t, trace_dir, sched in zip(args.tp, args.trace_dirs, args.schedules):
+    def tables(text: str, schema: str, what: str, t: int) -> pd.DataFrame:
+        files = [f for f in text.split(",") if f]
+        if not files:
+            raise PhazeError(f"no {what} file given for tp={t}")
+        return pd.concat([read_table(f, schema) for f in files], ignore_index=True)
+
+    latencies = args.latencies or [None] * len(args.tp)
+    for t, trace_dir, sched, lat in zip(args.tp, args.trace_dirs, args.schedules, latencies):
         if t < 1:
             raise PhazeError(f"tensor-parallel width must be >= 1, got {t}")
         layers = read_table(Path(trace_dir) / "layers.parquet", "layers", nonempty=True)
@@ -141,12 +154,12 @@ def _run_tables(args) -> int:
         if traced != [t]:
             raise PhazeError(f"--tp {t} but {trace_dir} is a trace at tp {traced}")
         layers_by_t[t] = layers
-        files = [f for f in sched.split(",") if f]
-        if not files:
-            raise PhazeError(f"no schedule file given for tp={t}")
-        schedules = pd.concat([read_table(f, "schedule") for f in files], ignore_index=True)
+        schedules = tables(sched, "schedule", "schedule", t)
         check_values(schedules, "schedule", f"schedules for tp={t} ({sched})")
         schedules_by_t[t] = schedules
+        if lat is not None:
+            latencies_by_t[t] = tables(lat, "latency", "latency", t)
+            ops_by_t[t] = read_table(Path(trace_dir) / "ops.parquet", "ops")
     space = read_table(args.space, "space")
     if args.archs:
         wanted = [a for a in args.archs.split(",") if a]
@@ -192,7 +205,15 @@ def _run_tables(args) -> int:
             return 0
 
     df = place_architectures(
-        settings, layers_by_t, schedules_by_t, space, costmodel, devices_list, args.latency_column
+        settings,
+        layers_by_t,
+        schedules_by_t,
+        space,
+        costmodel,
+        devices_list,
+        args.latency_column,
+        ops_by_t or None,
+        latencies_by_t or None,
     )
     if df.empty:
         raise PhazeError("no architecture is scheduled for every t in the given schedule files")

@@ -1,20 +1,27 @@
-"""Our mode: from the trace, schedule and space tables to one placement row per architecture and
-cluster size, in seconds and bytes.
+"""Tables mode: from the trace, schedule and space tables to one placement row per architecture
+and cluster size, in seconds and bytes, under the placement model of config ``place.model``.
 
-Per architecture and tensor-parallel width t the layer chain comes from ``layers.parquet`` (one
-row per layer of the whole model, per-device quantities for that t) with each layer's forward and
-backward latency = its signature's schedule (``makespan_s``, or ``lower_bound_s`` for a throughput
-upper bound). Our rules (see docs/place.md):
-* link transfers cost ``link_latency_s + bytes / link_bandwidth_Bps`` (config ``costmodel``; an
-  architecture's preset may override them) — unless a two-level network is configured (the
-  preset's ``network:`` section, else config ``place.network``): then pipeline transfers and the
-  data-parallel all-reduce are costed on the level they cross in Megatron's rank layout
-  (phaze.place.network), and every stage holds t devices;
-* parameter state per parameter: sgd 4 B, adam 16 B, i.e. ``state / bytes_per_element`` times
-  ``param_bytes``;
+``megatron`` (the default): the step model of docs/step.md (phaze/step), searched exactly by
+phaze/place/megatron.py over tp, the pipeline depth, the split of the blocks and the axes of
+config ``place`` (interleave, recompute, sequence_parallel, distributed_optimizer, ddp); chains
+from the tables by phaze/place/chains.py; every device used and microbatch·dp dividing the
+global batch. The network: the preset's ``network:`` section, else config ``place.network``,
+else one flat link (``costmodel.link_bandwidth_Bps`` / ``link_latency_s``; a preset may
+override them).
+
+``upstream``: Phaze's own objective (phaze/place/dp.py), per recompute mode none / full of
+``place.recompute`` (the best one reported):
+* link transfers cost ``link_latency_s + bytes / link_bandwidth_Bps`` — unless a two-level
+  network is configured: then pipeline transfers and the data-parallel all-reduce are costed on
+  the level they cross in Megatron's rank layout (phaze.place.network), and every stage holds t
+  devices;
+* parameter state per parameter: sgd 4 B, adam 16 B (``place.optimizer``), i.e.
+  ``state / bytes_per_element`` times ``param_bytes``; a free optimizer step;
 * the data-parallel all-reduce is a ring over the largest stage's per-device gradients
-  (``param_bytes``): ``2 (d−1)/d · P / bw + 2 (d−1) · latency``;
-* the expert placement is evaluated with the same rules, reported on its own, never a filter.
+  (``param_bytes``): ``2 (d−1)/d · P / bw + 2 (d−1) · latency``.
+
+The expert placement (config ``place.expert``: pp, dp, tp) is evaluated with the same model,
+reported on its own, never a filter; under ``megatron`` at its best over the other axes.
 """
 
 from __future__ import annotations
@@ -29,10 +36,13 @@ import pandas as pd
 from phaze.errors import PhazeError
 from phaze.place.dp import AllReduce, Placement, data_parallel_degrees, solve, time_placement
 from phaze.place.graph import LayerGraph, StageRule, chain_graph
+from phaze.place.megatron import Axes
 from phaze.place.network import PlaceNetwork
 
 STATE_BYTES_PER_PARAM = {"sgd": 4.0, "adam": 16.0}
 GIB = 2**30
+#: the recompute modes of the upstream model (its DP knows recompute on / off only)
+UPSTREAM_RECOMPUTE = ("none", "full")
 
 
 @dataclass
@@ -40,29 +50,39 @@ class PlaceSettings:
     model: str
     hbm_bytes: int
     microbatch: int
-    recompute: bool
     global_batch: int
-    optimizer: str
-    bytes_per_element: int
-    dp_must_divide_batch: bool
-    dp_must_divide_devices: bool
+    place_model: str  # "megatron" or "upstream" (config place.model)
+    axes: Axes  # the placement axes of config place (recompute modes among them)
+    step: dict  # config section step (the step model's accounting)
+    optimizer: str  # upstream: parameter state
+    bytes_per_element: int  # upstream
+    dp_must_divide_batch: bool  # upstream
+    dp_must_divide_devices: bool  # upstream
     expert: dict | None  # {"pp", "dp", "tp"} or None
     network: dict | None  # config place.network (two levels) or None = flat link
     preset_networks: bool  # a preset's own network: section wins for its architecture
-    scatter_gather: bool  # Megatron's scatter/gather for inter-node stage transfers
 
     @classmethod
     def from_config(
-        cls, place: dict, model: str, hbm_bytes: int, microbatch: int, recompute: bool
+        cls, config: dict, model: str, hbm_bytes: int, microbatch: int
     ) -> PlaceSettings:
         """The settings of one placement job: the outer axes given, the rest from the validated
-        config section ``place`` (phaze.config.load_config fills its defaults)."""
+        config (phaze.config.load_config fills its defaults)."""
+        place = config["place"]
         return cls(
             model=model,
             hbm_bytes=int(hbm_bytes),
             microbatch=int(microbatch),
-            recompute=bool(recompute),
             global_batch=place["global_batch"],
+            place_model=place["model"],
+            axes=Axes(
+                interleave=tuple(place["interleave"]),
+                recompute=tuple(place["recompute"]),
+                sequence_parallel=tuple(place["sequence_parallel"]),
+                distributed_optimizer=tuple(place["distributed_optimizer"]),
+                ddp=tuple(place["ddp"]),
+            ),
+            step=dict(config["step"]),
             optimizer=place["optimizer"],
             bytes_per_element=place["bytes_per_element"],
             dp_must_divide_batch=place["dp_must_divide_batch"],
@@ -70,8 +90,22 @@ class PlaceSettings:
             expert=place["expert"].get(model),
             network=place["network"],
             preset_networks=place["preset_networks"],
-            scatter_gather=place["scatter_gather"],
         )
+
+    @property
+    def scatter_gather(self) -> bool:
+        return bool(self.step["scatter_gather"])
+
+    @property
+    def upstream_recompute(self) -> list[str]:
+        """The recompute modes the upstream model searches (selective is not one of its)."""
+        modes = [m for m in self.axes.recompute if m in UPSTREAM_RECOMPUTE]
+        if not modes:
+            raise PhazeError(
+                "place.model upstream knows recompute none and full only; "
+                f"place.recompute lists {list(self.axes.recompute)}"
+            )
+        return modes
 
     @property
     def microbatches(self) -> int:
@@ -174,15 +208,26 @@ def expert_stages(layers: pd.DataFrame, pp: int) -> list[list[int]]:
 
 
 def model_flops_per_sequence(layers_by_t: dict[int, pd.DataFrame], microbatch: int) -> float:
-    """Model FLOPs (forward + backward, no recompute) per sequence: from the t = 1 trace when
-    present, else the smallest t's per-device FLOPs times t for tensor-parallel layers."""
+    """Model FLOPs per sequence, PaLM's convention (docs/step.md: three passes over every
+    matmul, no recomputation): 3 × the forward matmul FLOPs, from the t = 1 trace when present,
+    else the smallest t's per-rank FLOPs times t for tensor-parallel layers."""
     t = min(layers_by_t)
     layers = layers_by_t[t]
-    if "fwd_flops" not in layers.columns or "bwd_flops" not in layers.columns:
+    if "fwd_matmul_flops" not in layers.columns:
         return math.nan
-    per_layer = layers["fwd_flops"].to_numpy(float) + layers["bwd_flops"].to_numpy(float)
+    per_layer = layers["fwd_matmul_flops"].to_numpy(float)
     per_layer = per_layer * np.where(layers["tensor_parallel"].to_numpy(bool), t, 1)
-    return float(per_layer.sum()) / microbatch
+    return 3.0 * float(per_layer.sum()) / microbatch
+
+
+#: the placement axes of a row, with the value a model without that axis has
+AXIS_DEFAULTS = {
+    "interleave": 1,
+    "recompute": "none",
+    "sequence_parallel": False,
+    "distributed_optimizer": False,
+    "ddp": "after",
+}
 
 
 def _stage_json(p: Placement, names: list[str]) -> str:
@@ -194,21 +239,30 @@ def _stage_json(p: Placement, names: list[str]) -> str:
     )
 
 
-def _result_columns(prefix: str, p: Placement | None, names, settings, devices, peak, flops_seq):
+def _empty_columns(prefix: str) -> dict:
+    return {
+        f"{prefix}throughput_seq_s": math.nan,
+        f"{prefix}time_per_batch_s": math.nan,
+        f"{prefix}mfu": math.nan,
+        f"{prefix}pp": 0,
+        f"{prefix}tp": 0,
+        f"{prefix}dp": 0,
+        **{f"{prefix}{k}": v for k, v in AXIS_DEFAULTS.items()},
+        f"{prefix}stages": "[]",
+        f"{prefix}stage_mem_bytes": "[]",
+        f"{prefix}devices_used": 0,
+        f"{prefix}max_stage_load_s": math.nan,
+        f"{prefix}allreduce_s": math.nan,
+        f"{prefix}optimizer_s": math.nan,
+    }
+
+
+def _result_columns(
+    prefix: str, p: Placement | None, names, settings, devices, peak, flops_seq, recompute: str
+):
+    """Columns of an upstream-model placement (recompute `recompute`)."""
     if p is None:
-        return {
-            f"{prefix}throughput_seq_s": math.nan,
-            f"{prefix}time_per_batch_s": math.nan,
-            f"{prefix}mfu": math.nan,
-            f"{prefix}pp": 0,
-            f"{prefix}tp": 0,
-            f"{prefix}dp": 0,
-            f"{prefix}stages": "[]",
-            f"{prefix}stage_mem_bytes": "[]",
-            f"{prefix}devices_used": 0,
-            f"{prefix}max_stage_load_s": math.nan,
-            f"{prefix}allreduce_s": math.nan,
-        }
+        return _empty_columns(prefix)
     t = p.time_per_batch
     return {
         f"{prefix}throughput_seq_s": settings.global_batch / t,
@@ -217,21 +271,82 @@ def _result_columns(prefix: str, p: Placement | None, names, settings, devices, 
         f"{prefix}pp": p.pp,
         f"{prefix}tp": p.t,
         f"{prefix}dp": p.d,
+        **{f"{prefix}{k}": v for k, v in AXIS_DEFAULTS.items()},
+        f"{prefix}recompute": recompute,
         f"{prefix}stages": _stage_json(p, names),
         f"{prefix}stage_mem_bytes": json.dumps([round(m) for m in p.stage_mem]),
         f"{prefix}devices_used": p.devices_used,
         f"{prefix}max_stage_load_s": p.max_load,
         # the data-parallel gradient all-reduce's share of the time per batch
         f"{prefix}allreduce_s": p.extra.get("allreduce_s", math.nan),
+        f"{prefix}optimizer_s": 0.0,  # upstream's optimizer step is free
     }
 
 
-def link_parameters(costmodel: dict, preset_name: str | None) -> tuple[float, float]:
+def megatron_stage_json(stages, interleave: int, tp: int, blocks_total: int) -> str:
+    """Per stage: its layers and blocks, and the first / last layer it holds in model order
+    (chunk v of rank j is model chunk v·pp + j)."""
+    pp = len(stages)
+    start, pos = {}, 0
+    for v in range(interleave):
+        for j in range(pp):
+            start[(v, j)] = pos
+            pos += stages[j] // interleave
+    if pos != blocks_total:
+        raise AssertionError("stage sizes do not add up to the blocks")
+    out = []
+    for j, n in enumerate(stages):
+        chunk = n // interleave
+        first = "embedding" if j == 0 else (f"block.{start[(0, j)]}" if n else "head")
+        if j == pp - 1:
+            last = "head"
+        else:
+            last = f"block.{start[(interleave - 1, j)] + chunk - 1}" if n else "embedding"
+        layers = n + (j == 0) + (j == pp - 1)
+        out.append({"first": first, "last": last, "layers": layers, "blocks": n, "devices": tp})
+    return json.dumps(out)
+
+
+def _megatron_columns(prefix: str, strategy, priced: dict | None, settings, blocks: int) -> dict:
+    if priced is None:
+        return _empty_columns(prefix)
+    s, t = strategy, priced["iteration_time_s"]
+    stages = s.check_layers(blocks)
+    return {
+        f"{prefix}throughput_seq_s": settings.global_batch / t,
+        f"{prefix}time_per_batch_s": t,
+        f"{prefix}mfu": priced["mfu"],
+        f"{prefix}pp": s.pp,
+        f"{prefix}tp": s.tp,
+        f"{prefix}dp": s.dp,
+        f"{prefix}interleave": s.interleave,
+        f"{prefix}recompute": s.recompute,
+        f"{prefix}sequence_parallel": s.sequence_parallel,
+        f"{prefix}distributed_optimizer": s.distributed_optimizer,
+        f"{prefix}ddp": s.ddp,
+        f"{prefix}stages": megatron_stage_json(stages, s.interleave, s.tp, blocks),
+        f"{prefix}stage_mem_bytes": json.dumps(
+            [round(x["memory_bytes"]) for x in priced["per_stage"]]
+        ),
+        f"{prefix}devices_used": s.devices,
+        f"{prefix}max_stage_load_s": max(x["per_microbatch_s"] for x in priced["per_stage"]),
+        f"{prefix}allreduce_s": priced["breakdown"]["data_parallel_comm_s"],
+        f"{prefix}optimizer_s": priced["breakdown"]["optimizer_s"],
+    }
+
+
+def arch_costmodel(costmodel: dict, preset_name: str | None) -> dict:
+    """The config's costmodel with the architecture's preset overrides."""
     cm = dict(costmodel)
     if preset_name:
         from phaze.arch.presets import load_preset
 
         cm.update(load_preset(preset_name).get("costmodel") or {})
+    return cm
+
+
+def link_parameters(costmodel: dict, preset_name: str | None) -> tuple[float, float]:
+    cm = arch_costmodel(costmodel, preset_name)
     try:
         bw, lat = float(cm["link_bandwidth_Bps"]), float(cm["link_latency_s"])
     except KeyError as exc:
@@ -275,8 +390,12 @@ def place_architectures(
     costmodel: dict,
     devices_list: list[int],
     latency_column: str = "makespan_s",
+    ops_by_t: dict[int, pd.DataFrame] | None = None,
+    latencies_by_t: dict[int, pd.DataFrame] | None = None,
 ) -> pd.DataFrame:
-    """One row per architecture (those scheduled for every t) × cluster size."""
+    """One row per architecture (those scheduled for every t) × cluster size. `ops_by_t` (the
+    traces' ops) and `latencies_by_t` (the operators' latencies) are needed when the megatron
+    model searches selective recomputation."""
     layers_by_t = {t: check_layers(df, f"layers (t={t})") for t, df in layers_by_t.items()}
     lookups = {
         t: layer_latencies(df, latency_column, f"schedule (t={t})")
@@ -291,69 +410,219 @@ def place_architectures(
     unknown = sorted(common - set(space["arch"]))
     if unknown:
         raise PhazeError(f"scheduled architectures missing from the space table: {unknown[:5]}")
-    M = settings.microbatches
-    flops_seq = model_flops_per_sequence(layers_by_t, settings.microbatch)
-    names = {t: list(df["layer"]) for t, df in layers_by_t.items()}
+    if settings.place_model == "upstream":
+        context = _upstream_context(settings, layers_by_t, lookups)
+        place = _upstream_rows
+    else:
+        context = _megatron_context(
+            settings, layers_by_t, schedules_by_t, lookups, latency_column, ops_by_t, latencies_by_t
+        )
+        place = _megatron_rows
     rows = []
     for _, arch_row in space.sort_values("arch").iterrows():
-        arch = arch_row["arch"]
         preset = arch_row.get("preset") if "preset" in arch_row.index else None
         preset = preset if isinstance(preset, str) and preset else None
-        bw, lat = link_parameters(costmodel, preset)
-        net, net_label = network_for(settings, preset)
-        graphs = {
-            t: arch_layer_graph(layers_by_t[t], lookups[t], arch, f"t={t}") for t in layers_by_t
+        base = {
+            "arch": arch_row["arch"],
+            "model": settings.model,
+            "hbm_bytes": int(settings.hbm_bytes),
+            "microbatch": settings.microbatch,
+            "place_model": settings.place_model,
         }
-        unplaceable = {t: net.width_reason(t) for t in graphs if net and net.width_reason(t)}
-        peak = float(arch_row["peak_flops"])
-        for devices in devices_list:
+        for row in place(settings, context, arch_row, preset, costmodel, devices_list):
+            rows.append({**base, **row})
+    return pd.DataFrame(rows)
+
+
+def _upstream_context(settings, layers_by_t, lookups) -> dict:
+    return {
+        "layers_by_t": layers_by_t,
+        "lookups": lookups,
+        "flops_seq": model_flops_per_sequence(layers_by_t, settings.microbatch),
+        "names": {t: list(df["layer"]) for t, df in layers_by_t.items()},
+    }
+
+
+def _upstream_rows(settings, context, arch_row, preset, costmodel, devices_list):
+    """Phaze's objective (phaze/place/dp.py), the best of the recompute modes none / full."""
+    arch = arch_row["arch"]
+    layers_by_t, lookups = context["layers_by_t"], context["lookups"]
+    flops_seq, names = context["flops_seq"], context["names"]
+    M = settings.microbatches
+    bw, lat = link_parameters(costmodel, preset)
+    net, net_label = network_for(settings, preset)
+    graphs = {t: arch_layer_graph(layers_by_t[t], lookups[t], arch, f"t={t}") for t in layers_by_t}
+    unplaceable = {t: net.width_reason(t) for t in graphs if net and net.width_reason(t)}
+    peak = float(arch_row["peak_flops"])
+    for devices in devices_list:
+        ar = AllReduce(mode="max", bandwidth=bw, latency=lat, network=net)
+        d_values = data_parallel_degrees(
+            devices, M, settings.dp_must_divide_batch, settings.dp_must_divide_devices
+        )
+        best = expert = None
+        expert_reason = ""
+        for mode in settings.upstream_recompute:
             rule = StageRule(
                 bandwidth=bw,
                 latency=lat,
                 param_state_factor=settings.param_state_factor,
-                recompute=settings.recompute,
+                recompute=mode == "full",
                 memory_capacity=float(settings.hbm_bytes),
                 max_positions=int(devices),
             )
-            ar = AllReduce(mode="max", bandwidth=bw, latency=lat, network=net)
-            d_values = data_parallel_degrees(
-                devices, M, settings.dp_must_divide_batch, settings.dp_must_divide_devices
+            p = solve(graphs, rule, devices, M, d_values, ar)
+            if p is not None and (best is None or p.time_per_batch < best[0].time_per_batch):
+                best = (p, mode)
+            ep, why = evaluate_expert(settings, layers_by_t, graphs, rule, ar, devices, M)
+            if ep is not None and (expert is None or ep.time_per_batch < expert[0].time_per_batch):
+                expert = (ep, mode)
+            expert_reason = expert_reason or why
+        reason = ""
+        if best is None:
+            reason = f"no placement fits in {settings.hbm_bytes / GIB:g} GiB per device on {devices} devices"
+            if unplaceable:
+                reason += "; " + "; ".join(unplaceable.values())
+        row = {"devices": int(devices), "feasible": best is not None, "reason": reason}
+        row["network"] = net_label
+        p, mode = best if best else (None, "none")
+        row.update(
+            _result_columns(
+                "", p, names[p.t] if p else [], settings, devices, peak, flops_seq, mode
             )
-            best = solve(graphs, rule, devices, M, d_values, ar)
-            reason = ""
-            if best is None:
-                reason = f"no placement fits in {settings.hbm_bytes / GIB:g} GiB per device on {devices} devices"
-                if unplaceable:
-                    reason += "; " + "; ".join(unplaceable.values())
-            row = {
-                "arch": arch,
-                "model": settings.model,
-                "devices": int(devices),
-                "hbm_bytes": int(settings.hbm_bytes),
-                "microbatch": settings.microbatch,
-                "recompute": settings.recompute,
-                "feasible": best is not None,
-                "reason": reason,
-                "network": net_label,
-            }
-            row.update(
-                _result_columns(
-                    "", best, names[best.t] if best else [], settings, devices, peak, flops_seq
+        )
+        ep, emode = expert if expert else (None, "none")
+        row["expert_feasible"] = ep is not None
+        row["expert_reason"] = "" if ep is not None else expert_reason
+        row.update(
+            _result_columns(
+                "expert_", ep, names[ep.t] if ep else [], settings, devices, peak, flops_seq, emode
+            )
+        )
+        yield row
+
+
+def step_network(net: PlaceNetwork | None, bw: float, lat: float, devices: int):
+    """The step model's network: the two-level one, or the flat link as one 'node' of all
+    devices (every collective and send on that one level)."""
+    from phaze.network import HierarchicalNetwork, LinkLevel
+
+    if net is not None:
+        return net.net
+    return HierarchicalNetwork.flat(LinkLevel(bw, lat, 1.0), devices)
+
+
+def _megatron_context(
+    settings, layers_by_t, schedules_by_t, lookups, latency_column, ops_by_t, latencies_by_t
+) -> dict:
+    """What every architecture of a megatron-model job shares: the chain tables per tp, core
+    attention's op latencies (selective recomputation), the DDP windows of a bound tier."""
+    from phaze.place.chains import ChainTables, attention_seconds
+
+    if "selective" in settings.axes.recompute and not (ops_by_t and latencies_by_t):
+        raise PhazeError(
+            "selective recomputation needs the traces' ops and the operators' latencies of "
+            "every tp (--latencies); or leave selective out of place.recompute"
+        )
+    tables = {
+        t: ChainTables(
+            layers_by_t[t],
+            ops_by_t.get(t) if ops_by_t else None,
+            t,
+            settings.microbatch,
+            settings.step["weight_bytes_per_param"],
+            f"tp={t}",
+        )
+        for t in layers_by_t
+    }
+    attention = None
+    if "selective" in settings.axes.recompute:
+        attention = {t: attention_seconds(ops_by_t[t], latencies_by_t[t]) for t in layers_by_t}
+    windows = None
+    if latency_column != "makespan_s":  # a bound: the achievable times hide the reduction
+        windows = {
+            t: layer_latencies(df, "makespan_s", f"schedule (t={t})")
+            for t, df in schedules_by_t.items()
+        }
+    return {"tables": tables, "attention": attention, "windows": windows, "lookups": lookups}
+
+
+def _megatron_rows(settings, context, arch_row, preset, costmodel, devices_list):
+    """The step model (docs/step.md), searched exactly by phaze/place/megatron.py."""
+    from phaze.place.megatron import best_fixed, optimize
+    from phaze.step.model import StepConstants, price
+
+    arch, b = arch_row["arch"], settings.microbatch
+    tables, attention, windows = context["tables"], context["attention"], context["windows"]
+    chains = {}
+    for t, table in tables.items():
+        got = table.chains(
+            arch,
+            context["lookups"][t],
+            attention[t] if attention else None,
+            windows[t] if windows else None,
+        )
+        for sp, chain in got.items():
+            chains[(t, b, sp)] = chain
+    blocks = next(iter(tables.values())).blocks
+    cm = arch_costmodel(costmodel, preset)
+    bw, lat = link_parameters(costmodel, preset)
+    placed_net, net_label = network_for(settings, preset)
+    consts = StepConstants.from_config(settings.step, float(cm["hbm_bandwidth_Bps"]))
+    peak = float(arch_row["peak_flops"])
+    hbm = float(settings.hbm_bytes)
+    for devices in devices_list:
+        net = step_network(placed_net, bw, lat, devices)
+        found = optimize(chains, net, consts, devices, settings.global_batch, hbm, settings.axes)
+        row = {"devices": int(devices), "feasible": found.strategy is not None, "reason": ""}
+        row["network"] = net_label
+        priced = None
+        if found.strategy is not None:
+            s = found.strategy
+            priced = price(chains[(s.tp, b, s.sequence_parallel)], s, net, consts, peak, hbm)
+        else:
+            skipped = "; ".join(f"{r} ({n})" for r, n in sorted(found.skipped.items()))
+            row["reason"] = (
+                f"no placement fits in {settings.hbm_bytes / GIB:g} GiB per device on "
+                f"{devices} devices" + (f"; skipped: {skipped}" if skipped else "")
+            )
+        row.update(_megatron_columns("", found.strategy, priced, settings, blocks))
+        e = settings.expert
+        es, epriced, ereason = None, None, ""
+        if not e:
+            ereason = f"no expert placement configured for {settings.model}"
+        elif int(e["tp"]) not in tables:
+            ereason = f"no trace for the expert's tensor-parallel width t={e['tp']}"
+        elif int(e["pp"]) * int(e["dp"]) * int(e["tp"]) != devices:
+            ereason = (
+                f"the step model uses every device: pp·dp·tp = "
+                f"{int(e['pp']) * int(e['dp']) * int(e['tp'])}, not {devices}"
+            )
+        else:
+            split = expert_split(blocks, int(e["pp"]))
+            es, _, ereason = best_fixed(
+                chains,
+                net,
+                consts,
+                devices,
+                settings.global_batch,
+                hbm,
+                settings.axes,
+                tp=int(e["tp"]),
+                pp=int(e["pp"]),
+                stages=split,
+            )
+            if es is not None:
+                epriced = price(
+                    chains[(es.tp, b, es.sequence_parallel)], es, net, consts, peak, hbm
                 )
-            )
-            ep, reason = evaluate_expert(settings, layers_by_t, graphs, rule, ar, devices, M)
-            row["expert_feasible"] = ep is not None
-            row["expert_reason"] = reason
-            row.update(
-                _result_columns(
-                    "expert_", ep, names[ep.t] if ep else [], settings, devices, peak, flops_seq
-                )
-            )
-            rows.append(row)
-    return pd.DataFrame(rows)
+        row["expert_feasible"] = es is not None
+        row["expert_reason"] = ereason
+        row.update(_megatron_columns("expert_", es, epriced, settings, blocks))
+        yield row
 
 
 def evaluate_expert(settings, layers_by_t, graphs, rule, ar, devices, M):
+    """The expert placement under the upstream model: (Placement or None, reason)."""
     e = settings.expert
     if not e:
         return None, f"no expert placement configured for {settings.model}"
@@ -367,6 +636,15 @@ def evaluate_expert(settings, layers_by_t, graphs, rule, ar, devices, M):
     if pp * tp * dp > devices:
         return None, f"expert placement needs {pp * tp * dp} devices, more than {devices}"
     return time_placement(graphs[tp], rule, tp, stages, dp, devices, M, ar)
+
+
+def expert_split(blocks: int, pp: int) -> tuple[int, ...]:
+    """Blocks per stage of the expert placement: as evenly as possible, the first stages taking
+    the extra block (as `expert_stages`)."""
+    if pp < 1 or pp > blocks:
+        raise PhazeError(f"expert pipeline depth {pp} is not in 1..{blocks} blocks")
+    base, extra = divmod(blocks, pp)
+    return tuple(base + (1 if i < extra else 0) for i in range(pp))
 
 
 def export_instance(
@@ -411,7 +689,7 @@ def export_instance(
         "mbsInBatch": settings.microbatches,
         "nodes": nodes,
         "edges": edges,
-        "activationRecomputation": settings.recompute,
+        "activationRecomputation": "full" in settings.axes.recompute,
         "optimizerAlgorithm": "Adam" if settings.optimizer == "adam" else "SGD",
         "fixedPP": int(e.get("pp", 1)),
         "fixedTMPC": int(e.get("tp", min(layers_by_t))),

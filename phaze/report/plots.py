@@ -85,7 +85,7 @@ def convergence(explored: pd.DataFrame, hbm_bytes: int):
     )
     for ax, model in zip(axes[0], models):
         sub = ex[ex["model"] == model]
-        for (b, r), grp in sub.groupby(["microbatch", "recompute"]):
+        for b, grp in sub.groupby("microbatch"):
             per_bucket = (
                 grp.groupby("bucket")
                 .agg(area=("area_mm2", "max"), best=("throughput_seq_s", "max"))
@@ -97,7 +97,7 @@ def convergence(explored: pd.DataFrame, hbm_bytes: int):
                 running,
                 marker=".",
                 lw=1,
-                label=f"b={b}, recompute={'on' if r else 'off'}",
+                label=f"b={b}",
             )
             stop = grp.loc[~grp["visited"], "bucket"]
             if len(stop):
@@ -209,7 +209,7 @@ def arch_table(best: pd.DataFrame, comparison: pd.DataFrame, hbm_bytes: int):
                 f"{r.glb_bytes / 2**20:g}",
                 f"{r.area_mm2:.1f}",
                 f"{r.microbatch}",
-                "on" if r.recompute else "off",
+                f"{r.recompute}{' SP' if r.sequence_parallel else ''}",
                 f"{r.pp}/{r.tp}/{r.dp}",
                 f"{r.throughput_seq_s:.4g}",
                 f"{r.speedup_vs_tpuv4_expert:.2f}",
@@ -254,8 +254,8 @@ def pipeline_stages(best: pd.DataFrame, hbm_bytes: int):
         ax2.set_ylabel("memory per device (GiB; dashed: HBM)", color="C3")
         ax2.set_ylim(0, hbm_bytes / GIB * 1.1)
         ax.set_title(
-            f"{r.model}: pp={r.pp} tp={r.tp} dp={r.dp}, b={r.microbatch}, "
-            f"recompute {'on' if r.recompute else 'off'}",
+            f"{r.model}: pp={r.pp} tp={r.tp} dp={r.dp}, b={r.microbatch}, V={r.interleave}, "
+            f"recompute {r.recompute}",
             fontsize=8,
         )
     fig.suptitle(f"Phaze-Per-Model placements, HBM {hbm_bytes / GIB:g} GiB", fontsize=10)

@@ -56,10 +56,10 @@ def placement_blind_choice(
 
 
 def best_row(rows: pd.DataFrame, column: str = "throughput_seq_s") -> pd.Series | None:
-    """The row with the highest finite ``column`` (ties: smaller microbatch, no recompute)."""
+    """The row with the highest finite ``column`` (ties: the smaller microbatch)."""
     ok = rows[np.isfinite(rows[column].astype(float))]
     if ok.empty:
         return None
-    keys = [column] + [c for c in ("microbatch", "recompute") if c in ok.columns]
+    keys = [column] + [c for c in ("microbatch",) if c in ok.columns]
     asc = [False] + [True] * (len(keys) - 1)
     return ok.sort_values(keys, ascending=asc).iloc[0]

@@ -43,6 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument(
             "--out", required=True, help="prune: output directory; state: state JSON file"
         )
+        if name == "state":
+            p.add_argument(
+                "--benchmarks",
+                help="directory of the jobs' Snakemake benchmark files: the progress line's "
+                "CPU seconds so far (omitted: not reported)",
+            )
 
     p = sub.add_parser("blind", help="placement-blind baseline: min single-accelerator latency")
     p.add_argument("--model", required=True)

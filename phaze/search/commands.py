@@ -13,6 +13,7 @@ from phaze.errors import PhazeError
 from phaze.io import read_table, write_json_atomic, write_table
 from phaze.search.files import load_manifest, load_place
 from phaze.search.plan import make_plan, n_rounds
+from phaze.search.progress import jobs_cpu_seconds, progress_line, round_progress
 from phaze.search.scores import (
     SearchSettings,
     all_scores,
@@ -111,12 +112,12 @@ def state(args: argparse.Namespace) -> int:
         "rounds_total": n_rounds(plan_df),
         "searches": json.loads(states.to_json(orient="records")),
     }
+    progress = round_progress(scores, states, r, doc["rounds_total"])
+    # the state file stays a function of the results; the CPU so far goes to the log only
+    doc["progress"] = progress
     write_json_atomic(args.out, doc)
-    stopped = int((states["stop_bucket"] >= 0).sum())
-    print(
-        f"phaze search state: round {r}: {stopped}/{len(states)} searches stopped; "
-        f"continue={doc['continue']} -> {args.out}"
-    )
+    print(progress_line({**progress, "jobs_cpu_s": jobs_cpu_seconds(args.benchmarks)}))
+    print(f"phaze search state: continue={doc['continue']} -> {args.out}")
     return 0
 
 

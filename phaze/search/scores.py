@@ -2,17 +2,20 @@
 
 Vocabulary
 ----------
-*component*: one placement result, keyed by ``COMPONENT_KEY`` (model, HBM, microbatch,
-recompute, cluster size, arch). Each component can be known at three tiers:
+*component*: one placement result, keyed by ``COMPONENT_KEY`` (model, HBM, microbatch, cluster
+size, arch); the placement axes (recompute, interleave, ...) are chosen inside it. Each component
+can be known at three tiers:
 
 * ``ub`` — placement on per-layer *lower bounds* of the makespans: a throughput upper bound,
-  ``hi`` (placement time is monotone in layer latencies and memory does not depend on them);
+  ``hi`` (the placement's time is at most that of any latencies above the bounds — with the
+  achievable makespans as the DDP overlap's window, docs/step.md — and memory does not depend on
+  them);
 * ``lo`` — placement on list-schedule makespans (a real schedule): an achievable throughput;
 * ``ilp`` — placement on the ILP's makespans (what solving every ILP would report).
 
-*search*: Phaze-Per-Model has one search per (model, HBM, microbatch, recompute, devices), its
-score the component's throughput. Phaze-Common has one search per (HBM, devices), its score for
-an arch the mean over models of that model's best throughput over microbatch × recompute
+*search*: Phaze-Per-Model has one search per (model, HBM, microbatch, devices), its score the
+component's throughput. Phaze-Common has one search per (HBM, devices), its score for an arch
+the mean over models of that model's best throughput over microbatch
 (software choices stay free per model; an arch infeasible for any model scores nothing, as
 upstream drops it).
 
@@ -37,8 +40,8 @@ from phaze.config import schema_defaults
 from phaze.errors import PhazeError
 from phaze.search.stop import stop_bucket
 
-COMPONENT_KEY = ["model", "hbm_bytes", "microbatch", "recompute", "devices", "arch"]
-PER_MODEL_KEY = ["model", "hbm_bytes", "microbatch", "recompute", "devices"]
+COMPONENT_KEY = ["model", "hbm_bytes", "microbatch", "devices", "arch"]
+PER_MODEL_KEY = ["model", "hbm_bytes", "microbatch", "devices"]
 COMMON_KEY = ["hbm_bytes", "devices"]
 TIERS = ("ub", "lo", "ilp")
 
@@ -112,7 +115,7 @@ def per_model_scores(comp: pd.DataFrame) -> pd.DataFrame:
 
 def common_scores(comp: pd.DataFrame, models: list[str]) -> pd.DataFrame:
     """Phaze-Common score per (HBM, devices, arch): mean over ``models`` of each model's best
-    over microbatch × recompute; NaN unless every model has a feasible value."""
+    over microbatch; NaN unless every model has a feasible value."""
     g = comp.groupby(["hbm_bytes", "devices", "arch", "model"], sort=False)
     per_model = g.agg(
         hi=("hi", "max"), ach=("ach", "max"), exact=("exact", "all"), has_ilp=("has_ilp", "all")
@@ -138,12 +141,11 @@ def common_scores(comp: pd.DataFrame, models: list[str]) -> pd.DataFrame:
     )
     out["exact"] |= (out["hi"] <= out["ach"]).fillna(False) | out["hi"].isna()
     out.insert(0, "strategy", "phaze-common")
-    for col in ("model", "microbatch", "recompute"):
-        out[col] = {"model": "*", "microbatch": -1, "recompute": False}[col]
+    out["model"], out["microbatch"] = "*", -1
     return out
 
 
-SEARCH_KEY = ["strategy", "model", "hbm_bytes", "microbatch", "recompute", "devices"]
+SEARCH_KEY = ["strategy", "model", "hbm_bytes", "microbatch", "devices"]
 
 
 def all_scores(comp: pd.DataFrame, models: list[str]) -> pd.DataFrame:

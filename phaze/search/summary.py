@@ -26,6 +26,8 @@ DETAIL = [
     "stages",
     "stage_mem_bytes",
 ]
+#: the placement axes a chosen placement carries (docs/step.md), in place rows and summaries
+AXES = ["interleave", "recompute", "sequence_parallel", "distributed_optimizer", "ddp"]
 ARCH_COLS = [
     "n_tc",
     "n_vc",
@@ -75,10 +77,10 @@ def _strategy_rows(strategy: str, model: str, cands: pd.DataFrame, expert: bool 
         **base,
         "arch": row["arch"],
         "microbatch": int(row["microbatch"]),
-        "recompute": bool(row["recompute"]),
         "throughput_seq_s": float(row[col]),
+        "place_model": row.get("place_model", ""),
     }
-    for k in ("pp", "tp", "dp", "time_per_batch_s", "mfu"):
+    for k in ("pp", "tp", "dp", "time_per_batch_s", "mfu", *AXES):
         out[k] = row.get(pre + k, np.nan)
     for k in ("stages", "stage_mem_bytes"):
         out[k] = "" if expert else row.get(k, "")
@@ -103,7 +105,7 @@ def summarize(
     ans = answers(scores, plan, states, settings)
     detail = detail_rows(place)
 
-    # --- best: per (strategy, mode, model, hbm, devices), the best over microbatch x recompute --
+    # --- best: per (strategy, mode, model, hbm, devices), the best over microbatch -----------
     best_rows = []
     for rec in ans.itertuples(index=False):
         if rec.arch is None or (isinstance(rec.arch, float) and np.isnan(rec.arch)):
@@ -113,7 +115,6 @@ def summarize(
                 (detail["model"] == rec.model)
                 & (detail["hbm_bytes"] == rec.hbm_bytes)
                 & (detail["microbatch"] == rec.microbatch)
-                & (detail["recompute"] == rec.recompute)
                 & (detail["devices"] == rec.devices)
                 & (detail["arch"] == rec.arch)
             ]
@@ -138,9 +139,7 @@ def summarize(
     best = pd.DataFrame(best_rows)
     if len(best):
         best = (
-            best.sort_values(
-                ["throughput_seq_s", "microbatch", "recompute"], ascending=[False, True, True]
-            )
+            best.sort_values(["throughput_seq_s", "microbatch"], ascending=[False, True])
             .drop_duplicates(["strategy", "mode", "model", "hbm_bytes", "devices"])
             .sort_values(["strategy", "mode", "model", "hbm_bytes", "devices"])
         )
@@ -203,8 +202,10 @@ def _with_speedups(df: pd.DataFrame) -> pd.DataFrame:
     df = df.sort_values(["model", "hbm_bytes", "devices", "_o"]).drop(columns="_o")
     for col in ("microbatch", "pp", "tp", "dp"):
         df[col] = pd.to_numeric(df[col], errors="coerce").fillna(-1).astype(np.int64)
-    df["recompute"] = df["recompute"].fillna(False).astype(bool)
-    for col in ("stages", "stage_mem_bytes", "mode"):
+    df["interleave"] = pd.to_numeric(df["interleave"], errors="coerce").fillna(-1).astype(np.int64)
+    for col in ("sequence_parallel", "distributed_optimizer"):
+        df[col] = df[col].fillna(False).astype(bool)
+    for col in ("stages", "stage_mem_bytes", "mode", "recompute", "ddp", "place_model"):
         df[col] = df[col].fillna("").astype(str)
     return df.reset_index(drop=True)
 

@@ -25,6 +25,8 @@ class Capture:
     param_bytes: dict[str, int]  # per layer, one rank's share, counted once (tied weights)
     tied_param_bytes: dict[str, int]  # parameters a layer reads that another layer owns
     activation_bytes: dict[str, int]  # saved-for-backward activations per layer
+    attention_bytes: dict[str, int]  # ... of which core attention saves
+    replicated_bytes: dict[str, int]  # ... of which outside the tensor-parallel region (t > 1)
     input_bytes: dict[str, int]  # what enters each layer (the recompute stash)
     output_bytes: dict[str, int]  # what leaves each layer for the next one
     collapsed_views: int = 0  # view/reshape operators folded into edges
@@ -99,7 +101,7 @@ def _hidden(args, kwargs, output=None):
 def capture(spec: ModelSpec, num_blocks: int, microbatch: int, seq: int, tp: int) -> Capture:
     model, blocks = build_model(spec, num_blocks, tp, seq)
     params = dict(model.named_parameters())  # de-duplicates tied weights
-    recorder = Recorder(params)
+    recorder = Recorder(params, seq=seq)
     names = ["embedding"] + [f"block.{i}" for i in range(num_blocks)] + ["head"]
     input_bytes: dict[str, int] = {}
     output_bytes: dict[str, int] = {}
@@ -180,6 +182,8 @@ def capture(spec: ModelSpec, num_blocks: int, microbatch: int, seq: int, tp: int
         param_bytes,
         tied_param_bytes,
         {n: recorder.activation_bytes.get(n, 0) for n in names},
+        {n: recorder.attention_bytes.get(n, 0) for n in names},
+        {n: recorder.replicated_bytes.get(n, 0) for n in names},
         input_bytes,
         output_bytes,
         recorder.collapsed_views,

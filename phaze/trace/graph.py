@@ -38,6 +38,8 @@ OP_COLUMNS = [
     "group_size",
     "in_shapes",
     "out_shapes",
+    "attention",
+    "replicated",
 ]
 EDGE_COLUMNS = ["layer", "pass", "src", "dst", "bytes"]
 
@@ -92,6 +94,8 @@ def op_graph_rows(ops: list[RawOp], layer: str, fuse: bool) -> tuple[list[dict],
                     "group_size": o.group_size,
                     "in_shapes": _shapes(x.shape for x in o.inputs),
                     "out_shapes": _shapes(o.out_shapes),
+                    "attention": o.attention,
+                    "replicated": o.replicated,
                     "_pointwise": o.pointwise,
                 }
             )

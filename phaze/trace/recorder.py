@@ -12,6 +12,20 @@ they alias, so consumers get an edge straight to the real producer.
 Layer attribution: forward ops take the layer the module hooks say is running; backward ops take
 the layer whose forward created the autograd node being executed (autograd sequence numbers are
 assigned in forward order, so the layer boundaries recorded in forward are ranges of them).
+
+Two flags per tensor, by data flow (what sequence parallelism and selective recomputation need):
+
+* inside the tensor-parallel region (t > 1): an op's outputs are inside when an activation input
+  is, or when it reads a parameter the tensor-parallel rewrite sliced (column- or row-parallel
+  weights, vocab-parallel embedding/head: `phaze.trace.tensor_parallel.SLICED`); the all-reduce
+  leaves the region. Ops whose outputs are outside are ``replicated``: every rank of the group
+  runs them on the whole activation, and sequence parallelism splits them (Korthikanti et al.
+  2022 §4.2.2);
+* core attention (forward): seeded by a matmul of two activations with an s×s result that reads
+  no core-attention tensor (QKᵀ), carried by non-matmul ops whose output is s×s and reads such a
+  tensor (scale, mask, softmax, dropout); a matmul reading one (×V) is part of core attention
+  but ends it — what selective recomputation re-runs. Shapes alone would not do: h/t, the FFN
+  width per rank or the head size can equal s.
 """
 
 from __future__ import annotations
@@ -24,6 +38,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakIdKeyDictionary
+
+from phaze.trace.tensor_parallel import ALL_REDUCE_OP, SLICED
 
 # Training precision: bf16/fp16 activations and weights.
 FLOAT_BYTES = 2
@@ -78,6 +94,8 @@ class RawOp:
     mnkb: tuple[int, int, int, int]
     pointwise: bool
     group_size: int
+    attention: bool = False  # part of core attention (forward)
+    replicated: bool = False  # outside the tensor-parallel region (t > 1)
 
 
 @dataclass(eq=False)  # identity semantics: a mode must stay hashable
@@ -90,6 +108,9 @@ class Recorder(TorchDispatchMode):
     param_users: dict = field(default_factory=dict)  # parameter name -> layers that read it
     collapsed_views: int = 0  # view/reshape ops folded into edges
     activation_bytes: dict = field(default_factory=dict)  # layer -> saved-for-backward bytes
+    seq: int = 0  # sequence length (the s of core attention's s×s tensors)
+    attention_bytes: dict = field(default_factory=dict)  # layer -> of which core attention
+    replicated_bytes: dict = field(default_factory=dict)  # layer -> of which outside the region
 
     def __post_init__(self):
         super().__init__()
@@ -97,9 +118,15 @@ class Recorder(TorchDispatchMode):
         self._saved = WeakIdKeyDictionary()  # saved tensor -> layers that counted it
         self._param_name = WeakIdKeyDictionary()
         self._dropout_masks = WeakIdKeyDictionary()  # tensors filled by bernoulli_ (masks)
+        self._region = WeakIdKeyDictionary()  # tensor -> inside the tensor-parallel region
+        self._attention = WeakIdKeyDictionary()  # tensor -> a core-attention tensor
+        self._sliced = set()
         for name, p in self.params.items():
             self._origin[p] = (-1, name)
             self._param_name[p] = name
+            if getattr(p, SLICED, False):
+                self._sliced.add(name)
+        self.tensor_parallel = bool(self._sliced)
         self._marks_seq: list[int] = []
         self._marks_layer: list[str] = []
         self._last_bwd_layer = "head"
@@ -140,7 +167,14 @@ class Recorder(TorchDispatchMode):
             # mask); the decomposed meta dropout materialises it in the activation dtype.
             size = base.numel() if base in self._dropout_masks else tensor_bytes(base)
             self.activation_bytes[self.layer] = self.activation_bytes.get(self.layer, 0) + size
+            if self._attention.get(base, False):
+                self.attention_bytes[self.layer] = self.attention_bytes.get(self.layer, 0) + size
+            if self.tensor_parallel and not self._region.get(base, False):
+                self.replicated_bytes[self.layer] = self.replicated_bytes.get(self.layer, 0) + size
         return t
+
+    def _square(self, shape) -> bool:
+        return len(shape) >= 2 and shape[-1] == shape[-2] == self.seq
 
     @staticmethod
     def unpack_hook(t):
@@ -156,8 +190,12 @@ class Recorder(TorchDispatchMode):
 
         if (func.is_view or name in _RESHAPES) and flat_in:
             origin = self._origin.get(flat_in[0], (-1, None))
+            region = self._region.get(flat_in[0], False)
+            attention = self._attention.get(flat_in[0], False)
             for o in flat_out:
                 self._origin[o] = origin
+                self._region[o] = region
+                self._attention[o] = attention
             self.collapsed_views += 1
             return out
 
@@ -179,8 +217,20 @@ class Recorder(TorchDispatchMode):
             batch = a.shape[0] if a.dim() == 3 else 1
             mnkb = (a.shape[-2], b.shape[-1], a.shape[-1], batch)
         group_size = 1
-        if name == "phaze.all_reduce.default":
+        if name == ALL_REDUCE_OP:
             group_size = int(args[1] if len(args) > 1 else kwargs["group_size"])
+        activations = [t for t in flat_in if self._origin.get(t, (-1, None))[1] is None]
+        region = name != ALL_REDUCE_OP and (
+            any(self._region.get(t, False) for t in activations)
+            or any(x.param in self._sliced for x in inputs)
+        )
+        reads_attention = any(self._attention.get(t, False) for t in activations)
+        square_out = bool(flat_out) and all(self._square(tuple(o.shape)) for o in flat_out)
+        if name in _MATMUL_3:  # QKᵀ seeds; ×V reads attention and ends it
+            makes_attention = len(activations) >= 2 and not reads_attention and square_out
+        else:
+            makes_attention = reads_attention and square_out
+        makes_attention = makes_attention and self.pass_ == "fwd"
         self.ops.append(
             RawOp(
                 index=index,
@@ -195,10 +245,14 @@ class Recorder(TorchDispatchMode):
                 mnkb=tuple(int(x) for x in mnkb),
                 pointwise=torch.Tag.pointwise in func.tags,
                 group_size=group_size,
+                attention=self.pass_ == "fwd" and (makes_attention or reads_attention),
+                replicated=self.tensor_parallel and not region,
             )
         )
         for o in flat_out:
             self._origin[o] = (index, None)
+            self._region[o] = region
+            self._attention[o] = makes_attention
         if name.startswith("aten.bernoulli"):
             for o in flat_out:
                 self._dropout_masks[o] = True

@@ -128,8 +128,16 @@ def _is_conv1d(module: nn.Module) -> bool:
     return type(module).__name__ == "Conv1D"
 
 
+#: attribute set on every parameter the rewrite slices (column- and row-parallel weights, their
+#: sliced biases, vocab-parallel embedding and head): the recorder finds the tensor-parallel
+#: region from them (phaze.trace.recorder)
+SLICED = "_phaze_tensor_parallel"
+
+
 def _new_param(shape) -> nn.Parameter:
-    return nn.Parameter(torch.empty(shape, device="meta"))
+    p = nn.Parameter(torch.empty(shape, device="meta"))
+    setattr(p, SLICED, True)
+    return p
 
 
 def _slice_column(module: nn.Module, t: int) -> None:

@@ -47,6 +47,8 @@ def _block_facts(cap: Capture, graphs, name: str) -> tuple:
         graphs[name][2],
         cap.param_bytes[name],
         cap.activation_bytes[name],
+        cap.attention_bytes[name],
+        cap.replicated_bytes[name],
         cap.input_bytes[name],
         cap.output_bytes[name],
         cap.tied_param_bytes[name],
@@ -79,7 +81,7 @@ def trace_model(
             if got != reference:
                 raise PhazeError(
                     f"{spec.name}: {name} of a 2-block trace differs from the 1-block trace "
-                    f"(signature; param, activation, input, output, tied bytes: {got} vs {reference}); "
+                    f"(signature; param, activation, attention, replicated, input, output, tied bytes: {got} vs {reference}); "
                     "its blocks are not identical, so replicating one block would be wrong"
                 )
 
@@ -123,6 +125,10 @@ def _layers_table(spec, cap: Capture, graphs, microbatch, seq, tp) -> pd.DataFra
                 # one needs its own copy (as Megatron keeps on the last stage)
                 "tied_param_bytes": cap.tied_param_bytes[src],
                 "activation_bytes": cap.activation_bytes[src],
+                # of which core attention saves (what selective recomputation drops) and what
+                # lies outside the tensor-parallel region (what sequence parallelism splits; t > 1)
+                "attention_activation_bytes": cap.attention_bytes[src],
+                "replicated_activation_bytes": cap.replicated_bytes[src],
                 "stash_recompute_bytes": cap.input_bytes[src],
                 "boundary_bytes": cap.output_bytes[src],
                 # blocks, and the vocab-parallel word embedding / LM head, are split over t ranks

@@ -16,7 +16,7 @@ Layout under ``results/`` (``{tag}`` = ``b{microbatch}_s{seq}_tp{tp}``):
     schedule/{model}/{tag}/bounds/c{chunk}.parquet          rule schedule_bounds
     schedule/{model}/{tag}/ilp/r{round}_c{chunk}.parquet    rule schedule_ilp
     schedule/{model}/{tag}/blind.parquet | {chunk}.parquet  rules schedule_blind, schedule
-    place/{model}/h{hbm}_b{mbs}_r{on|off}/r{round}_{ub|lo|ilp}.parquet | blind | {chunk}
+    place/{model}/h{hbm}_b{mbs}/r{round}_{ub|lo|ilp}.parquet | blind | {chunk}
     search/r{round}/ilp/{model}_b{mbs}.parquet, state.json  checkpoints search_prune, search_state
     summary/{best,comparison,explored}.parquet, search_stats.json
 """
@@ -89,7 +89,9 @@ class Sweep:
         self.models = list(self.model_arg)
         self.microbatches = list(config["trace"]["microbatch"])
         self.hbm_gib = list(config["place"]["hbm_gib"])
-        self.recompute = ["on" if r else "off" for r in config["place"]["recompute"]]
+        # the megatron model prices selective recomputation from the operators' latencies
+        place = config["place"]
+        self.needs_latencies = place["model"] == "megatron" and "selective" in place["recompute"]
         self.pairs = [(m, b) for m in self.models for b in self.microbatches]
         self.space = f"{results}/arch/space.parquet"
         self.plan = f"{results}/arch/chunks.parquet"
@@ -120,15 +122,18 @@ class Sweep:
     def schedule_dir(self, model: str, mbs, tp) -> str:
         return f"{self.results}/schedule/{model}/{self.tag(model, mbs, tp)}"
 
-    def place_dir(self, model: str, hbm, mbs, rec: str) -> str:
-        return f"{self.results}/place/{model}/h{gib_str(hbm)}_b{mbs}_r{rec}"
+    def estimate_dir(self, model: str, mbs, tp) -> str:
+        return f"{self.results}/estimate/{model}/{self.tag(model, mbs, tp)}"
+
+    def place_dir(self, model: str, hbm, mbs) -> str:
+        return f"{self.results}/place/{model}/h{gib_str(hbm)}_b{mbs}"
 
     def place_outputs(self, name: str) -> list[str]:
-        """One placement table per HBM x recompute (``{model}``/``{mbs}`` left as wildcards)."""
+        """One placement table per HBM (``{model}``/``{mbs}`` left as wildcards); the placement
+        axes (recompute among them) are searched inside each."""
         return [
-            f"{self.results}/place/{{model}}/h{gib_str(h)}_b{{mbs}}_r{rec}/{name}.parquet"
+            f"{self.results}/place/{{model}}/h{gib_str(h)}_b{{mbs}}/{name}.parquet"
             for h in self.hbm_gib
-            for rec in self.recompute
         ]
 
     def plots(self) -> list[str]:
@@ -255,9 +260,9 @@ class Sweep:
         return ",".join(sorted(sel.loc[sel["chunk"] == int(wc.chunk), "arch"]))
 
     # --- placement records: each file with what it holds ---------------------------------------
-    def _place_record(self, m, h, b, rec, r, tier, name) -> dict:
+    def _place_record(self, m, h, b, r, tier, name) -> dict:
         return {
-            "path": f"{self.place_dir(m, h, b, rec)}/{name}.parquet",
+            "path": f"{self.place_dir(m, h, b)}/{name}.parquet",
             "model": m,
             "microbatch": int(b),
             "round": int(r),
@@ -266,20 +271,18 @@ class Sweep:
 
     def bound_place_records(self, r) -> list[dict]:
         return [
-            self._place_record(m, h, b, rec, r, tier, f"r{r}_{tier}")
+            self._place_record(m, h, b, r, tier, f"r{r}_{tier}")
             for m, b in self.pairs_of_round(r)
             for h in self.hbm_gib
-            for rec in self.recompute
             for tier, _ in BOUND_TIERS
         ]
 
     def ilp_place_records(self, r) -> list[dict]:
         return [
-            self._place_record(m, h, b, rec, r, "ilp", f"r{r}_ilp")
+            self._place_record(m, h, b, r, "ilp", f"r{r}_ilp")
             for m, b in self.pairs_of_round(r)
             if self.ilp_chunks(r, m, b)
             for h in self.hbm_gib
-            for rec in self.recompute
         ]
 
     def place_records_upto(self, r) -> list[dict]:
@@ -291,7 +294,7 @@ class Sweep:
     def blind_place_records(self) -> list[dict]:
         return [
             {
-                "path": f"{self.place_dir(m, h, b, rec)}/blind.parquet",
+                "path": f"{self.place_dir(m, h, b)}/blind.parquet",
                 "model": m,
                 "microbatch": int(b),
                 "tier": "ilp",
@@ -299,7 +302,6 @@ class Sweep:
             for m in self.models
             for b in self.microbatches
             for h in self.hbm_gib
-            for rec in self.recompute
         ]
 
     def schedule_records_upto(self, r) -> list[dict]:
@@ -370,42 +372,52 @@ class Sweep:
         return write_manifest(path, doc)
 
     # --- placement jobs ------------------------------------------------------------------------
-    def _place_schedules(self, wc, kind: str) -> tuple[list[int], list[list[str]]]:
-        """The widths and, per width, the schedule files a placement job of `kind` reads."""
+    def _place_tables(self, wc, kind: str) -> tuple[list[int], list[list[str]], list[list[str]]]:
+        """The widths and, per width, the schedule files and the operator-latency files (of
+        the same chunks) a placement job of `kind` reads."""
         m, b = wc.model, int(wc.mbs)
         tps = self.tps(m)
-        per_t = []
+        scheds, lats = [], []
         for t in tps:
-            d = self.schedule_dir(m, b, t)
+            d, e = self.schedule_dir(m, b, t), self.estimate_dir(m, b, t)
             if kind == "bounds":
-                per_t.append([f"{d}/bounds/c{c}.parquet" for c in self.round_chunks(wc.round)])
+                chunks = self.round_chunks(wc.round)
+                scheds.append([f"{d}/bounds/c{c}.parquet" for c in chunks])
             elif kind == "ilp":
                 chunks = self.ilp_chunks(wc.round, m, b)
-                per_t.append([f"{d}/ilp/r{wc.round}_c{c}.parquet" for c in chunks])
+                scheds.append([f"{d}/ilp/r{wc.round}_c{c}.parquet" for c in chunks])
             elif kind == "blind":
-                per_t.append([f"{d}/blind.parquet"])
+                chunks = ["blind"]
+                scheds.append([f"{d}/blind.parquet"])
             elif kind == "chunk":
-                per_t.append([f"{d}/{wc.chunk}.parquet"])
+                chunks = [wc.chunk]
+                scheds.append([f"{d}/{wc.chunk}.parquet"])
             else:
                 raise AssertionError(f"unknown placement kind {kind!r}")
-        return tps, per_t
+            lats.append([f"{e}/{c}.parquet" for c in chunks])
+        return tps, scheds, lats
 
     def place_inputs(self, kind: str):
-        """Input function of a placement rule: layers per width, schedules, space."""
+        """Input function of a placement rule: layers per width, schedules, space (and, when the
+        megatron model prices selective recomputation, the ops and operator latencies)."""
 
         def inputs(wc) -> dict:
-            tps, per_t = self._place_schedules(wc, kind)
-            return {
+            tps, scheds, lats = self._place_tables(wc, kind)
+            out = {
                 "layers": [f"{self.trace_dir(wc.model, wc.mbs, t)}/layers.parquet" for t in tps],
-                "schedules": [f for fs in per_t for f in fs],
+                "schedules": [f for fs in scheds for f in fs],
                 "space": self.space,
             }
+            if self.needs_latencies:
+                out["ops"] = [f"{self.trace_dir(wc.model, wc.mbs, t)}/ops.parquet" for t in tps]
+                out["latencies"] = [f for fs in lats for f in fs]
+            return out
 
         return inputs
 
     def _place_args(self, wc, kind: str) -> list[str]:
-        tps, per_t = self._place_schedules(wc, kind)
-        return [
+        tps, scheds, lats = self._place_tables(wc, kind)
+        argv = [
             "place",
             "--model",
             wc.model,
@@ -414,17 +426,20 @@ class Sweep:
             "--trace-dirs",
             *(self.trace_dir(wc.model, wc.mbs, t) for t in tps),
             "--schedules",
-            *(",".join(fs) for fs in per_t),
+            *(",".join(fs) for fs in scheds),
             "--microbatch",
             str(wc.mbs),
             "--space",
             self.space,
         ]
+        if self.needs_latencies:
+            argv += ["--latencies", *(",".join(fs) for fs in lats)]
+        return argv
 
     def place_commands(self, kind: str):
         """Param function of a batched placement rule: one `phaze place` command line per HBM x
-        recompute x tier, run by `phaze search batch` in one process (one job per model x
-        microbatch x round: the placements are fast, interpreter start-up is not)."""
+        tier, run by `phaze search batch` in one process (one job per model x microbatch x
+        round: the placements are fast, interpreter start-up is not)."""
         import shlex
 
         tiers = BOUND_TIERS if kind == "bounds" else ILP_TIERS
@@ -433,34 +448,26 @@ class Sweep:
             base = self._place_args(wc, kind)
             cmds = []
             for h in self.hbm_gib:
-                for rec in self.recompute:
-                    d = self.place_dir(wc.model, h, wc.mbs, rec)
-                    for tier, column in tiers:
-                        name = "blind" if kind == "blind" else f"r{wc.round}_{tier}"
-                        argv = [
-                            *base,
-                            "--hbm-gib",
-                            gib_str(h),
-                            "--recompute",
-                            rec,
-                            "--latency-column",
-                            column,
-                            "--out",
-                            f"{d}/{name}.parquet",
-                        ]
-                        cmds.append(shlex.join(argv))
+                d = self.place_dir(wc.model, h, wc.mbs)
+                for tier, column in tiers:
+                    name = "blind" if kind == "blind" else f"r{wc.round}_{tier}"
+                    argv = [
+                        *base,
+                        "--hbm-gib",
+                        gib_str(h),
+                        "--latency-column",
+                        column,
+                        "--out",
+                        f"{d}/{name}.parquet",
+                    ]
+                    cmds.append(shlex.join(argv))
             return cmds
 
         return commands
 
     def place_chunk_args(self, wc) -> list[str]:
-        """Arguments of the stand-alone rule place (one chunk, one HBM x recompute)."""
-        return self._place_args(wc, "chunk")[1:] + [
-            "--hbm-gib",
-            wc.hbm,
-            "--recompute",
-            wc.rec,
-        ]
+        """Arguments of the stand-alone rule place (one chunk, one HBM)."""
+        return self._place_args(wc, "chunk")[1:] + ["--hbm-gib", wc.hbm]
 
     # --- placement-blind baseline --------------------------------------------------------------
     def blind_trace(self, wc) -> str:

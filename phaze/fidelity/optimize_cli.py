@@ -1,0 +1,107 @@
+"""`python -m phaze optimize`: the fastest parallel strategy of a model on a GPU preset under the
+step model (docs/step.md), with the Megatron-LM arguments that run it.
+
+Searched: tp from ``--tp`` or config ``trace.tp`` (those the model admits and that divide the
+devices), microbatch from ``--microbatch`` or config ``trace.microbatch``, the placement axes of
+config ``place`` (interleave, recompute, sequence_parallel, distributed_optimizer, ddp), every
+pipeline depth with tp·pp·dp = devices and microbatch·dp dividing the global batch, every split
+of the blocks over the stages. ``strategy`` is the object `phaze evaluate` prints: evaluating it
+(``--distributed-optimizer``, ``--stages``) gives the same iteration time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from phaze.errors import PhazeError
+from phaze.fidelity.evaluate_cli import add_run_arguments, load_run
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_run_arguments(parser)
+    parser.add_argument(
+        "--hbm-gib",
+        type=float,
+        help="memory per device, GiB (default: the preset's gpu.hbm_bytes)",
+    )
+    parser.add_argument(
+        "--microbatch",
+        type=int,
+        nargs="+",
+        help="microbatch sizes to search (default: config trace.microbatch)",
+    )
+    parser.add_argument(
+        "--tp",
+        type=int,
+        nargs="+",
+        help="tensor-parallel widths to search (default: config trace.tp)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from phaze.fidelity.evaluate import optimize_strategy
+    from phaze.step.megatron_args import megatron_arguments
+
+    spec, preset, config, seq = load_run(args)
+    if args.hbm_gib is not None:
+        if not args.hbm_gib > 0:
+            raise PhazeError(f"--hbm-gib must be > 0, got {args.hbm_gib}")
+        hbm = args.hbm_gib * 2**30
+    else:
+        hbm = (preset.get("gpu") or {}).get("hbm_bytes")
+        if hbm is None:
+            raise PhazeError(f"preset {args.arch!r} has no gpu.hbm_bytes: give --hbm-gib")
+    microbatches = sorted(set(args.microbatch or config["trace"]["microbatch"]))
+    if any(b < 1 for b in microbatches):
+        raise PhazeError(f"microbatch sizes must be >= 1, got {microbatches}")
+    wanted = sorted(set(args.tp or config["trace"]["tp"]))
+    tps = [t for t in wanted if t in spec.valid_tp and args.devices % t == 0]
+    if not tps:
+        raise PhazeError(
+            f"no tensor-parallel width of {wanted} fits {spec.name} "
+            f"(valid: {list(spec.valid_tp)}) on {args.devices} devices"
+        )
+    result, found = optimize_strategy(
+        spec,
+        preset,
+        devices=args.devices,
+        global_batch=args.global_batch,
+        seq=seq,
+        hbm_bytes=float(hbm),
+        config=config,
+        microbatches=microbatches,
+        tps=tps,
+        name=args.arch,
+    )
+    if result is None:
+        why = "; ".join(f"{r} ({n})" for r, n in sorted(found.skipped.items())) or "none"
+        raise PhazeError(
+            f"no strategy of {spec.name} fits {hbm / 2**30:g} GiB per device on {args.devices} "
+            f"devices ({found.solved} configurations tried; skipped: {why})"
+        )
+    out = {
+        "model": spec.name,
+        "arch": args.arch,
+        **result,
+        "megatron_args": megatron_arguments(found.strategy, spec.num_blocks),
+        "search": {
+            "tp": tps,
+            "microbatch": microbatches,
+            "configurations": found.configurations,
+            "solved": found.solved,
+            "skipped": dict(sorted(found.skipped.items())),
+        },
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    s = out["strategy"]
+    print(
+        f"{spec.name} on {args.devices} x {args.arch}: {out['iteration_time_s']:.4f} s per "
+        f"iteration, MFU {out['mfu']:.3f}, peak memory {out['peak_memory_bytes'] / 2**30:.1f} GiB"
+    )
+    print("strategy: " + ", ".join(f"{k} {v}" for k, v in s.items()))
+    print(" ".join(out["megatron_args"]))
+    return 0

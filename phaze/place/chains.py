@@ -1,0 +1,177 @@
+"""The step model's chains (`phaze.step.layers.ChainCost`) of one architecture, from the stage
+tables the search produces: the trace's layers and ops, the layer schedules, the operators'
+latencies (docs/step.md).
+
+Per layer and rank (one tensor-parallel width t, one microbatch b):
+
+* forward / backward time = the layer's schedule (``makespan_s``, or ``lower_bound_s`` for a
+  throughput upper bound), which already holds its tensor-parallel collectives (priced by the
+  estimate stage), so the chain lists none;
+* core attention's forward (selective recomputation) = its ops one after another, each on its
+  faster core set: Σ min(latency_1core_s, latency_allcores_s) over the trace's ``attention``
+  forward ops (the same in every tier, so a bound-tier price stays a bound);
+* with sequence parallelism the layer keeps the schedule without it — a valid schedule of the
+  sequence-parallel layer, whose replicated ops only get t times shorter (conservative by their
+  (1 − 1/t) share) — while its memory (the part outside the tensor-parallel region divided by t),
+  its input and its pipeline sends shrink as the model says;
+* parameters = ``param_bytes`` / ``step.weight_bytes_per_param``; memory from the trace's saved
+  tensors.
+
+A bound-tier chain (lower-bound latencies) carries the achievable one as its DDP window
+(`ChainCost.window`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from phaze.errors import PhazeError
+from phaze.step.layers import ChainCost, LayerCost
+
+
+def chain_layers(layers: pd.DataFrame, where: str) -> dict[str, pd.Series]:
+    """{"first", "block", "last"} rows of a layers table that is a chain of one first layer,
+    identical blocks and one last layer (what the step model prices), else PhazeError."""
+    kinds = list(layers["kind"])
+    n_blocks = kinds.count("block")
+    if n_blocks < 1 or kinds != ["embedding"] + ["block"] * n_blocks + ["head"]:
+        raise PhazeError(
+            f"{where}: the step model needs layers embedding, blocks, head in this order "
+            f"(got {kinds[:3]}...{kinds[-2:]})"
+        )
+    blocks = layers.iloc[1:-1]
+    cols = [
+        c
+        for c in (
+            "signature",
+            "param_bytes",
+            "activation_bytes",
+            "attention_activation_bytes",
+            "replicated_activation_bytes",
+            "stash_recompute_bytes",
+            "boundary_bytes",
+            "fwd_matmul_flops",
+        )
+        if c in blocks.columns
+    ]
+    if (blocks[cols].nunique() > 1).any():
+        raise PhazeError(f"{where}: the blocks differ; the step model needs identical blocks")
+    return {"first": layers.iloc[0], "block": layers.iloc[1], "last": layers.iloc[-1]}
+
+
+def attention_seconds(ops: pd.DataFrame, latency: pd.DataFrame) -> dict[tuple[str, str], float]:
+    """{(arch, signature): core attention's forward, its ops one after another at their best}."""
+    att = ops[(ops["pass"] == "fwd") & ops["attention"].astype(bool)][["signature", "op"]]
+    lat = latency[latency["pass"] == "fwd"]
+    best = np.minimum(
+        lat["latency_1core_s"].to_numpy(float), lat["latency_allcores_s"].to_numpy(float)
+    )
+    lat = pd.DataFrame(
+        {"arch": lat["arch"], "signature": lat["signature"], "op": lat["op"], "s": best}
+    )
+    joined = lat.merge(att, on=["signature", "op"], how="inner")
+    return joined.groupby(["arch", "signature"])["s"].sum().to_dict()
+
+
+def _matmul_attention_flops(ops: pd.DataFrame) -> dict[str, float]:
+    m = ops[(ops["pass"] == "fwd") & (ops["kind"] == "matmul") & ops["attention"].astype(bool)]
+    return m.groupby("signature")["flops"].sum().to_dict()
+
+
+class ChainTables:
+    """The tables of one tensor-parallel width t and one microbatch, ready to build chains."""
+
+    def __init__(
+        self,
+        layers: pd.DataFrame,
+        ops: pd.DataFrame | None,
+        tp: int,
+        microbatch: int,
+        weight_bytes_per_param: float,
+        where: str,
+    ):
+        if tp > 1 and not layers["tensor_parallel"].astype(bool).all():
+            raise PhazeError(
+                f"{where}: the step model needs every layer split over the {tp} ranks (the "
+                "trace's blocks and vocab-parallel embedding and head)"
+            )
+        self.rows = chain_layers(layers, where)
+        self.blocks = int((layers["kind"] == "block").sum())
+        self.tp, self.microbatch, self.where = tp, microbatch, where
+        self.weight_bytes = float(weight_bytes_per_param)
+        self.ops = ops
+        self.attention_flops = _matmul_attention_flops(ops) if ops is not None else {}
+
+    def _layer(self, row, fwd: float, bwd: float, attention_s: float, sp: bool) -> LayerCost:
+        split = self.tp if sp else 1
+        outside = float(row.get("replicated_activation_bytes", 0.0)) * (1 - 1 / split)
+        return LayerCost(
+            fwd_s=fwd,
+            bwd_s=bwd,
+            params=float(row["param_bytes"]) / self.weight_bytes,
+            activation_bytes=float(row["activation_bytes"]) - outside,
+            attention_fwd_s=attention_s,
+            attention_activation_bytes=float(row.get("attention_activation_bytes", 0.0)),
+            input_bytes=float(row["stash_recompute_bytes"]) / split,
+            tied_params=float(row.get("tied_param_bytes", 0.0)) / self.weight_bytes,
+            fwd_matmul_flops=float(row.get("fwd_matmul_flops", 0.0)),
+            attention_matmul_flops=float(self.attention_flops.get(row["signature"], 0.0)),
+        )
+
+    def chains(
+        self, arch: str, lookup: dict, attention: dict | None, window: dict | None = None
+    ) -> dict[bool, ChainCost]:
+        """{sequence_parallel: ChainCost} of architecture `arch`; `lookup` (arch, signature,
+        pass) -> seconds, `window` the same for the DDP window (None: `lookup`'s)."""
+
+        def times(table, name):
+            sig = self.rows[name]["signature"]
+            try:
+                return table[(arch, sig, "fwd")], table[(arch, sig, "bwd")]
+            except KeyError as exc:
+                raise PhazeError(
+                    f"{self.where}: no schedule for arch {arch} signature {sig} "
+                    f"pass {exc.args[0][2]}"
+                ) from None
+
+        sig = self.rows["block"]["signature"]
+        att = 0.0
+        if attention is not None:
+            if (arch, sig) not in attention:
+                raise PhazeError(f"{self.where}: no op latencies for arch {arch} block {sig}")
+            att = float(attention[(arch, sig)])
+
+        def build(table, sp):
+            layers = {}
+            for name in ("first", "block", "last"):
+                f, b = times(table, name)
+                layers[name] = self._layer(
+                    self.rows[name], f, b, att if name == "block" else 0.0, sp
+                )
+            return layers
+
+        out = {}
+        for sp in (False, True) if self.tp > 1 else (False,):
+            main = build(lookup, sp)
+            win = None
+            if window is not None:
+                w = build(window, sp)
+                win = ChainCost(
+                    **w,
+                    blocks=self.blocks,
+                    tp=self.tp,
+                    microbatch=self.microbatch,
+                    sequence_parallel=sp,
+                    boundary_bytes=float(self.rows["block"]["boundary_bytes"]),
+                )
+            out[sp] = ChainCost(
+                **main,
+                blocks=self.blocks,
+                tp=self.tp,
+                microbatch=self.microbatch,
+                sequence_parallel=sp,
+                boundary_bytes=float(self.rows["block"]["boundary_bytes"]),
+                window=win,
+            )
+        return out

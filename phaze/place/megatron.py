@@ -1,0 +1,368 @@
+"""Exact placement under the step model (`phaze.step`, ``place.model: megatron``).
+
+The search space: tensor-parallel width t and microbatch b (one `ChainCost` each, with and
+without sequence parallelism), every pipeline depth p with ``t·p·d = devices`` and ``b·d`` dividing
+the global batch (Megatron's rules), and for each the listed interleave V, recompute mode,
+sequence parallelism, distributed optimizer and DDP mode — and every split of the L blocks into
+p stages (`phaze.step.strategy.stages_reason`). Impossible combinations are skipped with a
+reason (counted in `Result.skipped`).
+
+Why the split can be solved exactly and fast. Every chain is ``first, L identical blocks, last``,
+so a stage is its block count n and each rank's terms are functions of n alone
+(`phaze.step.model.StageTerms`): T_j(n) = a_j + c·n with the same c on every rank, memory
+non-decreasing in n, and the tail D_j + O_j either non-decreasing in n (``after``) or the
+maximum of an affine function and a non-decreasing one (``overlap``: reduction − backward, last
+bucket). The objective
+
+    m·max_j T_j + (Σ_j T_j − max_j T_j)/V + max_j tail_j = (m − 1/V)·M + S/V + X
+
+has S = Σ_j a_j + c·L constant over splits, so only M = max T and X = max tail vary. For a cap x
+on the tail, the blocks rank j may take form an interval of the lattice V·ℕ (memory: a prefix;
+tail ≤ x: an interval, as the tail is quasi-convex; the lower bound: 1 block per middle rank, V
+with interleaving). Minimising M over intervals with Σ n_j = L is a greedy fill: every rank starts
+at its lower end and the remaining L − Σ lo blocks go, V at a time, to the increments with the
+smallest resulting T — the R-th smallest increment sets M. The cap then descends over the
+distinct tail values: a solution with M*(x) and tail X(x) ≤ x beats every split whose tail lies in
+[X(x), x], so the next cap is the largest value below X(x), until ``(m − 1/V)·M*(x) + S/V +
+X_lb`` (X_lb: the smallest tail any split can have) cannot beat the best. Configurations are
+solved best-first by a lower bound (``M ≥ max(S/p, max_j T_j(lo_j))``) and the search stops
+when the next bound cannot beat the best found. The brute-force tests (tests/test_step_dp.py)
+enumerate every split of small chains.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from phaze.network import HierarchicalNetwork
+from phaze.step.layers import ChainCost
+from phaze.step.model import Layout, PlacedChain, StageTerms, StepConstants
+from phaze.step.strategy import (
+    DDP_MODES,
+    RECOMPUTE_MODES,
+    PipelineSchedule,
+    Strategy,
+    schedule_reason,
+)
+
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class Axes:
+    """The values of each placement axis the search may choose (config lists in ``place:``)."""
+
+    interleave: tuple[int, ...] = (1,)
+    recompute: tuple[str, ...] = RECOMPUTE_MODES
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    distributed_optimizer: tuple[bool, ...] = (False, True)
+    ddp: tuple[str, ...] = DDP_MODES
+
+    def __post_init__(self) -> None:
+        if not self.interleave or any(int(v) != v or v < 1 for v in self.interleave):
+            raise AssertionError(f"interleave values must be integers >= 1: {self.interleave}")
+        if not set(self.recompute) <= set(RECOMPUTE_MODES) or not self.recompute:
+            raise AssertionError(f"recompute modes: {self.recompute}")
+        if not set(self.ddp) <= set(DDP_MODES) or not self.ddp:
+            raise AssertionError(f"ddp modes: {self.ddp}")
+        if not self.sequence_parallel or not self.distributed_optimizer:
+            raise AssertionError("every axis needs at least one value")
+
+
+@dataclass
+class Result:
+    strategy: Strategy | None
+    time_s: float
+    skipped: Counter = field(default_factory=Counter)  # reason -> configurations skipped
+    configurations: int = 0  # well-formed configurations (before bounding)
+    solved: int = 0  # configurations whose split was optimised
+    infeasible: Counter = field(default_factory=Counter)  # why solved ones had no split
+
+
+def lower_ends(p: int, v: int, blocks: int) -> np.ndarray:
+    """Fewest blocks each rank may hold, in units of V (`stages_reason`'s rules)."""
+    if p == 1:
+        return np.array([blocks // v])
+    if v > 1:
+        return np.ones(p, dtype=np.int64)
+    lo = np.ones(p, dtype=np.int64)
+    lo[0] = lo[-1] = 0
+    return lo
+
+
+def fill(T: np.ndarray, allowed: np.ndarray, K: int):
+    """min over k (k_j in the interval allowed[j], Σ k_j = K) of max_j T[j, k_j], with T
+    increasing along each row. Returns (M, k) or None when no split exists."""
+    if not allowed.any(axis=1).all():
+        return None
+    cols = allowed.shape[1]
+    lo = allowed.argmax(axis=1)
+    hi = cols - 1 - allowed[:, ::-1].argmax(axis=1)
+    if lo.sum() > K or hi.sum() < K:
+        return None
+    rows = np.arange(len(lo))
+    base = float(T[rows, lo].max())
+    R = int(K - lo.sum())
+    if R == 0:
+        return base, lo
+    ks = np.arange(cols)[None, :]
+    inc = np.where((ks > lo[:, None]) & (ks <= hi[:, None]), T, INF).ravel()
+    pick = np.argpartition(inc, R - 1)[:R]
+    M = max(base, float(inc[pick].max()))
+    return M, lo + np.bincount(pick // cols, minlength=len(lo))
+
+
+def solve_split(terms: StageTerms, schedule: PipelineSchedule, blocks: int, hbm_bytes: float):
+    """The best split of `blocks` blocks for one configuration: (time, blocks per stage) or
+    (None, reason)."""
+    p, v = terms.p, schedule.chunks
+    K = blocks // v
+    lo = lower_ends(p, v, blocks)
+    ks = np.arange(K + 1)
+    n = np.broadcast_to(ks * v, (p, K + 1)).astype(float)
+    hi = K - (lo.sum() - lo)
+    shape_ok = (ks[None, :] >= lo[:, None]) & (ks[None, :] <= hi[:, None])
+    fits = terms.memory(n) <= hbm_bytes
+    allowed = shape_ok & fits
+    if not allowed.any(axis=1).all() or (shape_ok & ~fits).all(axis=1).any():
+        return None, "does not fit in memory"
+    T = terms.time(n)
+    X = np.where(allowed, terms.tail(n), INF)
+    x_floor = float(X.min(axis=1).max())  # every rank holds some allowed n
+    values = np.unique(X[allowed])
+    best, best_k = INF, None
+    cap = INF
+    while True:
+        found = fill(T, allowed & (X <= cap), K)
+        if found is None:
+            break
+        M, k = found
+        stages = k * v
+        rows = np.arange(p)
+        x_sol = float(X[rows, k].max())
+        pipe, _ = schedule.iteration_time(list(T[rows, k]))
+        total = pipe + x_sol
+        if total < best:
+            best, best_k = total, stages
+        S = float(T[rows, k].sum())  # the same for every split (c is common to all ranks)
+        bound = schedule.microbatches * M + (S - M) / v + x_floor
+        if bound >= best:
+            break
+        below = np.searchsorted(values, min(x_sol, cap), side="left") - 1
+        if below < 0:
+            break
+        cap = float(values[below])
+    if best_k is None:
+        return None, "does not fit in memory"
+    return best, tuple(int(x) for x in best_k)
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+@dataclass
+class _Config:
+    bound: float
+    order: int
+    placed: PlacedChain
+    schedule: PipelineSchedule
+    recompute: str
+    sequence_parallel: bool
+    distributed_optimizer: bool
+    ddp: str
+
+
+def optimize(
+    chains: Mapping[tuple[int, int, bool], ChainCost],
+    net: HierarchicalNetwork,
+    consts: StepConstants,
+    devices: int,
+    global_batch: int,
+    hbm_bytes: float,
+    axes: Axes,
+) -> Result:
+    """The fastest strategy that fits `hbm_bytes` per device. `chains` maps (tp, microbatch,
+    sequence_parallel) to the chain at that setting (the t and b values searched are its keys)."""
+    blocks = {c.blocks for c in chains.values()}
+    if len(blocks) != 1:
+        raise AssertionError("chains of different block counts")
+    L = blocks.pop()
+    result = Result(None, INF)
+    configs: list[_Config] = []
+    layouts: dict[tuple[int, int, int], Layout] = {}
+    placed: dict[tuple[int, int, int, int, bool], PlacedChain] = {}
+    order = 0
+    for t, b in sorted({(t, b) for t, b, _ in chains}):
+        if devices % t:
+            result.skipped[f"tp {t} does not divide the {devices} devices"] += 1
+            continue
+        for p in _divisors(devices // t):
+            d = devices // (t * p)
+            if global_batch % (b * d):
+                result.skipped["microbatch·dp does not divide the global batch"] += 1
+                continue
+            if p > L + 2 or (p > 2 and p - 2 > L):
+                result.skipped["more pipeline stages than the layers allow"] += 1
+                continue
+            m = global_batch // (b * d)
+            for sp in axes.sequence_parallel:
+                if sp and t == 1:
+                    result.skipped["sequence parallelism needs tp > 1"] += 1
+                    continue
+                chain = chains.get((t, b, sp))
+                if chain is None:
+                    result.skipped["no layer costs for this sequence-parallel setting"] += 1
+                    continue
+                for v in axes.interleave:
+                    why = ""
+                    if v > 1 and p == 1:
+                        why = "interleaving needs pp > 1"
+                    elif schedule_reason(p, v, m):
+                        why = "interleaving needs the microbatches per pipeline divisible by pp"
+                    elif v > 1 and (L % v or p * v > L):
+                        why = "the interleave does not divide the blocks of every stage"
+                    if why:
+                        result.skipped[why] += 1
+                        continue
+                    schedule = PipelineSchedule(p, v, m)
+                    key = (t, b, p, d, sp)
+                    if key not in placed:
+                        if (t, p, d) not in layouts:
+                            layouts[(t, p, d)] = Layout.build(net, t, p, d)
+                        placed[key] = PlacedChain(chain, layouts[(t, p, d)], consts)
+                    for rc in axes.recompute:
+                        for zero in axes.distributed_optimizer:
+                            if zero and d == 1:
+                                result.skipped["the distributed optimizer needs dp > 1"] += 1
+                                continue
+                            for ddp in axes.ddp:
+                                configs.append(
+                                    _Config(
+                                        0.0,
+                                        order,
+                                        placed[key],
+                                        schedule,
+                                        rc,
+                                        sp,
+                                        zero,
+                                        ddp,
+                                    )
+                                )
+                                order += 1
+    result.configurations = len(configs)
+    terms_of = {}
+    for cfg in configs:
+        terms = StageTerms(
+            cfg.placed, cfg.schedule, cfg.recompute, cfg.distributed_optimizer, cfg.ddp
+        )
+        terms_of[cfg.order] = terms
+        cfg.bound = _lower_bound(terms, cfg.schedule, L)
+    configs.sort(key=lambda c: (c.bound, c.order))
+    best_key = (INF, INF)
+    for cfg in configs:
+        if cfg.bound > best_key[0]:
+            break
+        result.solved += 1
+        time_s, stages = solve_split(terms_of[cfg.order], cfg.schedule, L, hbm_bytes)
+        if time_s is None:
+            result.infeasible[stages] += 1
+            continue
+        if (time_s, cfg.order) < best_key:
+            best_key = (time_s, cfg.order)
+            result.time_s = time_s
+            result.strategy = Strategy(
+                devices=devices,
+                tp=cfg.placed.layout.tp,
+                pp=cfg.placed.layout.pp,
+                microbatch=cfg.placed.chain.microbatch,
+                global_batch=global_batch,
+                interleave=cfg.schedule.chunks,
+                recompute=cfg.recompute,
+                sequence_parallel=cfg.sequence_parallel,
+                distributed_optimizer=cfg.distributed_optimizer,
+                ddp=cfg.ddp,
+                stages=stages,
+            )
+    return result
+
+
+def _lower_bound(terms: StageTerms, schedule: PipelineSchedule, blocks: int) -> float:
+    """No split of this configuration is faster: M ≥ the mean stage time and ≥ every rank's time
+    at its fewest blocks, the tail ≥ 0."""
+    p, v = terms.p, schedule.chunks
+    lo = lower_ends(p, v, blocks) * v
+    S = float(terms.intercept.sum() + terms.slope * blocks)
+    M = max(S / p, float(terms.time(lo.astype(float)).max()))
+    return schedule.microbatches * M + (S - M) / v
+
+
+def best_fixed(
+    chains: Mapping[tuple[int, int, bool], ChainCost],
+    net: HierarchicalNetwork,
+    consts: StepConstants,
+    devices: int,
+    global_batch: int,
+    hbm_bytes: float,
+    axes: Axes,
+    *,
+    tp: int,
+    pp: int,
+    stages: tuple[int, ...],
+) -> tuple[Strategy | None, float, str]:
+    """A fixed placement (tp, pp, split; dp = devices / (tp·pp)) at its best over the other axes
+    (the microbatches of `chains`, interleave, recompute, sequence parallelism, distributed
+    optimizer, DDP). Returns (strategy, time, '') or (None, inf, why not)."""
+    from phaze.errors import PhazeError
+    from phaze.step.model import iteration_time, stage_terms
+
+    if devices % (tp * pp):
+        return (
+            None,
+            INF,
+            (f"the step model uses every device: tp·pp = {tp * pp} does not divide {devices}"),
+        )
+    best: tuple[float, Strategy] | None = None
+    why = Counter()
+    for (t, b, sp), chain in sorted(chains.items()):
+        if t != tp or sp not in axes.sequence_parallel:
+            continue
+        for v in axes.interleave:
+            for rc in axes.recompute:
+                for zero in axes.distributed_optimizer:
+                    for ddp in axes.ddp:
+                        try:
+                            s = Strategy(
+                                devices=devices,
+                                tp=tp,
+                                pp=pp,
+                                microbatch=b,
+                                global_batch=global_batch,
+                                interleave=v,
+                                recompute=rc,
+                                sequence_parallel=sp,
+                                distributed_optimizer=zero,
+                                ddp=ddp,
+                                stages=tuple(stages),
+                            )
+                            s.check_layers(chain.blocks)
+                        except PhazeError as exc:
+                            why[str(exc)] += 1
+                            continue
+                        terms = stage_terms(chain, s, net, consts)
+                        n = np.asarray(stages, dtype=float)
+                        if (terms.memory(n) > hbm_bytes).any():
+                            why["does not fit in memory"] += 1
+                            continue
+                        time_s = iteration_time(terms, n, s.schedule)
+                        if best is None or time_s < best[0]:
+                            best = (time_s, s)
+    if best is None:
+        reason = "; ".join(r for r, _ in why.most_common(2)) or f"no layer costs for tp {tp}"
+        return None, INF, reason
+    return best[1], best[0], ""

@@ -1,0 +1,152 @@
+"""What the step model needs to know about each layer: per tensor-parallel rank and per microbatch.
+
+A model is a chain ``first, block × L, last`` (the trace's embedding, identical transformer
+blocks and head); a `ChainCost` holds the three layers for one (tensor-parallel width t,
+microbatch b, sequence parallelism on/off). Where the numbers come from is the caller's
+business: GPU presets sum kernel latencies (phaze/fidelity), the search takes layer schedules
+(phaze/place). Units: seconds, bytes, parameters (elements), FLOPs.
+
+Activation memory per block and microbatch, from autograd's saved tensors (the trace's
+``saved_tensors_hooks``), for each recomputation mode (Korthikanti et al. 2022 §4):
+
+* ``none``: everything the block saves for backward (``activation_bytes``);
+* ``selective``: the same without what core attention saves (QKᵀ result, softmax, its dropout
+  mask and output: ``attention_activation_bytes``), recomputed from Q, K, V in backward;
+* ``full``: only the block's input (``input_bytes``); the block's forward re-runs in backward.
+
+While a block's backward runs, what it recomputed is live as well (``working_bytes``): the core
+attention's tensors for selective, everything but the input for full. Recomputation applies to the
+blocks; the first and last layer keep their activations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from phaze.step.strategy import RECOMPUTE_MODES
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    fwd_s: float  # forward computation (no communication)
+    bwd_s: float  # backward computation
+    params: float  # parameters this rank holds (elements)
+    activation_bytes: float  # saved for backward, no recomputation
+    fwd_collectives: tuple = ()  # tensor-parallel collectives (kind, bytes), forward
+    bwd_collectives: tuple = ()  # ... backward
+    attention_fwd_s: float = 0.0  # forward computation of core attention (selective recompute)
+    attention_activation_bytes: float = 0.0  # part of activation_bytes core attention saves
+    input_bytes: float = 0.0  # the layer's input (what full recomputation keeps)
+    tied_params: float = 0.0  # parameters it reads that another layer owns (a tied LM head)
+    fwd_matmul_flops: float = 0.0  # this rank's forward matmul FLOPs
+    attention_matmul_flops: float = 0.0  # of which core attention (QKᵀ, ×V)
+
+    def __post_init__(self) -> None:
+        for name in (
+            "fwd_s",
+            "bwd_s",
+            "params",
+            "activation_bytes",
+            "attention_fwd_s",
+            "attention_activation_bytes",
+            "input_bytes",
+            "tied_params",
+            "fwd_matmul_flops",
+            "attention_matmul_flops",
+        ):
+            value = getattr(self, name)
+            if not value >= 0:  # also rejects NaN
+                raise AssertionError(f"layer cost {name} must be >= 0, got {value}")
+        for kind, size in (*self.fwd_collectives, *self.bwd_collectives):
+            if kind not in COLLECTIVES or not size >= 0:
+                raise AssertionError(f"bad collective ({kind!r}, {size})")
+        if self.attention_activation_bytes > self.activation_bytes:
+            raise AssertionError("core-attention activations exceed the layer's activations")
+
+    def recompute_s(self, mode: str) -> float:
+        """Computation re-run in backward under `mode` (collectives are counted by the model)."""
+        return {"none": 0.0, "selective": self.attention_fwd_s, "full": self.fwd_s}[mode]
+
+    def stash_bytes(self, mode: str) -> float:
+        """Bytes kept per microbatch between its forward and its backward."""
+        return {
+            "none": self.activation_bytes,
+            "selective": self.activation_bytes - self.attention_activation_bytes,
+            "full": self.input_bytes,
+        }[mode]
+
+    def working_bytes(self, mode: str) -> float:
+        """Recomputed bytes live during the layer's backward."""
+        return self.activation_bytes - self.stash_bytes(mode)
+
+    def recompute_matmul_flops(self, mode: str) -> float:
+        return {
+            "none": 0.0,
+            "selective": self.attention_matmul_flops,
+            "full": self.fwd_matmul_flops,
+        }[mode]
+
+
+@dataclass(frozen=True)
+class ChainCost:
+    """One model at one (t, b, sequence parallelism): first layer, L identical blocks, last."""
+
+    first: LayerCost
+    block: LayerCost
+    last: LayerCost
+    blocks: int
+    tp: int
+    microbatch: int
+    sequence_parallel: bool
+    boundary_bytes: float  # the activation between two stages (b·s·h·2: the full tensor)
+    # The chain whose computation times bound the backward a DDP overlap hides the gradient
+    # reduction behind (None = this chain). A placement priced on lower bounds of the layer
+    # latencies passes achievable ones here: its time then stays a lower bound of every
+    # achievable time (a shorter backward would otherwise hide less and could make it larger).
+    window: ChainCost | None = field(default=None, compare=False)
+    meta: dict = field(default_factory=dict, compare=False)  # caller's notes (names, sources)
+
+    def __post_init__(self) -> None:
+        if self.blocks < 1 or self.tp < 1 or self.microbatch < 1:
+            raise AssertionError("a chain needs >= 1 block, tp >= 1 and microbatch >= 1")
+        if self.sequence_parallel and self.tp == 1:
+            raise AssertionError("a sequence-parallel chain needs tp > 1")
+        if not self.boundary_bytes >= 0:
+            raise AssertionError("boundary bytes must be >= 0")
+        if self.window is not None:
+            w = self.window
+            same = (w.blocks, w.tp, w.microbatch, w.sequence_parallel) == (
+                self.blocks,
+                self.tp,
+                self.microbatch,
+                self.sequence_parallel,
+            )
+            if not same or w.window is not None:
+                raise AssertionError("a window chain must be a plain chain of the same shape")
+
+    @property
+    def overlap_window(self) -> ChainCost:
+        return self.window if self.window is not None else self
+
+    @property
+    def tied(self) -> bool:
+        return self.last.tied_params > 0
+
+    def model_flops_per_microbatch(self) -> float:
+        """Model FLOPs of one microbatch (all ranks of a tensor-parallel group), PaLM's convention
+        (Chowdhery et al. 2022, App. B): three passes over every matmul, forward + backward (= 2×
+        forward), no recomputation."""
+        per_rank = self.first.fwd_matmul_flops + self.last.fwd_matmul_flops
+        return 3.0 * self.tp * (per_rank + self.blocks * self.block.fwd_matmul_flops)
+
+    def hardware_flops_per_microbatch(self, recompute: str) -> float:
+        """Matmul FLOPs executed for one microbatch, recomputation included."""
+        extra = self.blocks * self.block.recompute_matmul_flops(recompute) * self.tp
+        return self.model_flops_per_microbatch() + extra
+
+
+def check_mode(mode: str) -> None:
+    if mode not in RECOMPUTE_MODES:
+        raise AssertionError(f"unknown recompute mode {mode!r}")

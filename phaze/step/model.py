@@ -1,0 +1,433 @@
+"""The step-time model: one training iteration of a strategy, from per-layer quantities.
+
+For pipeline rank j (0 = first) holding n_j blocks, per microbatch:
+
+    T_j = n_j·(f_B + b_B + r_B + C_B) + [j = 0]·(f_E + b_E + C_E) + [j = p−1]·(f_H + b_H + C_H)
+          + s⁺_j·X⁺_j + s⁻_j·X⁻_j
+
+f, b = forward / backward computation of the first layer E, a block B, the last layer H;
+r_B = the block's recomputation (0, core attention's forward, or the whole forward); C = the
+layer's tensor-parallel collectives on its tensor-parallel group (Megatron does not overlap them;
+full recomputation runs the forward ones twice); s⁺_j, s⁻_j = activation and gradient sends per
+microbatch (`PipelineSchedule.sends`), X± = one send to the next / previous rank. The iteration:
+
+    time = m · max_j T_j + (Σ_j T_j − max_j T_j) / V + max_j (D_j + O_j)
+
+D_j = rank j's exposed data-parallel traffic: the gradients (2 B/parameter) all-reduced over its
+data-parallel group, or with the distributed optimizer reduce-scattered, then the updated weights
+all-gathered; with DDP overlap the reduction runs bucket by bucket during the last microbatch's
+backward, so only ``max(reduction − that backward, the last bucket's reduction)`` is exposed (the
+weights' all-gather is not overlapped); plus the all-reduce of a tied word embedding's gradient
+between the first and the last rank. O_j = the optimizer step, HBM-bound: optimizer bytes per
+parameter / HBM bandwidth, on 1/dp of the parameters with the distributed optimizer.
+
+Memory of rank j: ``params_j · state + inflight_j · n_j · stash + working + [j = 0]·inflight_j·
+act_E + [j = p−1]·act_H`` with ``state`` bytes per parameter (the optimizer-state part divided by
+dp under the distributed optimizer: Megatron's ``6 + 12/d`` accounting with our 2-byte gradients),
+`stash` / `working` from `phaze.step.layers` for the recompute mode, `inflight` from the schedule.
+
+Network: every collective is a ring on the two-level network (`HierarchicalNetwork`), in
+Megatron's rank layout (`phaze.step.strategy`). The pipeline of replica r runs on its own ranks;
+replicas synchronise at the gradient reduction, so each rank's terms are taken at the slowest
+replica (exact whenever the replicas sit alike in the nodes, as for every t·d that is a multiple or
+a divisor of the devices per node). Tensor-parallel collectives are priced on the slowest
+tensor-parallel group of the layout (all groups alike when t divides the devices per node).
+A send between stages: t rank pairs at once; across nodes with Megatron's scatter/gather each
+rank sends 1/t and the receivers all-gather (where that is faster than the plain send); with
+sequence parallelism every rank holds 1/t of the activation and sends only that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from phaze.errors import PhazeError
+from phaze.network import HierarchicalNetwork, collective_seconds, p2p_seconds
+from phaze.step.layers import ChainCost
+from phaze.step.strategy import PipelineSchedule, Strategy
+
+
+@dataclass(frozen=True)
+class StepConstants:
+    """Per-parameter accounting of the training step (bytes) and the device's HBM bandwidth."""
+
+    state_bytes_per_param: float  # resident: weights + gradients + optimizer state
+    optimizer_state_bytes_per_param: float  # the part the distributed optimizer shards
+    grad_bytes_per_param: float  # what the gradient reduction moves
+    weight_bytes_per_param: float  # what the distributed optimizer's all-gather moves
+    optimizer_bytes_per_param: float  # HBM traffic of the optimizer step
+    ddp_bucket_bytes: float  # DDP gradient bucket: the last one is never hidden
+    hbm_bandwidth_Bps: float
+    scatter_gather: bool  # Megatron's scatter/gather of inter-node stage transfers, where faster
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.optimizer_state_bytes_per_param <= self.state_bytes_per_param:
+            raise PhazeError("optimizer-state bytes per parameter must be in [0, state bytes]")
+        if not self.hbm_bandwidth_Bps > 0:
+            raise PhazeError("HBM bandwidth must be > 0 B/s")
+
+    @classmethod
+    def from_config(cls, step: dict, hbm_bandwidth_Bps: float) -> StepConstants:
+        """From the validated config section ``step`` and the device's HBM bandwidth."""
+        return cls(
+            state_bytes_per_param=float(step["state_bytes_per_param"]),
+            optimizer_state_bytes_per_param=float(step["optimizer_state_bytes_per_param"]),
+            grad_bytes_per_param=float(step["grad_bytes_per_param"]),
+            weight_bytes_per_param=float(step["weight_bytes_per_param"]),
+            optimizer_bytes_per_param=float(step["optimizer_bytes_per_param"]),
+            ddp_bucket_bytes=float(step["ddp_bucket_bytes"]),
+            hbm_bandwidth_Bps=float(hbm_bandwidth_Bps),
+            scatter_gather=bool(step["scatter_gather"]),
+        )
+
+    def state_bytes(self, distributed_optimizer: bool, dp: int) -> float:
+        if not distributed_optimizer:
+            return self.state_bytes_per_param
+        shard = self.optimizer_state_bytes_per_param
+        return self.state_bytes_per_param - shard + shard / dp
+
+
+# ---------------------------------------------------------------------------------------------
+# the layout on the network
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Layout:
+    """Where Megatron's layout puts the groups of (t, p, d) on the network."""
+
+    tp: int
+    pp: int
+    dp: int
+    net: HierarchicalNetwork
+    tp_bw: float  # slowest tensor-parallel group of the layout
+    tp_lat: float
+    tp_group_bw: np.ndarray  # (d, p): the group of replica r at stage j
+    tp_group_lat: np.ndarray
+    dp_bw: np.ndarray  # (p,): slowest data-parallel group of stage j
+    dp_lat: np.ndarray
+    tied_bw: float  # first-last stage pair (tied embedding); unused for p = 1
+    tied_lat: float
+    cross: dict  # "next"/"prev" -> (any pair crosses nodes, any pair stays) each (d, p)
+
+    @classmethod
+    def build(cls, net: HierarchicalNetwork, t: int, p: int, d: int) -> Layout:
+        n = net.devices_per_node
+        k = np.arange(t)[:, None, None]
+        r = np.arange(d)[None, :, None]
+        j = np.arange(p)[None, None, :]
+        node = (k + t * (r + d * j)) // n  # (t, d, p)
+        tp_bw, tp_lat = net.ring_params(node.transpose(1, 2, 0).reshape(d * p, t))
+        dp_bw, dp_lat = net.ring_params(node.transpose(0, 2, 1).reshape(t * p, d))
+        cross = {}
+        for name, step in (("next", 1), ("prev", -1)):
+            other = np.roll(node, -step, axis=2)  # node of the counterpart at stage j ± 1
+            c = node != other
+            cross[name] = (c.any(axis=0), (~c).any(axis=0))
+        if p > 1:
+            pair = np.stack([node[:, :, 0], node[:, :, p - 1]], axis=-1).reshape(t * d, 2)
+            tied_bw, tied_lat = net.ring_params(np.sort(pair, axis=1))
+            tbw, tlat = float(tied_bw.min()), float(tied_lat.max())
+        else:
+            tbw, tlat = net.intra.effective_Bps, net.intra.latency_s
+        return cls(
+            tp=t,
+            pp=p,
+            dp=d,
+            net=net,
+            tp_bw=float(tp_bw.min()),
+            tp_lat=float(tp_lat.max()),
+            tp_group_bw=tp_bw.reshape(d, p),
+            tp_group_lat=tp_lat.reshape(d, p),
+            dp_bw=dp_bw.reshape(t, p).min(axis=0),
+            dp_lat=dp_lat.reshape(t, p).max(axis=0),
+            tied_bw=tbw,
+            tied_lat=tlat,
+            cross=cross,
+        )
+
+    def collectives_s(self, collectives) -> float:
+        """Time of a layer's tensor-parallel collectives on the slowest group."""
+        return sum(
+            float(collective_seconds(kind, size, self.tp, self.tp_bw, self.tp_lat))
+            for kind, size in collectives
+        )
+
+    def send_s(self, nbytes: float, direction: str, sequence_parallel: bool, sg: bool):
+        """(d, p) seconds for one send of an activation (or its gradient) of `nbytes` (the full
+        tensor) from each stage of each replica to the next / previous stage."""
+        t, p = self.tp, self.pp
+        intra, inter = self.net.intra, self.net.inter
+        crosses, stays = self.cross[direction]
+        if nbytes <= 0 or p == 1:
+            return np.zeros((self.dp, p))
+
+        def p2p(size):
+            return np.maximum(
+                np.where(stays, p2p_seconds(size, intra.effective_Bps, intra.latency_s), 0.0),
+                np.where(crosses, p2p_seconds(size, inter.effective_Bps, inter.latency_s), 0.0),
+            )
+
+        if sequence_parallel:
+            per_replica = p2p(nbytes / t)
+        elif sg and t > 1:
+            dst = 1 if direction == "next" else -1
+            gather = collective_seconds(
+                "all_gather",
+                nbytes,
+                t,
+                np.roll(self.tp_group_bw, -dst, axis=1),
+                np.roll(self.tp_group_lat, -dst, axis=1),
+            )
+            plain = p2p(nbytes)
+            per_replica = np.where(crosses, np.minimum(plain, p2p(nbytes / t) + gather), plain)
+        else:
+            per_replica = p2p(nbytes)
+        return per_replica
+
+
+# ---------------------------------------------------------------------------------------------
+# per-stage terms as functions of the blocks a stage holds
+# ---------------------------------------------------------------------------------------------
+class PlacedChain:
+    """A chain on a layout: the collective and send times every (V, recompute, distributed
+    optimizer, ddp) setting of the same (t, b, sequence parallelism, p, d) shares."""
+
+    def __init__(self, chain: ChainCost, layout: Layout, consts: StepConstants):
+        if chain.tp != layout.tp:
+            raise AssertionError("the chain was built for another tp than the layout's")
+        self.chain, self.layout, self.consts = chain, layout, consts
+        coll = layout.collectives_s
+        self.coll = {
+            name: (coll(layer.fwd_collectives), coll(layer.bwd_collectives))
+            for name, layer in (
+                ("first", chain.first),
+                ("block", chain.block),
+                ("last", chain.last),
+            )
+        }
+        sp, sg = chain.sequence_parallel, consts.scatter_gather
+        self.x_next = layout.send_s(chain.boundary_bytes, "next", sp, sg)  # (d, p)
+        self.x_prev = layout.send_s(chain.boundary_bytes, "prev", sp, sg)
+        self.tied_s = 0.0
+        if layout.pp > 1 and chain.tied:
+            size = chain.last.tied_params * consts.grad_bytes_per_param
+            self.tied_s = float(
+                collective_seconds("all_reduce", size, 2, layout.tied_bw, layout.tied_lat)
+            )
+
+
+class StageTerms:
+    """The terms of every pipeline rank of one (placed chain, schedule, recompute, distributed
+    optimizer, ddp) as affine (or max-of-affine) functions of its block count n. Methods take n
+    of shape (p,) (one value per rank) or (p, K) (a lattice per rank) and return that shape."""
+
+    def __init__(
+        self,
+        placed: PlacedChain,
+        schedule: PipelineSchedule,
+        recompute: str,
+        distributed_optimizer: bool,
+        ddp: str,
+    ):
+        chain, layout, consts = placed.chain, placed.layout, placed.consts
+        p = layout.pp
+        if schedule.stages != p:
+            raise AssertionError("schedule and layout disagree on pp")
+        self.p, self.d = p, layout.dp
+        self.ddp, self.zero, self.recompute = ddp, distributed_optimizer, recompute
+        self.consts = consts
+        first = np.arange(p) == 0
+        last = np.arange(p) == p - 1
+        B, E, H = chain.block, chain.first, chain.last
+        full = recompute == "full"
+        bf, bb = placed.coll["block"]
+        rc = B.recompute_s(recompute)
+        # per block
+        self.compute_per_block = B.fwd_s + B.bwd_s
+        self.recompute_per_block = rc
+        self.tp_per_block = bf * (2 if full else 1) + bb
+        self.slope = self.compute_per_block + rc + self.tp_per_block
+        # the backward the DDP overlap hides behind (ChainCost.window)
+        win = chain.overlap_window
+        self.bwd_slope = win.block.bwd_s + win.block.recompute_s(recompute) + bb
+        self.bwd_slope += bf if full else 0.0
+        (ef, eb), (hf, hb) = placed.coll["first"], placed.coll["last"]
+        self.compute_0 = np.where(first, E.fwd_s + E.bwd_s, 0.0) + np.where(
+            last, H.fwd_s + H.bwd_s, 0.0
+        )
+        self.tp_0 = np.where(first, ef + eb, 0.0) + np.where(last, hf + hb, 0.0)
+        sends = np.array([schedule.sends(j) for j in range(p)], dtype=float).reshape(p, 2)
+        # at the slowest replica
+        self.pp_comm = (sends[:, 0] * placed.x_next + sends[:, 1] * placed.x_prev).max(axis=0)
+        self.intercept = self.compute_0 + self.tp_0 + self.pp_comm
+        self.bwd_intercept = np.where(first, win.first.bwd_s + eb, 0.0) + np.where(
+            last, win.last.bwd_s + hb, 0.0
+        )
+        # parameters (a last stage with a tied LM head keeps its own copy of the embedding)
+        self.param_slope = B.params
+        tied_copy = H.tied_params if p > 1 else 0.0
+        self.param_intercept = np.where(first, E.params, 0.0) + np.where(
+            last, H.params + tied_copy, 0.0
+        )
+        self.dp_bw, self.dp_lat = layout.dp_bw, layout.dp_lat
+        self.tied_s = np.where(first | last, placed.tied_s, 0.0)
+        # memory
+        self.inflight = np.array([schedule.inflight(j) for j in range(p)])
+        self.state = consts.state_bytes(distributed_optimizer, layout.dp)
+        self.stash = B.stash_bytes(recompute)
+        self.working = B.working_bytes(recompute)
+        self.mem_intercept = np.where(first, self.inflight * E.activation_bytes, 0.0) + np.where(
+            last, H.activation_bytes, 0.0
+        )
+
+    @staticmethod
+    def _col(x, n):
+        x = np.asarray(x, dtype=float)
+        return x[:, None] if np.ndim(n) == 2 and x.ndim == 1 else x
+
+    def time(self, n):
+        """T_j: one microbatch's forward + backward on rank j, communication included."""
+        return self._col(self.intercept, n) + n * self.slope
+
+    def params(self, n):
+        return self._col(self.param_intercept, n) + n * self.param_slope
+
+    def backward(self, n):
+        """The backward part of T_j (what a DDP overlap can hide the reduction behind)."""
+        return self._col(self.bwd_intercept, n) + n * self.bwd_slope
+
+    def data_parallel(self, n):
+        """D_j: exposed data-parallel traffic after the pipeline (tied embedding included)."""
+        c = self.consts
+        d, bw, lat = self.d, self._col(self.dp_bw, n), self._col(self.dp_lat, n)
+        params = self.params(n)
+        grads = params * c.grad_bytes_per_param
+        kind = "reduce_scatter" if self.zero else "all_reduce"
+        reduce = collective_seconds(kind, grads, d, bw, lat)
+        if self.ddp == "overlap":
+            bucket = np.minimum(float(c.ddp_bucket_bytes), grads)
+            last_bucket = collective_seconds(kind, bucket, d, bw, lat)
+            reduce = np.maximum(reduce - self.backward(n), last_bucket)
+        if self.zero:
+            weights = params * c.weight_bytes_per_param
+            reduce = reduce + collective_seconds("all_gather", weights, d, bw, lat)
+        return reduce + self._col(self.tied_s, n)
+
+    def optimizer(self, n):
+        c = self.consts
+        shard = self.d if self.zero else 1
+        return self.params(n) * c.optimizer_bytes_per_param / (c.hbm_bandwidth_Bps * shard)
+
+    def tail(self, n):
+        """D_j + O_j."""
+        return self.data_parallel(n) + self.optimizer(n)
+
+    def memory(self, n):
+        blocks_held = np.asarray(n, dtype=float) > 0
+        return (
+            self.params(n) * self.state
+            + self._col(self.inflight, n) * n * self.stash
+            + np.where(blocks_held, self.working, 0.0)
+            + self._col(self.mem_intercept, n)
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# one strategy
+# ---------------------------------------------------------------------------------------------
+def check_chain(chain: ChainCost, strategy: Strategy) -> None:
+    if chain.tp != strategy.tp or chain.microbatch != strategy.microbatch:
+        raise AssertionError("the chain was built for another tp or microbatch")
+    if chain.sequence_parallel != strategy.sequence_parallel:
+        raise AssertionError("the chain was built for the other sequence-parallel setting")
+
+
+def stage_terms(
+    chain: ChainCost, strategy: Strategy, net: HierarchicalNetwork, consts: StepConstants
+) -> StageTerms:
+    check_chain(chain, strategy)
+    layout = Layout.build(net, strategy.tp, strategy.pp, strategy.dp)
+    return StageTerms(
+        PlacedChain(chain, layout, consts),
+        strategy.schedule,
+        strategy.recompute,
+        strategy.distributed_optimizer,
+        strategy.ddp,
+    )
+
+
+def iteration_time(terms: StageTerms, stages, schedule: PipelineSchedule) -> float:
+    n = np.asarray(stages, dtype=float)
+    pipe, _ = schedule.iteration_time(list(terms.time(n)))
+    return pipe + float(terms.tail(n).max())
+
+
+def price(
+    chain: ChainCost,
+    strategy: Strategy,
+    net: HierarchicalNetwork,
+    consts: StepConstants,
+    peak_flops: float,
+    hbm_bytes: float | None = None,
+) -> dict:
+    """Iteration time, breakdown, memory, FLOPs and utilisation of one strategy.
+
+    `peak_flops` = one device's peak (dense, the training precision); `hbm_bytes` = its memory
+    capacity (None: `fits_memory` is None). The breakdown holds the terms of the slowest rank
+    (compute, recompute, tensor-parallel and pipeline communication, m times each; the bubble) and
+    of the rank with the largest tail (data-parallel communication, optimizer step): it sums to
+    the iteration time."""
+    stages = strategy.check_layers(chain.blocks)
+    terms = stage_terms(chain, strategy, net, consts)
+    sched = strategy.schedule
+    n = np.asarray(stages, dtype=float)
+    per_mb = terms.time(n)
+    pipe, bubble = sched.iteration_time(list(per_mb))
+    dp_s, opt_s = terms.data_parallel(n), terms.optimizer(n)
+    tail = dp_s + opt_s
+    crit, tail_j = int(np.argmax(per_mb)), int(np.argmax(tail))
+    iteration = pipe + float(tail[tail_j])
+    m = sched.microbatches
+    c = crit
+    breakdown = {
+        "compute_s": m * (n[c] * terms.compute_per_block + terms.compute_0[c]),
+        "recompute_s": m * n[c] * terms.recompute_per_block,
+        "tensor_parallel_comm_s": m * (n[c] * terms.tp_per_block + terms.tp_0[c]),
+        "pipeline_comm_s": m * terms.pp_comm[c],
+        "pipeline_bubble_s": bubble,
+        "data_parallel_comm_s": float(dp_s[tail_j]),
+        "optimizer_s": float(opt_s[tail_j]),
+    }
+    memory = terms.memory(n)
+    params = terms.params(n)
+    sequences = strategy.global_batch
+    rounds = sequences / strategy.microbatch
+    model_flops = rounds * chain.model_flops_per_microbatch()
+    hardware_flops = rounds * chain.hardware_flops_per_microbatch(strategy.recompute)
+    devices = strategy.devices
+    peak_memory = float(memory.max())
+    return {
+        "iteration_time_s": iteration,
+        "model_flops": model_flops,
+        "mfu": model_flops / (devices * iteration * peak_flops),
+        "hardware_flops": hardware_flops,
+        "hfu": hardware_flops / (devices * iteration * peak_flops),
+        "peak_memory_bytes": peak_memory,
+        "hbm_bytes": hbm_bytes,
+        "fits_memory": None if hbm_bytes is None else bool(peak_memory <= hbm_bytes),
+        "breakdown": breakdown,
+        "strategy": strategy.as_dict(chain.blocks),
+        "critical_stage": crit,
+        "per_stage": [
+            {
+                "stage": j,
+                "blocks": int(n[j]),
+                "per_microbatch_s": float(per_mb[j]),
+                "tail_s": float(tail[j]),
+                "memory_bytes": float(memory[j]),
+                "params": float(params[j]),
+            }
+            for j in range(strategy.pp)
+        ],
+    }

@@ -1,0 +1,241 @@
+"""A parallel training strategy as Megatron-LM runs it, its pipeline schedule and its rank layout.
+
+A strategy is ``tp · pp · dp = devices`` ranks (Megatron's layout, tensor-parallel innermost, then
+data-parallel, pipeline outermost: ``rank = tp_rank + tp·(dp_rank + dp·pp_rank)``, pipeline rank 0
+= the first stage), ``microbatch · dp`` sequences per microbatch round (it must divide the global
+batch: ``m = global_batch / (microbatch · dp)`` microbatches per pipeline), V model chunks per
+pipeline rank (interleaved 1F1B when V > 1), a recomputation mode, sequence parallelism, the
+distributed optimizer (ZeRO-1), the data-parallel gradient reduction overlapped with backward or
+after it, and the blocks each pipeline stage holds.
+
+Stages (``stages[j]`` = transformer blocks on pipeline rank j; the first stage also holds the
+layers before the first block, the last those after the last block). Without explicit stages
+Megatron's even split is used (``blocks / pp`` each). With V > 1 the blocks of stage j form V
+chunks of ``stages[j] / V`` blocks, placed round-robin as Megatron does (chunk v of rank j is
+model chunk ``v·pp + j``); every stage then needs a positive multiple of V blocks. With V = 1 a
+first or last stage may hold no block (only the embedding or the head: Megatron's
+``--pipeline-model-parallel-layout``), a middle stage needs at least one.
+
+Schedules (Narayanan et al. 2021 §2.2; Megatron-LM ``megatron/core/pipeline_parallel/
+schedules.py``), for pipeline-rank times T_j of one microbatch (forward + backward):
+
+    pipeline time = m · max_j T_j + (Σ_j T_j − max_j T_j) / V
+
+the slowest rank sets the steady state; filling and draining cost the other ranks' shares once,
+divided by V because with interleaving each fill/drain step is one chunk. For identical stages
+this is m·T + (p−1)·T/V, a bubble of (p−1)/(V·m). Activations in flight on rank j at the peak
+(units: one microbatch through the rank's blocks): 1F1B ``min(p − j, m)``; interleaved Megatron's
+warm-up ``2(p − j − 1) + (V − 1)·p`` chunk forwards plus the one running, ``min(·, m·V) / V``.
+Interleaving needs pp > 1 and m divisible by pp (Megatron asserts both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from phaze.errors import PhazeError
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+DDP_MODES = ("overlap", "after")
+
+
+def schedule_reason(stages: int, chunks: int, microbatches: int) -> str:
+    """'' when Megatron can run 1F1B (chunks = 1) or interleaved 1F1B with these sizes, else why
+    not (one line)."""
+    for name, value in (("stages", stages), ("chunks", chunks), ("microbatches", microbatches)):
+        if value < 1:
+            return f"pipeline {name} must be >= 1, got {value}"
+    if chunks > 1:
+        if stages == 1:
+            return "interleaving (interleave > 1) needs pipeline parallelism (pp > 1)"
+        if microbatches % stages:
+            return (
+                f"the interleaved schedule needs the microbatches per pipeline "
+                f"({microbatches}) divisible by pp ({stages})"
+            )
+    return ""
+
+
+@dataclass(frozen=True)
+class PipelineSchedule:
+    stages: int  # p: pipeline ranks
+    chunks: int  # V: model chunks per rank (1 = plain 1F1B)
+    microbatches: int  # m: microbatches per pipeline per iteration
+
+    def reason(self) -> str:
+        """'' when Megatron can run this schedule, else why not (one line)."""
+        return schedule_reason(self.stages, self.chunks, self.microbatches)
+
+    def __post_init__(self) -> None:
+        why = self.reason()
+        if why:
+            raise PhazeError(why)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Bubble time as a fraction of the ideal (bubble-free) time, for identical stages."""
+        return (self.stages - 1) / (self.chunks * self.microbatches)
+
+    def iteration_time(self, stage_times_s: Sequence[float]) -> tuple[float, float]:
+        """(pipeline time, bubble time) for per-rank times of one microbatch (fwd + bwd)."""
+        if len(stage_times_s) != self.stages:
+            raise AssertionError(f"expected {self.stages} stage times, got {len(stage_times_s)}")
+        t_max = max(stage_times_s)
+        bubble = (sum(stage_times_s) - t_max) / self.chunks
+        return self.microbatches * t_max + bubble, bubble
+
+    def sends(self, rank: int) -> tuple[int, int]:
+        """(activation sends to the next rank, gradient sends to the previous rank) per
+        microbatch: V each, less the one that would leave the model (the last rank's last chunk
+        has no successor, the first rank's first chunk no predecessor). The next rank of the last
+        is the first (interleaving wraps around)."""
+        if self.stages == 1:
+            return 0, 0
+        v = self.chunks
+        return v - (rank == self.stages - 1), v - (rank == 0)
+
+    def inflight(self, rank: int) -> float:
+        """Microbatches whose activations rank `rank` (0 = first) holds at the peak, in units of
+        one microbatch through all the rank's blocks."""
+        p, v, m = self.stages, self.chunks, self.microbatches
+        if not 0 <= rank < p:
+            raise AssertionError(f"rank {rank} outside a pipeline of {p} stages")
+        if v == 1:
+            return float(min(p - rank, m))
+        return min(2 * (p - rank - 1) + (v - 1) * p + 1, m * v) / v
+
+
+def even_stages(blocks: int, pp: int) -> tuple[int, ...] | None:
+    """Megatron's default split (blocks / pp each), or None when pp does not divide blocks."""
+    if pp < 1 or blocks % pp:
+        return None
+    return (blocks // pp,) * pp
+
+
+def stages_reason(stages: Sequence[int], blocks: int, interleave: int) -> str:
+    """'' when `stages` is a valid split of `blocks` blocks for V = `interleave`, else why not."""
+    p = len(stages)
+    if p < 1:
+        return "a pipeline needs at least one stage"
+    if any(int(n) != n or n < 0 for n in stages):
+        return f"blocks per stage must be integers >= 0, got {list(stages)}"
+    if sum(stages) != blocks:
+        return f"the stages hold {sum(stages)} blocks, the model has {blocks}"
+    if interleave > 1:
+        for j, n in enumerate(stages):
+            if n < interleave or n % interleave:
+                return (
+                    f"interleave {interleave} does not divide the {n} blocks of stage {j} "
+                    f"(each of its {interleave} model chunks needs a whole number >= 1 of blocks)"
+                )
+    else:
+        for j, n in enumerate(stages[1:-1], 1):
+            if n < 1:
+                return f"middle stage {j} holds no block"
+    return ""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    devices: int
+    tp: int
+    pp: int
+    microbatch: int
+    global_batch: int
+    interleave: int = 1
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    distributed_optimizer: bool = False
+    ddp: str = "overlap"
+    stages: tuple[int, ...] | None = None  # blocks per pipeline stage; None = even split
+
+    def reason(self) -> str:
+        """'' when the strategy is well formed (independently of the model), else why not."""
+        for name in ("devices", "tp", "pp", "microbatch", "global_batch", "interleave"):
+            if int(getattr(self, name)) != getattr(self, name) or getattr(self, name) < 1:
+                return f"{name} must be an integer >= 1, got {getattr(self, name)}"
+        if self.recompute not in RECOMPUTE_MODES:
+            return f"recompute must be one of {'|'.join(RECOMPUTE_MODES)}, got {self.recompute!r}"
+        if self.ddp not in DDP_MODES:
+            return f"ddp must be one of {'|'.join(DDP_MODES)}, got {self.ddp!r}"
+        if self.devices % (self.tp * self.pp):
+            return (
+                f"devices ({self.devices}) must be divisible by tp·pp = "
+                f"{self.tp}·{self.pp} = {self.tp * self.pp}"
+            )
+        if self.global_batch % (self.microbatch * self.dp):
+            return (
+                f"global batch ({self.global_batch}) must be divisible by microbatch·dp = "
+                f"{self.microbatch}·{self.dp} = {self.microbatch * self.dp}"
+            )
+        if self.sequence_parallel and self.tp == 1:
+            return "sequence parallelism needs tensor parallelism (tp > 1)"
+        if self.distributed_optimizer and self.dp == 1:
+            return "the distributed optimizer needs data parallelism (dp > 1)"
+        if self.stages is not None and len(self.stages) != self.pp:
+            return f"{len(self.stages)} stage sizes given for pp = {self.pp}"
+        return schedule_reason(self.pp, self.interleave, self.microbatches)
+
+    def __post_init__(self) -> None:
+        why = self.reason()
+        if why:
+            raise PhazeError(why)
+
+    def layers_reason(self, blocks: int) -> str:
+        """'' when the strategy's stages (or the even split) fit a model of `blocks` blocks."""
+        if self.stages is None:
+            if blocks % self.pp:
+                return (
+                    f"{blocks} blocks cannot be split evenly over pp = {self.pp} stages "
+                    "(give the blocks per stage)"
+                )
+            stages = (blocks // self.pp,) * self.pp
+        else:
+            stages = self.stages
+        return stages_reason(stages, blocks, self.interleave)
+
+    def check_layers(self, blocks: int) -> tuple[int, ...]:
+        """The blocks per stage for a model of `blocks` blocks (PhazeError when impossible)."""
+        why = self.layers_reason(blocks)
+        if why:
+            raise PhazeError(why)
+        return self.stages if self.stages is not None else (blocks // self.pp,) * self.pp
+
+    @property
+    def dp(self) -> int:
+        return self.devices // (self.tp * self.pp)
+
+    @property
+    def microbatches(self) -> int:
+        """Microbatches per pipeline per iteration (m)."""
+        return self.global_batch // (self.microbatch * self.dp)
+
+    @property
+    def schedule(self) -> PipelineSchedule:
+        return PipelineSchedule(self.pp, self.interleave, self.microbatches)
+
+    def as_dict(self, blocks: int) -> dict:
+        """The strategy object `evaluate` and `optimize` print."""
+        return {
+            "tp": self.tp,
+            "pp": self.pp,
+            "dp": self.dp,
+            "microbatch": self.microbatch,
+            "interleave": self.interleave,
+            "recompute": self.recompute,
+            "sequence_parallel": self.sequence_parallel,
+            "distributed_optimizer": self.distributed_optimizer,
+            "ddp": self.ddp,
+            "stages": list(self.check_layers(blocks)),
+        }
+
+    # --- rank layout --------------------------------------------------------------------------
+    def rank(self, tp_rank: int, dp_rank: int, pp_rank: int) -> int:
+        return tp_rank + self.tp * (dp_rank + self.dp * pp_rank)
+
+    def tp_group(self, dp_rank: int = 0, pp_rank: int = 0) -> list[int]:
+        return [self.rank(i, dp_rank, pp_rank) for i in range(self.tp)]
+
+    def dp_group(self, tp_rank: int = 0, pp_rank: int = 0) -> list[int]:
+        return [self.rank(tp_rank, i, pp_rank) for i in range(self.dp)]

@@ -1,0 +1,243 @@
+"""Shared by the step-model tests: random chains and networks, and an independent reference
+implementation of the step model (explicit rank lists, `HierarchicalNetwork`'s own collectives,
+plain loops) that `phaze.step.model.price` is checked against."""
+
+from __future__ import annotations
+
+from phaze.network import HierarchicalNetwork, LinkLevel
+from phaze.step.layers import ChainCost, LayerCost
+from phaze.step.model import StepConstants
+from phaze.step.strategy import Strategy
+
+KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+def random_network(rng) -> HierarchicalNetwork:
+    """1–8 devices per node (awkward sizes included), levels in either order of speed."""
+    dpn = int(rng.choice([1, 2, 3, 4, 6, 8]))
+    level = lambda: LinkLevel(
+        float(rng.uniform(0.5, 4.0)), float(rng.uniform(0.0, 0.05)), float(rng.uniform(0.5, 1))
+    )
+    return HierarchicalNetwork(dpn, level(), level())
+
+
+def random_layer(rng, *, block: bool, tp: int, tied: bool = False) -> LayerCost:
+    colls = lambda: tuple(
+        (str(rng.choice(KINDS)), float(rng.uniform(0, 2)))
+        for _ in range(int(rng.integers(0, 3)) if tp > 1 else 0)
+    )
+    fwd = float(rng.uniform(0.2, 2.0))
+    act = float(rng.uniform(0.0, 3.0))
+    flops = float(rng.uniform(0, 10))
+    return LayerCost(
+        fwd_s=fwd,
+        bwd_s=float(rng.uniform(0.4, 4.0)),
+        params=float(rng.uniform(0.0, 2.0)),
+        activation_bytes=act,
+        fwd_collectives=colls(),
+        bwd_collectives=colls(),
+        attention_fwd_s=float(rng.uniform(0, fwd)) if block else 0.0,
+        attention_activation_bytes=float(rng.uniform(0, act)) if block else 0.0,
+        input_bytes=float(rng.uniform(0, act)) if block else 0.0,
+        tied_params=float(rng.uniform(0.1, 1.0)) if tied else 0.0,
+        fwd_matmul_flops=flops,
+        attention_matmul_flops=float(rng.uniform(0, flops)) if block else 0.0,
+    )
+
+
+def random_chain(rng, blocks: int, tp: int, microbatch: int, sp: bool) -> ChainCost:
+    tied = bool(rng.random() < 0.5)
+    return ChainCost(
+        first=random_layer(rng, block=False, tp=tp),
+        block=random_layer(rng, block=True, tp=tp),
+        last=random_layer(rng, block=False, tp=tp, tied=tied),
+        blocks=blocks,
+        tp=tp,
+        microbatch=microbatch,
+        sequence_parallel=sp,
+        boundary_bytes=float(rng.uniform(0, 2)),
+    )
+
+
+def tensor_parallel_variant(rng, chain: ChainCost, tp: int) -> ChainCost:
+    """The t = 1 chain split over `tp` ranks: computation, parameters and most activations
+    divided by t (each with some inefficiency), tensor-parallel collectives added."""
+    from dataclasses import replace
+
+    def split(layer: LayerCost) -> LayerCost:
+        slow = float(rng.uniform(1.0, 1.4)) / tp
+        keep = float(rng.uniform(1.0 / tp, 1.0))
+        colls = lambda: tuple(
+            (str(rng.choice(KINDS)), float(rng.uniform(0, 1))) for _ in range(rng.integers(1, 3))
+        )
+        return replace(
+            layer,
+            fwd_s=layer.fwd_s * slow,
+            bwd_s=layer.bwd_s * slow,
+            attention_fwd_s=layer.attention_fwd_s * slow,
+            params=layer.params / tp,
+            tied_params=layer.tied_params / tp,
+            activation_bytes=layer.activation_bytes * keep,
+            attention_activation_bytes=layer.attention_activation_bytes / tp,
+            fwd_collectives=colls(),
+            bwd_collectives=colls(),
+            fwd_matmul_flops=layer.fwd_matmul_flops / tp,
+            attention_matmul_flops=layer.attention_matmul_flops / tp,
+        )
+
+    return replace(
+        chain, first=split(chain.first), block=split(chain.block), last=split(chain.last), tp=tp
+    )
+
+
+def sequence_parallel_variant(rng, chain: ChainCost) -> ChainCost:
+    """The chain with sequence parallelism: the same layers with fewer activations (the part
+    outside the tensor-parallel region divided by t) and replicated kernels on s/t tokens."""
+    from dataclasses import replace
+
+    def shrink(layer: LayerCost) -> LayerCost:
+        keep = float(rng.uniform(0.4, 1.0))
+        speed = float(rng.uniform(0.85, 1.0))
+        attention = min(layer.attention_activation_bytes, layer.activation_bytes * keep)
+        return replace(
+            layer,
+            fwd_s=layer.fwd_s * speed,
+            bwd_s=layer.bwd_s * speed,
+            attention_fwd_s=layer.attention_fwd_s * speed,
+            activation_bytes=layer.activation_bytes * keep,
+            attention_activation_bytes=attention,
+            input_bytes=layer.input_bytes / chain.tp,
+        )
+
+    return replace(
+        chain,
+        first=shrink(chain.first),
+        block=shrink(chain.block),
+        last=shrink(chain.last),
+        sequence_parallel=True,
+    )
+
+
+def random_constants(rng) -> StepConstants:
+    state = float(rng.uniform(2, 20))
+    return StepConstants(
+        state_bytes_per_param=state,
+        optimizer_state_bytes_per_param=float(rng.uniform(0, state)),
+        grad_bytes_per_param=float(rng.uniform(0.5, 4)),
+        weight_bytes_per_param=float(rng.uniform(0.5, 4)),
+        optimizer_bytes_per_param=float(rng.uniform(0, 60)),
+        ddp_bucket_bytes=float(rng.uniform(0.05, 3)),
+        hbm_bandwidth_Bps=float(rng.uniform(5, 50)),
+        scatter_gather=bool(rng.random() < 0.7),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# the reference: the model's definition, written as loops over explicit ranks
+# ---------------------------------------------------------------------------------------------
+def _colls(net, colls, ranks) -> float:
+    total = 0.0
+    for kind, size in colls:
+        total += {
+            "all_reduce": net.all_reduce,
+            "reduce_scatter": net.reduce_scatter,
+            "all_gather": net.all_gather,
+        }[kind](size, ranks)
+    return total
+
+
+def reference_price(chain: ChainCost, s: Strategy, net: HierarchicalNetwork, c: StepConstants):
+    """(iteration time, per-rank memory) of strategy `s` (stages given or even)."""
+    stages = s.check_layers(chain.blocks)
+    t, p, d, v = s.tp, s.pp, s.dp, s.interleave
+    sched = s.schedule
+    E, B, H = chain.first, chain.block, chain.last
+    full = s.recompute == "full"
+    rc = {"none": 0.0, "selective": B.attention_fwd_s, "full": B.fwd_s}[s.recompute]
+    stash = {
+        "none": B.activation_bytes,
+        "selective": B.activation_bytes - B.attention_activation_bytes,
+        "full": B.input_bytes,
+    }[s.recompute]
+    working = B.activation_bytes - stash
+    # tensor-parallel collectives: on the slowest tensor-parallel group of the layout
+    groups = [s.tp_group(r, j) for r in range(d) for j in range(p)]
+
+    def tp_time(colls):
+        return max(_colls(net, colls, g) for g in groups)
+
+    per_mb, bwd_part, params_of, mem = [], [], [], []
+    for j in range(p):
+        n = stages[j]
+        first, last = j == 0, j == p - 1
+        t_j = n * (B.fwd_s + B.bwd_s + rc + tp_time(B.fwd_collectives) * (2 if full else 1))
+        t_j += n * tp_time(B.bwd_collectives)
+        b_j = n * (B.bwd_s + rc + tp_time(B.bwd_collectives))
+        b_j += n * tp_time(B.fwd_collectives) if full else 0.0
+        for layer, here in ((E, first), (H, last)):
+            if here:
+                t_j += layer.fwd_s + layer.bwd_s
+                t_j += tp_time(layer.fwd_collectives) + tp_time(layer.bwd_collectives)
+                b_j += layer.bwd_s + tp_time(layer.bwd_collectives)
+        if p > 1:
+            n_next, n_prev = sched.sends(j)
+            worst = 0.0
+            for r in range(d):
+                src = s.tp_group(r, j)
+                out = []
+                for other, count in (((j + 1) % p, n_next), ((j - 1) % p, n_prev)):
+                    dst = s.tp_group(r, other)
+                    if chain.sequence_parallel:
+                        x = max(net.p2p(chain.boundary_bytes / t, a, b) for a, b in zip(src, dst))
+                    else:
+                        x = net.stage_transfer(chain.boundary_bytes, src, dst, False)
+                        if c.scatter_gather:  # where it is faster
+                            x = min(x, net.stage_transfer(chain.boundary_bytes, src, dst, True))
+                    out.append(count * x)
+                worst = max(worst, sum(out))
+            t_j += worst
+        P = n * B.params + (E.params if first else 0.0)
+        if last:
+            P += H.params + (H.tied_params if p > 1 else 0.0)
+        per_mb.append(t_j)
+        bwd_part.append(b_j)
+        params_of.append(P)
+        state = c.state_bytes_per_param
+        if s.distributed_optimizer:
+            state += c.optimizer_state_bytes_per_param * (1 / d - 1)
+        m_j = P * state + sched.inflight(j) * n * stash + (working if n > 0 else 0.0)
+        m_j += (sched.inflight(j) * E.activation_bytes if first else 0.0) + (
+            H.activation_bytes if last else 0.0
+        )
+        mem.append(m_j)
+    tails = []
+    for j in range(p):
+        P = params_of[j]
+        grads = P * c.grad_bytes_per_param
+        worst = 0.0
+        for k in range(t):
+            ranks = s.dp_group(k, j)
+            if s.distributed_optimizer:
+                red = net.reduce_scatter(grads, ranks)
+                last_bucket = net.reduce_scatter(min(c.ddp_bucket_bytes, grads), ranks)
+            else:
+                red = net.all_reduce(grads, ranks)
+                last_bucket = net.all_reduce(min(c.ddp_bucket_bytes, grads), ranks)
+            x = max(red - bwd_part[j], last_bucket) if s.ddp == "overlap" else red
+            if s.distributed_optimizer:
+                x += net.all_gather(P * c.weight_bytes_per_param, ranks)
+            worst = max(worst, x)
+        if p > 1 and chain.tied and j in (0, p - 1):
+            worst += max(
+                net.all_reduce(
+                    H.tied_params * c.grad_bytes_per_param,
+                    [s.rank(k, r, 0), s.rank(k, r, p - 1)],
+                )
+                for k in range(t)
+                for r in range(d)
+            )
+        opt = P * c.optimizer_bytes_per_param / c.hbm_bandwidth_Bps
+        tails.append(worst + (opt / d if s.distributed_optimizer else opt))
+    m = sched.microbatches
+    pipe = m * max(per_mb) + (sum(per_mb) - max(per_mb)) / v
+    return pipe + max(tails), mem

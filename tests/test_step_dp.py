@@ -1,0 +1,292 @@
+"""The exact placement under the step model (phaze/place/megatron.py) against brute force: every
+split of small chains × every (t, b, p, d) × V × recompute × sequence parallelism × distributed
+optimizer × DDP mode, each priced by the model."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from phaze.errors import PhazeError
+from phaze.place.megatron import Axes, fill, optimize
+from phaze.step.model import Layout, PlacedChain, StageTerms, iteration_time, price
+from phaze.step.strategy import Strategy
+from tests.step_cases import (
+    random_chain,
+    random_constants,
+    random_network,
+    sequence_parallel_variant,
+    tensor_parallel_variant,
+)
+
+
+def compositions(total, parts):
+    """Every tuple of `parts` integers >= 0 summing to `total`."""
+    for cuts in itertools.combinations_with_replacement(range(total + 1), parts - 1):
+        bounds = (0, *cuts, total)
+        yield tuple(bounds[i + 1] - bounds[i] for i in range(parts))
+
+
+def brute_force(chains, net, consts, devices, global_batch, hbm, axes):
+    """min over every strategy Strategy() accepts and every split, of the priced time."""
+    best = math.inf
+    for (t, b, sp), chain in chains.items():
+        if sp not in axes.sequence_parallel:
+            continue
+        for p in range(1, devices + 1):
+            if devices % (t * p):
+                continue
+            for v, rc, zero, ddp in itertools.product(
+                axes.interleave, axes.recompute, axes.distributed_optimizer, axes.ddp
+            ):
+                kw = {
+                    "devices": devices,
+                    "tp": t,
+                    "pp": p,
+                    "microbatch": b,
+                    "global_batch": global_batch,
+                    "interleave": v,
+                    "recompute": rc,
+                    "sequence_parallel": sp,
+                    "distributed_optimizer": zero,
+                    "ddp": ddp,
+                }
+                try:
+                    s = Strategy(**kw)
+                except PhazeError:
+                    continue
+                layout = Layout.build(net, t, p, s.dp)
+                terms = StageTerms(PlacedChain(chain, layout, consts), s.schedule, rc, zero, ddp)
+                for stages in compositions(chain.blocks, p):
+                    if Strategy(**kw, stages=stages).layers_reason(chain.blocks):
+                        continue
+                    n = np.asarray(stages, dtype=float)
+                    if (terms.memory(n) > hbm).any():
+                        continue
+                    best = min(best, iteration_time(terms, stages, s.schedule))
+    return best
+
+
+def draw(seed):
+    rng = np.random.default_rng(seed)
+    blocks = int(rng.choice([1, 2, 3, 4, 4, 6, 6]))
+    tps = [1] + sorted({int(rng.choice([2, 4]))} if rng.random() < 0.8 else set())
+    microbatches = [1, 2] if rng.random() < 0.4 else [1]
+    chains = {}
+    for b in microbatches:
+        base = random_chain(rng, blocks, 1, b, False)
+        for t in tps:
+            chains[(t, b, False)] = tensor_parallel_variant(rng, base, t) if t > 1 else base
+            if t > 1:
+                chains[(t, b, True)] = sequence_parallel_variant(rng, chains[(t, b, False)])
+    net = random_network(rng)
+    consts = random_constants(rng)
+    devices = int(rng.choice([1, 2, 4, 6, 8, 12]))
+    global_batch = int(rng.choice([4, 8, 12, 24]))
+
+    # from "little fits" to "everything fits": scaled by one device's memory for the whole
+    # model without (or with full) recomputation
+    def whole(rc):
+        return max(
+            price(
+                c,
+                Strategy(devices=t, tp=t, pp=1, microbatch=b, global_batch=b, recompute=rc),
+                net,
+                consts,
+                1.0,
+            )["peak_memory_bytes"]
+            for (t, b, sp), c in chains.items()
+            if not sp
+        )
+
+    if rng.random() < 0.6:
+        hbm = float(rng.uniform(0.1, 1.5) * whole("none"))
+    else:
+        hbm = float(rng.uniform(0.3, 1.1) * whole("full"))
+
+    def subset(values):
+        """All values, or (as config lists may) a random non-empty part of them."""
+        if rng.random() < 0.5:
+            return tuple(values)
+        keep = [x for x in values if rng.random() < 0.5]
+        return tuple(keep) or (values[int(rng.integers(len(values)))],)
+
+    axes = Axes(
+        interleave=subset((1, 2, 3)),
+        recompute=subset(("none", "selective", "full")),
+        sequence_parallel=subset((False, True)),
+        distributed_optimizer=subset((False, True)),
+        ddp=subset(("overlap", "after")),
+    )
+    return chains, net, consts, devices, global_batch, hbm, axes
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_optimize_equals_brute_force(seed):
+    chains, net, consts, devices, global_batch, hbm, axes = draw(seed)
+    got = optimize(chains, net, consts, devices, global_batch, hbm, axes)
+    want = brute_force(chains, net, consts, devices, global_batch, hbm, axes)
+    if math.isinf(want):
+        assert got.strategy is None
+        return
+    assert got.strategy is not None
+    assert got.time_s == pytest.approx(want, rel=1e-9)
+    # what it returns is what it claims, priced from scratch
+    s = got.strategy
+    chain = chains[(s.tp, s.microbatch, s.sequence_parallel)]
+    again = price(chain, s, net, consts, 1.0, hbm)
+    assert again["iteration_time_s"] == pytest.approx(got.time_s, rel=1e-9)
+    assert again["fits_memory"]
+
+
+def test_brute_force_cases_bind_and_cover_the_axes():
+    """Not vacuous: memory binds in some cases, nothing fits in others, and the optima use
+    interleaving, every recompute mode, SP, the distributed optimizer, uneven stages."""
+    seen, infeasible = set(), 0
+    for seed in range(60):
+        chains, net, consts, devices, global_batch, hbm, axes = draw(seed)
+        got = optimize(chains, net, consts, devices, global_batch, hbm, axes)
+        if got.strategy is None:
+            infeasible += 1
+            continue
+        s = got.strategy
+        seen |= {f"rc:{s.recompute}", f"ddp:{s.ddp}", f"v{s.interleave}"}
+        seen |= {"sp"} if s.sequence_parallel else set()
+        seen |= {"zero"} if s.distributed_optimizer else set()
+        seen |= {"pp"} if s.pp > 1 else set()
+        seen |= {"uneven"} if len(set(s.stages)) > 1 else set()
+    assert 2 <= infeasible <= 40
+    want = {"rc:none", "rc:selective", "rc:full", "ddp:overlap", "ddp:after", "v2", "v3"}
+    assert want | {"sp", "zero", "pp", "uneven"} <= seen
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    zero=st.booleans(),
+    ddp=st.sampled_from(["overlap", "after"]),
+    rc=st.sampled_from(["none", "selective", "full"]),
+)
+def test_each_ranks_tail_has_interval_sublevel_sets(seed, zero, ddp, rc):
+    """What the split solver relies on: for every rank, {n : tail(n) <= x} is an interval of
+    block counts for every x (the tail is quasi-convex in n), memory is non-decreasing in n."""
+    rng = np.random.default_rng(seed)
+    t = int(rng.choice([1, 2]))
+    chain = random_chain(rng, 12, t, 1, False)
+    net = random_network(rng)
+    consts = random_constants(rng)
+    p, d = int(rng.integers(1, 4)), int(rng.integers(2, 5))
+    s = Strategy(
+        devices=t * p * d,
+        tp=t,
+        pp=p,
+        microbatch=1,
+        global_batch=d * p * 2,
+        recompute=rc,
+        distributed_optimizer=zero,
+        ddp=ddp,
+        stages=None,
+    )
+    terms = StageTerms(
+        PlacedChain(chain, Layout.build(net, t, p, d), consts), s.schedule, rc, zero, ddp
+    )
+    n = np.broadcast_to(np.arange(13.0), (p, 13))
+    tail, mem = terms.tail(n), terms.memory(n)
+    assert (np.diff(mem, axis=1) >= -1e-12 * np.abs(mem[:, 1:])).all()
+    for j in range(p):
+        for x in np.unique(tail[j]):
+            ok = np.flatnonzero(tail[j] <= x * (1 + 1e-12))
+            assert (np.diff(ok) == 1).all(), (j, tail[j])
+
+
+def test_fill_is_the_min_max_split():
+    """The greedy fill against enumeration on random interval masks."""
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        p, K = int(rng.integers(1, 5)), int(rng.integers(0, 7))
+        a, c = rng.uniform(0, 3, p), float(rng.uniform(0.1, 2))
+        T = a[:, None] + c * np.arange(K + 1)[None, :]
+        lo = rng.integers(0, K + 1, p)
+        hi = np.minimum(K, lo + rng.integers(0, K + 1, p))
+        allowed = (np.arange(K + 1) >= lo[:, None]) & (np.arange(K + 1) <= hi[:, None])
+        want = min(
+            (
+                max(T[j, k[j]] for j in range(p))
+                for k in itertools.product(range(K + 1), repeat=p)
+                if sum(k) == K and all(allowed[j, k[j]] for j in range(p))
+            ),
+            default=None,
+        )
+        got = fill(T, allowed, K)
+        if want is None:
+            assert got is None
+            continue
+        M, k = got
+        assert M == pytest.approx(want) and k.sum() == K
+        assert allowed[np.arange(p), k].all() and T[np.arange(p), k].max() == pytest.approx(M)
+
+
+def _scaled(chain, factor):
+    """The chain with every computation time multiplied by `factor` (collectives kept)."""
+    from dataclasses import replace
+
+    def layer(x):
+        return replace(
+            x,
+            fwd_s=x.fwd_s * factor,
+            bwd_s=x.bwd_s * factor,
+            attention_fwd_s=x.attention_fwd_s * factor,
+        )
+
+    return replace(
+        chain, first=layer(chain.first), block=layer(chain.block), last=layer(chain.last)
+    )
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_lower_bound_chain_with_an_achievable_window_prices_a_lower_bound(seed):
+    """What the search's bound tier relies on: layer latencies below the achievable ones, with
+    the achievable ones as the DDP overlap's window, never price a strategy — nor the optimum —
+    above the achievable chain's time."""
+    from dataclasses import replace
+
+    chains, net, consts, devices, global_batch, hbm, axes = draw(seed)
+    rng = np.random.default_rng(seed)
+    factor = float(rng.uniform(0.3, 1.0))
+    low = {k: replace(_scaled(c, factor), window=c) for k, c in chains.items()}
+    got = optimize(low, net, consts, devices, global_batch, hbm, axes)
+    real = optimize(chains, net, consts, devices, global_batch, hbm, axes)
+    assert (got.strategy is None) == (real.strategy is None)  # memory does not depend on time
+    if real.strategy is None:
+        return
+    assert got.time_s <= real.time_s * (1 + 1e-12)
+    s = real.strategy
+    key = (s.tp, s.microbatch, s.sequence_parallel)
+    assert price(low[key], s, net, consts, 1.0)["iteration_time_s"] <= real.time_s * (1 + 1e-12)
+
+
+def test_without_the_window_a_faster_backward_can_price_a_step_slower():
+    """Why `ChainCost.window` exists: with interleaving, rank 0 critical through communication
+    and rank 1 holding many blocks, halving the latencies shortens rank 1's backward, exposes
+    more of its gradient all-reduce than the pipeline gains. The window restores the bound."""
+    from dataclasses import replace
+
+    from phaze.network import HierarchicalNetwork, LinkLevel
+    from phaze.step.layers import ChainCost, LayerCost
+    from phaze.step.model import StepConstants
+
+    level = LinkLevel(1.0, 0.0, 1.0)
+    net = HierarchicalNetwork(8, level, level)
+    heavy_comm = LayerCost(0.0, 0.0, 0.0, 0.0, fwd_collectives=(("all_reduce", 10.0),))
+    block = LayerCost(fwd_s=0.0, bwd_s=1.0, params=4.0, activation_bytes=0.0)
+    last = LayerCost(0.0, 0.0, 0.0, 0.0)
+    real = ChainCost(heavy_comm, block, last, 12, 2, 1, False, boundary_bytes=0.0)
+    consts = StepConstants(16, 12, 2, 2, 0, 1e-6, 1e12, True)
+    s = Strategy(devices=8, tp=2, pp=2, microbatch=1, global_batch=4, interleave=2, stages=(2, 10))
+    t_real = price(real, s, net, consts, 1.0)["iteration_time_s"]
+    low = _scaled(real, 0.5)
+    assert price(low, s, net, consts, 1.0)["iteration_time_s"] > t_real
+    assert price(replace(low, window=real), s, net, consts, 1.0)["iteration_time_s"] <= t_real

@@ -1,0 +1,359 @@
+"""The step model (phaze/step): against an independent reference on random chains and networks
+and on the GPU chains `phaze evaluate` prices, the schedule's closed forms and an event
+simulation, the FLOP conventions, and the rejection of impossible strategies."""
+
+import math
+
+import numpy as np
+import pytest
+
+from phaze.arch.presets import load_preset
+from phaze.arch.presets import preset_peak_flops as peak_flops
+from phaze.config import validate_config
+from phaze.errors import PhazeError
+from phaze.fidelity.evaluate import evaluate_strategy, gpu_chains, step_constants
+from phaze.network import HierarchicalNetwork
+from phaze.step.model import price
+from phaze.step.simulate import simulate_1f1b
+from phaze.step.strategy import PipelineSchedule, Strategy, stages_reason
+from phaze.trace.models import ModelSpec
+from tests.step_cases import (
+    random_chain,
+    random_constants,
+    random_network,
+    reference_price,
+)
+
+
+def random_split(rng, blocks, p, v):
+    """Random blocks per stage: multiples of v (>= v each when v > 1), middle stages >= 1."""
+    if v > 1:
+        if blocks % v or blocks // v < p:
+            return None
+        k = blocks // v
+        cuts = np.sort(rng.choice(np.arange(1, k), size=p - 1, replace=False)) if p > 1 else []
+        return tuple(int(x) * v for x in np.diff(np.r_[0, cuts, k]))
+    cuts = np.sort(rng.integers(0, blocks + 1, size=p - 1))
+    return tuple(int(x) for x in np.diff(np.r_[0, cuts, blocks]))
+
+
+def random_strategy(rng, chain, devices, global_batch):
+    """A valid strategy on `chain` (or None), with random uneven stages."""
+    t, b, L = chain.tp, chain.microbatch, chain.blocks
+    options = []
+    for p in range(1, devices // t + 1):
+        if (devices // t) % p:
+            continue
+        d = devices // (t * p)
+        if global_batch % (b * d):
+            continue
+        for v in (1, 2, 3):
+            for zero in (False, True):
+                options.append((p, d, v, zero))
+    rng.shuffle(options)
+    for p, d, v, zero in options:
+        stages = random_split(rng, L, p, v)
+        if stages is None:
+            continue
+        s_kwargs = {
+            "devices": devices,
+            "tp": t,
+            "pp": p,
+            "microbatch": b,
+            "global_batch": global_batch,
+            "interleave": v,
+            "recompute": str(rng.choice(["none", "selective", "full"])),
+            "sequence_parallel": chain.sequence_parallel,
+            "distributed_optimizer": zero,
+            "ddp": str(rng.choice(["overlap", "after"])),
+            "stages": stages,
+        }
+        try:
+            s = Strategy(**s_kwargs)
+        except PhazeError:
+            continue
+        if s.layers_reason(L) == "":
+            return s
+    return None
+
+
+def draw_case(seed):
+    """A random chain, network, constants and a valid strategy (redrawn until one is valid)."""
+    rng = np.random.default_rng(1000 + seed)
+    while True:
+        t = int(rng.choice([1, 2, 4]))
+        sp = t > 1 and bool(rng.random() < 0.5)
+        chain = random_chain(rng, int(rng.integers(1, 9)), t, int(rng.integers(1, 3)), sp)
+        net = random_network(rng)
+        consts = random_constants(rng)
+        devices = t * int(rng.choice([1, 2, 3, 4, 6, 8]))
+        global_batch = chain.microbatch * int(rng.choice([4, 6, 12, 24]))
+        s = random_strategy(rng, chain, devices, global_batch)
+        if s is not None:
+            return chain, net, consts, s
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_price_equals_the_reference_on_random_chains_and_networks(seed):
+    chain, net, consts, s = draw_case(seed)
+    got = price(chain, s, net, consts, peak_flops=1.0)
+    want, mem = reference_price(chain, s, net, consts)
+    assert got["iteration_time_s"] == pytest.approx(want, rel=1e-12)
+    assert [x["memory_bytes"] for x in got["per_stage"]] == pytest.approx(mem, rel=1e-12)
+    assert got["peak_memory_bytes"] == pytest.approx(max(mem), rel=1e-12)
+    assert math.isclose(sum(got["breakdown"].values()), got["iteration_time_s"], rel_tol=1e-12)
+
+
+AWKWARD = [
+    # (devices per node, t, p, d): groups of one stage that sit differently in the nodes
+    (6, 4, 2, 2),  # data-parallel groups of tp rank 0 in one node, of tp rank 2 across two
+    (6, 2, 3, 2),
+    (3, 2, 2, 3),  # tensor-parallel groups across nodes for some replicas only
+    (4, 8, 2, 1),
+    (6, 4, 3, 3),
+]
+
+
+@pytest.mark.parametrize("layout", AWKWARD, ids=str)
+@pytest.mark.parametrize("seed", range(4))
+def test_price_equals_the_reference_on_awkward_layouts(layout, seed):
+    dpn, t, p, d = layout
+    rng = np.random.default_rng(seed)
+    chain = random_chain(rng, 6, t, 1, bool(seed % 2))
+    net = random_network(rng)
+    net = type(net)(dpn, net.intra, net.inter)
+    consts = random_constants(rng)
+    s = Strategy(
+        devices=t * p * d,
+        tp=t,
+        pp=p,
+        microbatch=1,
+        global_batch=d * p * 2,
+        sequence_parallel=chain.sequence_parallel,
+        distributed_optimizer=d > 1 and seed % 3 == 0,
+        ddp=("overlap", "after")[seed % 2],
+        recompute=("none", "selective", "full")[seed % 3],
+        stages=random_split(rng, 6, p, 1),
+    )
+    got = price(chain, s, net, consts, peak_flops=1.0)
+    want, mem = reference_price(chain, s, net, consts)
+    assert got["iteration_time_s"] == pytest.approx(want, rel=1e-12)
+    assert [x["memory_bytes"] for x in got["per_stage"]] == pytest.approx(mem, rel=1e-12)
+
+
+def test_the_reference_draws_cover_every_feature():
+    """The random cases above exercise what they should (not a vacuous test)."""
+    seen = set()
+    for seed in range(60):
+        chain, net, _, s = draw_case(seed)
+        seen |= {f"rc:{s.recompute}", f"ddp:{s.ddp}"}
+        seen |= {"sp"} if s.sequence_parallel else set()
+        seen |= {"zero"} if s.distributed_optimizer else set()
+        seen |= {"interleave"} if s.interleave > 1 else set()
+        seen |= {"uneven"} if len(set(s.check_layers(chain.blocks))) > 1 else set()
+        seen |= {"tied"} if chain.tied and s.pp > 1 else set()
+        if s.pp > 1 and (s.tp * s.dp) % net.devices_per_node and net.devices_per_node > 1:
+            seen.add("awkward layout")
+    want = {"rc:none", "rc:selective", "rc:full", "ddp:overlap", "ddp:after", "sp", "zero"}
+    assert want | {"interleave", "uneven", "tied", "awkward layout"} <= seen
+
+
+# ---------------------------------------------------------------------------------------------
+# the GPU evaluation (phaze.fidelity.evaluate) is this model on kernel-sum layer times
+# ---------------------------------------------------------------------------------------------
+SEQ = 256
+CFG = validate_config({})
+A100 = load_preset("a100-80gb")
+
+
+def tiny_gpt(layers=8, hidden=256, heads=8, vocab=1024):
+    kw = {
+        "n_layer": layers,
+        "n_embd": hidden,
+        "n_head": heads,
+        "n_inner": 4 * hidden,
+        "vocab_size": vocab,
+        "n_positions": SEQ,
+        "activation_function": "gelu_pytorch_tanh",
+    }
+    return ModelSpec("tiny-gpt", "gpt2", layers, hidden, heads, 4 * hidden, vocab, SEQ, heads, kw)
+
+
+GPU_CASES = [
+    {"devices": 16, "tp": 2, "pp": 2, "microbatch": 2, "global_batch": 32, "ddp": "after"},
+    {"devices": 16, "tp": 2, "pp": 4, "microbatch": 1, "global_batch": 32, "interleave": 2},
+    {"devices": 32, "tp": 1, "pp": 1, "microbatch": 4, "global_batch": 128, "recompute": "full"},
+    {
+        "devices": 48,
+        "tp": 2,
+        "pp": 2,
+        "microbatch": 1,
+        "global_batch": 48,
+        "sequence_parallel": True,
+        "recompute": "selective",
+        "distributed_optimizer": True,
+    },
+    {"devices": 24, "tp": 4, "pp": 2, "microbatch": 1, "global_batch": 24, "stages": (3, 5)},
+    {"devices": 64, "tp": 8, "pp": 4, "microbatch": 1, "global_batch": 64, "interleave": 2},
+]
+
+
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: "-".join(map(str, c.values())))
+def test_gpu_evaluation_equals_the_reference_on_its_chains(case):
+    """`phaze evaluate`'s numbers are the model's on the GPU chains (kernel sums, trace memory):
+    checked against the independent reference, on the preset's DGX network."""
+    spec = tiny_gpt()
+    s = Strategy(**case)
+    got = evaluate_strategy(spec, s, A100, seq=SEQ, config=CFG)
+    chain = gpu_chains(spec, s.tp, s.microbatch, SEQ, A100, CFG)[s.sequence_parallel]
+    net = HierarchicalNetwork.from_preset(A100["network"])
+    want, mem = reference_price(chain, s, net, step_constants(A100, CFG))
+    assert got["iteration_time_s"] == pytest.approx(want, rel=1e-12)
+    assert got["peak_memory_bytes"] == pytest.approx(max(mem), rel=1e-12)
+    assert got["fits_memory"] is True
+
+
+def test_model_flops_are_three_passes_and_hardware_flops_count_recomputation():
+    spec = tiny_gpt()
+    out = {}
+    for mode in ("none", "selective", "full"):
+        s = Strategy(devices=16, tp=2, pp=2, microbatch=2, global_batch=32, recompute=mode)
+        out[mode] = evaluate_strategy(spec, s, A100, seq=SEQ, config=CFG)
+    # GPT: forward matmul FLOPs per sequence = 2·P_matmul·s + 4·s²·h per block, plus the logits
+    B, s, L, h, V = 32, SEQ, 8, 256, 1024
+    fwd = L * (24 * h * h * s + 4 * s * s * h) + 2 * s * h * V
+    assert out["none"]["model_flops"] == pytest.approx(3 * B * fwd, rel=1e-9)
+    assert out["none"]["hardware_flops"] == out["none"]["model_flops"]
+    assert out["selective"]["hardware_flops"] == pytest.approx(
+        out["selective"]["model_flops"] + B * L * 4 * s * s * h, rel=1e-9
+    )  # QKᵀ and ×V again
+    assert out["full"]["hardware_flops"] == pytest.approx(
+        out["full"]["model_flops"] + B * L * (24 * h * h * s + 4 * s * s * h), rel=1e-9
+    )
+    peak = peak_flops(A100)
+    for r in out.values():
+        assert r["mfu"] == pytest.approx(
+            r["model_flops"] / (16 * r["iteration_time_s"] * peak), rel=1e-12
+        )
+        assert r["hfu"] >= r["mfu"]
+    assert out["none"]["iteration_time_s"] < out["full"]["iteration_time_s"]
+
+
+# ---------------------------------------------------------------------------------------------
+# the schedule
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("p,m", [(1, 1), (2, 2), (2, 5), (4, 4), (4, 9), (3, 7)])
+def test_1f1b_matches_an_event_simulation(p, m):
+    total, bubble = PipelineSchedule(p, 1, m).iteration_time([3.0] * p)
+    assert math.isclose(total, simulate_1f1b([1.0] * p, [2.0] * p, m))
+    assert math.isclose(bubble / (m * 3.0), (p - 1) / m)
+
+
+@pytest.mark.parametrize("p,v,m", [(2, 2, 4), (4, 2, 8), (4, 3, 8), (8, 2, 16)])
+def test_interleaved_bubble_and_first_rank_memory_closed_forms(p, v, m):
+    _, bubble = PipelineSchedule(p, v, m).iteration_time([3.0] * p)
+    assert math.isclose(bubble / (m * 3.0), (p - 1) / (v * m))
+    assert math.isclose(PipelineSchedule(p, v, m).inflight(0), p * (1 + (p - 1) / (p * v)))
+
+
+def test_unequal_stages_are_set_by_the_slowest():
+    total, bubble = PipelineSchedule(3, 1, 10).iteration_time([1.0, 2.0, 1.5])
+    assert math.isclose(total, 10 * 2.0 + 2.5) and math.isclose(bubble, 2.5)
+
+
+def test_megatrons_rank_layout():
+    s = Strategy(devices=64, tp=8, pp=2, microbatch=2, global_batch=64)
+    assert (s.dp, s.microbatches) == (4, 8)
+    assert s.tp_group(0, 1) == list(range(32, 40))
+    assert s.dp_group(3, 0) == [3, 11, 19, 27]
+
+
+def test_schedule_sends_and_inflight():
+    s = PipelineSchedule(4, 1, 8)
+    assert [s.sends(j) for j in range(4)] == [(1, 0), (1, 1), (1, 1), (0, 1)]
+    assert [s.inflight(j) for j in range(4)] == [4, 3, 2, 1]
+    v = PipelineSchedule(4, 3, 8)
+    assert [v.sends(j) for j in (0, 3)] == [(3, 2), (2, 3)]
+    assert math.isclose(v.inflight(0), 4 * (1 + 3 / 12))
+    assert PipelineSchedule(1, 1, 5).sends(0) == (0, 0)
+    # fewer microbatches than stages: only m are ever in flight; interleaved with m == p,
+    # Megatron runs every chunk's forward first (all m·V chunk forwards in flight)
+    assert PipelineSchedule(4, 1, 2).inflight(0) == 2
+    assert PipelineSchedule(4, 3, 4).inflight(0) == 4
+
+
+# ---------------------------------------------------------------------------------------------
+# impossible strategies: one-line errors
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"tp": 1, "sequence_parallel": True}, "sequence parallelism needs tensor parallelism"),
+        (
+            {"devices": 8, "tp": 4, "pp": 2, "distributed_optimizer": True},
+            "distributed optimizer needs",
+        ),
+        ({"pp": 1, "interleave": 2}, "needs pipeline parallelism"),
+        ({"pp": 4, "tp": 2, "global_batch": 24, "interleave": 2}, "divisible by pp"),
+        ({"devices": 60, "tp": 8, "pp": 2}, "divisible by tp"),
+        ({"microbatch": 3}, "global batch"),
+        ({"recompute": "some"}, "recompute must be one of none|selective|full"),
+        ({"ddp": "torch"}, "ddp must be one of overlap|after"),
+        ({"pp": 2, "stages": (4, 4, 0)}, "3 stage sizes given for pp = 2"),
+    ],
+)
+def test_impossible_strategies_are_rejected_in_one_line(kwargs, message):
+    base = {"devices": 64, "tp": 2, "pp": 2, "microbatch": 1, "global_batch": 64}
+    with pytest.raises(PhazeError, match=message) as err:
+        Strategy(**{**base, **kwargs})
+    assert "\n" not in str(err.value)
+
+
+def test_stage_splits():
+    assert stages_reason((4, 4), 8, 1) == ""
+    assert stages_reason((0, 8), 8, 1) == ""  # the embedding alone on the first stage
+    assert "middle stage 1" in stages_reason((4, 0, 4), 8, 1)
+    assert "does not divide the 3 blocks of stage 1" in stages_reason((4, 3, 1), 8, 2)
+    assert "does not divide the 0 blocks" in stages_reason((0, 8), 8, 2)
+    assert "the model has 8" in stages_reason((4, 5), 8, 1)
+    s = Strategy(devices=6, tp=1, pp=3, microbatch=1, global_batch=24, ddp="after")
+    with pytest.raises(PhazeError, match="cannot be split evenly over pp = 3"):
+        s.check_layers(8)
+    assert Strategy(**{**s.__dict__, "stages": (2, 3, 3)}).check_layers(8) == (2, 3, 3)
+
+
+def test_megatron_arguments_and_layout_string():
+    import re
+
+    from phaze.step.megatron_args import megatron_arguments, pipeline_layout
+
+    s = Strategy(
+        devices=64,
+        tp=8,
+        pp=2,
+        microbatch=1,
+        global_batch=64,
+        interleave=2,
+        recompute="selective",
+        sequence_parallel=True,
+        distributed_optimizer=True,
+        stages=(4, 8),
+    )
+    args = megatron_arguments(s, 12)
+    assert args[:4] == [
+        "--tensor-model-parallel-size 8",
+        "--pipeline-model-parallel-size 2",
+        "--micro-batch-size 1",
+        "--global-batch-size 64",
+    ]
+    layout = pipeline_layout((4, 8), 2)
+    assert f"--pipeline-model-parallel-layout {layout}" in args
+    # Megatron's parser: unroll x*n, split on '|'; segment v·pp + j holds rank j's chunk v
+    segments = [re.sub(r"(.)\*(\d+)", lambda m: m[1] * int(m[2]), x) for x in layout.split("|")]
+    assert segments == ["Ett", "tttt", "tt", "ttttL"]
+    assert {"--recompute-granularity selective", "--sequence-parallel"} <= set(args)
+    assert {"--use-distributed-optimizer", "--overlap-grad-reduce"} <= set(args)
+    even = Strategy(devices=64, tp=8, pp=2, microbatch=1, global_batch=64, interleave=3)
+    args = megatron_arguments(even, 12)
+    assert "--num-layers-per-virtual-pipeline-stage 2" in args
+    assert not any("layout" in a for a in args)
