@@ -7,6 +7,7 @@
 #                               (ub) and achievable throughput (lo) of every arch of the round
 #     search_prune (checkpoint) which archs can still beat the best proven -> ILP chunk tables
 #     schedule_ilp, place_ilp   the ILP for those archs only, and placement on its makespans
+#                               (ilp) and on its proven lower bounds (ilp_ub: the certificate)
 #     search_state (checkpoint) early-stop test; round r+1 exists only if a search still runs
 #   baselines: rules/baselines.smk (placement-blind); the tpuv4 preset is pinned to round 0.
 #   search_summary              results/summary/{best,comparison,explored}.parquet
@@ -137,7 +138,8 @@ rule place_ilp:
     input:
         unpack(W.place_inputs("ilp")),
     output:
-        W.place_outputs("r{round}_ilp"),
+        ilp=W.place_outputs("r{round}_ilp"),
+        ub=W.place_outputs("r{round}_ilp_ub"),
     log:
         f"{LOGS}/place/{{model}}/b{{mbs}}_r{{round}}_ilp.log",
     benchmark:

@@ -21,6 +21,7 @@ from phaze.search.scores import (
     all_scores,
     answers,
     bucket_best,
+    certified_gap,
     components,
     ilp_requests,
     needed_pairs,
@@ -134,6 +135,10 @@ def _truth(rng, n_archs, n_hbm=1, infeasible_frac=0.1):
             v = np.nan
         lo = v * (1 - rng.uniform(0, 0.15)) if rng.random() < 0.8 else v
         hi = v * (1 + rng.uniform(0, 0.3)) if rng.random() < 0.8 else v
+        # the ILP's proven bound: tighter than the bound tier's, but not always; the optimum
+        # schedule's value t lies between the ILP's schedule (v) and both bounds
+        ihi = v * (1 + rng.uniform(0, 0.05)) if rng.random() < 0.7 else hi
+        t = v + rng.uniform(0, 1) * (min(hi, ihi) - v)
         rows.append(
             {
                 "model": m,
@@ -144,13 +149,15 @@ def _truth(rng, n_archs, n_hbm=1, infeasible_frac=0.1):
                 "v": v,
                 "lo": lo,
                 "hi": hi,
+                "ihi": ihi,
+                "t": t,
             }
         )
     return pd.DataFrame(rows)
 
 
 def _place_rows(truth, tier):
-    col = {"ub": "hi", "lo": "lo", "ilp": "v"}[tier]
+    col = {"ub": "hi", "lo": "lo", "ilp": "v", "ilp_ub": "ihi"}[tier]
     df = truth[COMPONENT_KEY].copy()
     df["tier"] = tier
     df["throughput_seq_s"] = truth[col].to_numpy()
@@ -181,7 +188,7 @@ def _simulate(truth, plan, s: SearchSettings):
         solved = truth[
             key.isin(list(req[["model", "microbatch", "arch"]].itertuples(index=False, name=None)))
         ]
-        known.append(_place_rows(solved, "ilp"))
+        known += [_place_rows(solved, "ilp"), _place_rows(solved, "ilp_ub")]
         scores = all_scores(components(pd.concat(known)), MODELS)
         states = search_states(scores, plan, r, s)
     return answers(scores, plan, states, s), states, n_ilp
@@ -189,7 +196,7 @@ def _simulate(truth, plan, s: SearchSettings):
 
 def _brute(truth, plan, s: SearchSettings):
     """Every ILP solved, the stop rule applied to exact values."""
-    everything = pd.concat([_place_rows(truth, t) for t in ("ub", "lo", "ilp")])
+    everything = pd.concat([_place_rows(truth, t) for t in ("ub", "lo", "ilp", "ilp_ub")])
     scores = all_scores(components(everything), MODELS)
     rounds = int(plan["round"].max())
     states = search_states(scores, plan, rounds, s)
@@ -231,6 +238,55 @@ def test_pruned_search_equals_solving_every_ilp(seed, n_archs, k, patience, mode
     # the reported best value is exactly known (an ILP value or bounds that meet)
     assert g.loc[g["arch"].notna(), "exact"].all()
     assert n_ilp <= len(truth[["model", "microbatch", "arch"]].drop_duplicates())
+    # the certificate: pruning leaves it unchanged (a pruned arch's bound is below the answer),
+    # and no visited arch's optimum schedule (t, unknown to the search: the ILP's schedules are
+    # v, its bounds ihi) beats the answer by more than it
+    np.testing.assert_allclose(
+        g["certified_gap"].to_numpy(dtype=float), w["certified_gap"].to_numpy(dtype=float)
+    )
+    _assert_certificate_holds(got, truth, plan)
+
+
+def _true_scores(truth: pd.DataFrame) -> pd.DataFrame:
+    """The optimum schedules' score per (search key, arch), Phaze-Common's by its definition."""
+    pm = truth.assign(strategy="phaze-per-model")[SEARCH_KEY + ["arch", "t"]]
+    best = truth.groupby(["hbm_bytes", "devices", "arch", "model"])["t"].max().unstack("model")
+    common = best.reindex(columns=MODELS).mean(axis=1, skipna=False).rename("t").reset_index()
+    common = common.assign(strategy="phaze-common", model="*", microbatch=-1)
+    return pd.concat([pm, common[SEARCH_KEY + ["arch", "t"]]], ignore_index=True)
+
+
+def _assert_certificate_holds(ans: pd.DataFrame, truth: pd.DataFrame, plan: pd.DataFrame):
+    true = _true_scores(truth).merge(plan[["arch", "bucket"]], on="arch")
+    for rec in ans[ans["arch"].notna()].itertuples(index=False):
+        sel = true
+        for k in SEARCH_KEY:
+            sel = sel[sel[k] == getattr(rec, k)]
+        top = sel.loc[sel["bucket"] <= rec.last_bucket, "t"].max()
+        assert rec.certified_gap >= 0
+        assert top <= rec.score * (1 + rec.certified_gap) * (1 + 1e-12), (rec, top)
+
+
+def test_certified_gap_examples_and_the_ilp_bound_tightens_hi():
+    assert certified_gap(np.array([10.0, 12.0, np.nan]), 10.0) == pytest.approx(0.2)
+    assert certified_gap(np.array([9.0, 8.0]), 10.0) == 0.0  # a bound below the winner: 0
+    assert certified_gap(np.array([np.nan]), 10.0) == 0.0  # nothing else feasible
+    assert np.isnan(certified_gap(np.array([1.0]), np.nan))
+    place = pd.DataFrame(
+        [
+            ("m", 2**30, 1, 64, "a", tier, v)
+            for tier, v in (("ub", 12.0), ("lo", 9.0), ("ilp", 10.0), ("ilp_ub", 10.5))
+        ]
+        + [("m", 2**30, 1, 64, "b", t, v) for t, v in (("ub", 11.0), ("lo", 8.0))],
+        columns=COMPONENT_KEY + ["tier", "throughput_seq_s"],
+    )
+    comp = components(place).set_index("arch")
+    assert comp.loc["a", "hi"] == 10.5 and comp.loc["b", "hi"] == 11.0
+    # an ILP bound looser than the bound tier's leaves the tighter one
+    looser = place.assign(
+        throughput_seq_s=place["throughput_seq_s"].where(place["tier"] != "ilp_ub", 13.0)
+    )
+    assert components(looser).set_index("arch").loc["a", "hi"] == 12.0
 
 
 def test_pruning_saves_ilps_when_bounds_are_tight():

@@ -9,6 +9,7 @@ stage rules `schedule` and `place` run on the finished run's inputs.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -161,6 +162,13 @@ def test_summary_tables_and_plots_are_nontrivial(run_dir):
         thr = grp.pivot_table(index="model", columns="strategy", values="throughput_seq_s")
         assert thr["phaze-common"].mean() >= thr["tpuv4-phaze"].mean() * (1 - 1e-12)
     assert (best["throughput_seq_s"] > 0).all() and len(best) >= 2
+    # every answer carries its certificate; baselines have none
+    assert (best["certified_gap"] >= 0).all(), best["certified_gap"]
+    searched = cmp["strategy"].isin(["phaze-per-model", "phaze-common"])
+    assert cmp.loc[searched, "certified_gap"].notna().all()
+    assert cmp.loc[~searched, "certified_gap"].isna().all()
+    stats = json.loads((res / "summary" / "search_stats.json").read_text())
+    assert stats["certified_gap_max"] == pytest.approx(best["certified_gap"].max())
     # the placement model and the axes it chose travel with every placement
     assert set(cmp["place_model"]) == {"megatron"}
     assert set(cmp["recompute"]) <= {"none", "selective", "full"}

@@ -105,13 +105,14 @@ def test_rounds_from_the_checkpoints(sweep):
 
 def test_manifests_list_exactly_the_jobs_inputs_with_their_metadata(sweep, tmp_path, monkeypatch):
     prune1 = sweep.prune_manifest(wc(round="1"))["place"]
-    # round 0 bounds (4 pairs x 2 HBM x ub/lo), its ILP files (2 pairs with a selection), then
-    # round 1's bounds (1 pair); the placement axes (recompute among them) are inside each job
-    assert len(prune1) == 4 * 2 * 2 + 2 * 2 + 1 * 2 * 2
+    # round 0 bounds (4 pairs x 2 HBM x ub/lo), its ILP files (2 pairs with a selection x 2 HBM
+    # x ilp/ilp_ub), then round 1's bounds (1 pair); the placement axes are inside each job
+    assert len(prune1) == 4 * 2 * 2 + 2 * 2 * 2 + 1 * 2 * 2
     assert {(e["round"], e["tier"]) for e in prune1} == {
         (0, "ub"),
         (0, "lo"),
         (0, "ilp"),
+        (0, "ilp_ub"),
         (1, "ub"),
         (1, "lo"),
     }
@@ -120,7 +121,7 @@ def test_manifests_list_exactly_the_jobs_inputs_with_their_metadata(sweep, tmp_p
         assert e["path"] == f"{d}/r{e['round']}_{e['tier']}.parquet"
     assert sweep.prune_inputs(wc(round="1")) == [e["path"] for e in prune1]
     state1 = sweep.state_manifest(wc(round="1"))["place"]
-    assert state1[: len(prune1)] == prune1 and len(state1) == len(prune1) + 1 * 2
+    assert state1[: len(prune1)] == prune1 and len(state1) == len(prune1) + 1 * 2 * 2
     summary = sweep.summary_manifest()
     assert summary["place"] == state1
     sched = summary["schedules"]

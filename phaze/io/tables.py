@@ -178,6 +178,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("devices", i64),
         ("speedup_vs_tpuv4_phaze", f64),
         ("speedup_vs_placement_blind", f64),
+        # phaze strategies: how far the winner can be from the best visited arch (NaN: baselines)
+        ("certified_gap", f64),
     ),
     # chosen designs of the searches (mode = early_stop | exhaustive)
     "best": _schema(
@@ -201,6 +203,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("search_score", f64),
         ("last_bucket", i64),
         ("archs_visited", i64),
+        # (largest proven upper bound of a visited arch) / throughput - 1 (phaze.search.scores)
+        ("certified_gap", f64),
     ),
     # one row per (search, arch computed); model = "*" for Phaze-Common's searches
     "explored": _schema(

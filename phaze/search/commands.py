@@ -165,6 +165,12 @@ def _ilp_counts(entries: list[dict], gap: float) -> dict:
     }
 
 
+def _max_or_none(df: pd.DataFrame, col: str) -> float | None:
+    vals = pd.to_numeric(df[col], errors="coerce") if col in df.columns else pd.Series([])
+    vals = vals[vals.notna()]
+    return float(vals.max()) if len(vals) else None
+
+
 def summarize(args: argparse.Namespace) -> int:
     from phaze.search.summary import summarize as build
 
@@ -200,6 +206,8 @@ def summarize(args: argparse.Namespace) -> int:
         "archs_computed": int(ex["arch"].nunique()),
         "searches": len(out["states"]),
         "searches_stopped_early": int((out["states"]["stop_bucket"] >= 0).sum()),
+        # the largest certificate over the answers (phaze.search.scores.certified_gap)
+        "certified_gap_max": _max_or_none(out["best"], "certified_gap"),
         "settings": {
             "mode": settings.mode,
             "stop_rule": settings.stop_rule,

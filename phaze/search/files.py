@@ -9,8 +9,9 @@ from phaze.errors import PhazeError
 from phaze.io.manifest import read_manifest
 from phaze.io.tables import read_table
 
-#: placement tiers (phaze.search.scores): ub = on lower bounds, lo = on list schedules, ilp
-PLACE_TIERS = ("ub", "lo", "ilp")
+#: placement tiers (phaze.search.scores): ub = on lower bounds, lo = on list schedules, ilp = on
+#: the ILP's makespans, ilp_ub = on the ILP's proven lower bounds
+PLACE_TIERS = ("ub", "lo", "ilp", "ilp_ub")
 #: schedule tiers: bounds (list schedule + lower bound), ilp, blind (the baseline's ILP tier)
 SCHEDULE_TIERS = ("bounds", "ilp", "blind")
 

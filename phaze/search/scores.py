@@ -11,7 +11,13 @@ can be known at three tiers:
   achievable makespans as the DDP overlap's window, docs/step.md — and memory does not depend on
   them);
 * ``lo`` — placement on list-schedule makespans (a real schedule): an achievable throughput;
-* ``ilp`` — placement on the ILP's makespans (what solving every ILP would report).
+* ``ilp`` — placement on the ILP's makespans (what solving every ILP would report);
+* ``ilp_ub`` — placement on the ILP's proven lower bounds: a second throughput upper bound, so
+  ``hi`` is the smaller of the two once the ILP ran.
+
+*certificate*: a search's ``certified_gap`` = (largest ``hi`` over the architectures it visited)
+/ (the winner's score) − 1, floored at 0: no visited architecture, pruned or solved, can beat the
+reported winner by more than this, whatever the exact schedules are.
 
 *search*: Phaze-Per-Model has one search per (model, HBM, microbatch, devices), its score the
 component's throughput. Phaze-Common has one search per (HBM, devices), its score for an arch
@@ -43,7 +49,7 @@ from phaze.search.stop import stop_bucket
 COMPONENT_KEY = ["model", "hbm_bytes", "microbatch", "devices", "arch"]
 PER_MODEL_KEY = ["model", "hbm_bytes", "microbatch", "devices"]
 COMMON_KEY = ["hbm_bytes", "devices"]
-TIERS = ("ub", "lo", "ilp")
+TIERS = ("ub", "lo", "ilp", "ilp_ub")
 
 
 _DEFAULT = schema_defaults()["search"]
@@ -96,7 +102,8 @@ def components(place: pd.DataFrame) -> pd.DataFrame:
     )
     wide = wide.reindex(columns=list(TIERS))
     wide.columns.name = None
-    wide = wide.rename(columns={"ub": "hi"}).reset_index()
+    wide = wide.reset_index()
+    wide["hi"] = np.fmin(wide.pop("ub"), wide.pop("ilp_ub"))
     wide["ach"] = np.fmax(wide["ilp"], wide["lo"])
     wide["has_ilp"] = wide["ilp"].notna()
     # Exactly known: an ILP value, bounds that meet, or infeasible (NaN upper bound: memory does
@@ -291,9 +298,10 @@ def answers(
         if settings.mode == "exhaustive" and done == total:
             limits.append(("exhaustive", total - 1))
         for mode, last in limits:
-            vis = grp[(grp["bucket"] <= last) & grp["ach"].notna()]
+            seen = grp[grp["bucket"] <= last]
+            vis = seen[seen["ach"].notna()]
             if vis.empty:
-                out.append((*key, mode, None, np.nan, False, last, len(grp[grp["bucket"] <= last])))
+                out.append((*key, mode, None, np.nan, False, last, len(seen), np.nan, np.nan))
                 continue
             best = vis.sort_values(["ach", "bucket", "arch"], ascending=[False, True, True]).iloc[0]
             out.append(
@@ -304,9 +312,34 @@ def answers(
                     float(best["ach"]),
                     bool(best["exact"]),
                     last,
-                    int((grp["bucket"] <= last).sum()),
+                    len(seen),
+                    upper_bound(seen["hi"].to_numpy(dtype=float)),
+                    certified_gap(seen["hi"].to_numpy(dtype=float), float(best["ach"])),
                 )
             )
-    return pd.DataFrame(
-        out, columns=SEARCH_KEY + ["mode", "arch", "score", "exact", "last_bucket", "archs_visited"]
-    )
+    cols = [
+        "mode",
+        "arch",
+        "score",
+        "exact",
+        "last_bucket",
+        "archs_visited",
+        "upper_bound",
+        "certified_gap",
+    ]
+    return pd.DataFrame(out, columns=SEARCH_KEY + cols)
+
+
+def upper_bound(upper_bounds: np.ndarray) -> float:
+    """The largest proven upper bound among visited architectures; NaN bounds are infeasible
+    architectures (no schedule makes them fit) and count as none (NaN if all are)."""
+    finite = upper_bounds[np.isfinite(upper_bounds)]
+    return float(finite.max()) if len(finite) else np.nan
+
+
+def certified_gap(upper_bounds: np.ndarray, winner: float) -> float:
+    """(largest proven upper bound of the visited architectures) / winner − 1, floored at 0."""
+    if not np.isfinite(winner) or winner <= 0:
+        return np.nan
+    top = upper_bound(upper_bounds)
+    return max(0.0, (top if np.isfinite(top) else winner) / winner - 1.0)
