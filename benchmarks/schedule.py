@@ -50,10 +50,24 @@ PAPER_MODELS = [
 CORES = [(1, 1), (2, 2), (4, 4), (8, 8), (16, 16), (8, 2)]
 
 
+def _current_trace(d: Path) -> bool:
+    """A trace directory with every table the current trace writes, each with all its columns
+    (a directory made by an older version is traced again)."""
+    import pyarrow.parquet as pq
+
+    from phaze.io.tables import SCHEMAS
+
+    for name in ("ops", "edges", "layers"):
+        f = d / f"{name}.parquet"
+        if not f.exists() or set(SCHEMAS[name].names) - set(pq.read_schema(f).names):
+            return False
+    return True
+
+
 def trace_dir(work: Path, model: str, t: int, microbatch: int = 1) -> Path:
     spec = get_model_spec(model)
     d = work / "trace" / model / f"b{microbatch}_s{spec.seq}_tp{t}"
-    if not (d / "ops.parquet").exists():
+    if not _current_trace(d):
         subprocess.run(
             [
                 sys.executable,

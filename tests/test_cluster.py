@@ -393,7 +393,7 @@ def test_workflow_on_slurm_matches_local_run(slurm_cluster, tmp_path, copy_check
     clocked = _clock_stopped_solves(slurm_dir / "results") + _clock_stopped_solves(
         local_dir / "results"
     )
-    # Both conditions are the contract: equal summaries, from solves that are
+    # Both conditions are the contract of a cluster run: equal summaries, from solves that are
     # deterministic (gap reached or proven, never cut by a clock).
     assert not diffs and not clocked, (
         "summary throughputs differ between the SLURM and local runs:\n  "

@@ -20,6 +20,9 @@ pairs only (precedence already orders the others), makespan T; minimise T.
   j ends (G_j, mirrored). These see precedence and mode choice together (the energy and
   critical-path cuts each see one of them); they are also solved alone as a small MIP
   (``mode_bound_model``: only the y binaries), a bound before the full model is tried.
+* segment cuts (``add_segment_cuts``, in the mode bound only): a long single-core op's run is one
+  interval that no intra-op op overlaps, so ops between two ops that overlap it lie inside it on
+  one core; the single-core time outside the run then bounds the rest.
 * lazily, per core type whose solution over-subscribes its cores (upstream's scheme): core
   assignment z_ik with sum_k z_ik = 1 - y_i, o_ij + o_ji >= z_ik + z_jk - 1, and the standard
   symmetry breaking z_ik = 0 for k > rank of i among that type's ops (the warm start's cores are
@@ -39,9 +42,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phaze.errors import PhazeError
-from phaze.schedule.bounds import _bits, antichain_width, core_limits, forced_intra, heads, tails
+from phaze.schedule.bounds import (
+    _bits,
+    antichain_width,
+    core_limits,
+    forced_intra,
+    heads,
+    lower_bound,
+    tails,
+)
+from phaze.schedule.budget import Deadline
 from phaze.schedule.instance import Instance
-from phaze.schedule.listsched import Schedule, assign_cores
+from phaze.schedule.listsched import KICKS, Schedule, assign_cores, kick_modes
 
 _EPS = 1e-9
 
@@ -57,6 +69,7 @@ class IlpOutcome:
     solve_s: float
     nodes: int = 0  # SCIP branch-and-bound nodes, all solves of this call
     lp_iterations: int = 0  # SCIP simplex iterations, all solves of this call
+    method: str = "ilp"  # list: the returned schedule is the (kicked) warm start, not SCIP's
 
 
 # ---- model ---------------------------------------------------------------------------------
@@ -271,11 +284,125 @@ def add_mode_cuts(m, inst: Instance, s: float) -> None:
         m.mode_cuts.add(m.T >= alone + sum(single(i) for i in mem) / k[c])
 
 
-def mode_bound_model(inst: Instance, ub: float, lb: float):
-    """The mode-aware cuts alone: binaries y, continuous S, G, T (time scaled by 1 / ``ub``).
-    Its optimum (or SCIP's dual bound on it), times ``ub``, bounds the makespan of every
-    schedule shorter than ``ub``: y is fixed to 1 where an op cannot run on one core below
-    ``ub`` (``forced_intra``) and to 0 where intra-op is not faster."""
+# Ops whose single-core run gets its own segment cuts (``add_segment_cuts``): the few with the
+# largest l1_j x (single-core latency of the ops incomparable to j). Measured on the schedule
+# benchmark's llama2-7b backward blocks: the weight-gradient leaves come first, and three of them
+# give nearly all of the gain (t = 2 at 8x8: 12.9 % -> 2.8 % gap; ten: 2.3 %, 3x the solve time).
+_SEGMENT_OPS = 3
+
+
+# ... and up to this many more: the best-scoring of the ops the incumbent runs on one core with
+# a free mode. Measured on the benchmark: gpt3-175b t = 8 at 8x8 / 8x2 goes from 1.27 / 1.23 % to
+# 0 % with its one such weight-gradient leaf (op 11 of 26); on the llama2-7b blocks the extra
+# ops change nothing and cost up to 1.45x the LP iterations.
+_SEGMENT_OPS_SINGLE = 2
+
+
+def segment_ops(
+    inst: Instance,
+    k: int = _SEGMENT_OPS,
+    incumbent_y: list[int] | None = None,
+    k_single: int = _SEGMENT_OPS_SINGLE,
+) -> list[int]:
+    """The ``k`` ops with a free mode (intra-op faster) that most single-core work could hide
+    beside: largest l1_j x sum of l1_i over ops i incomparable to j (ties: index); then up to
+    ``k_single`` more, in the same order, among those ``incumbent_y`` runs on one core."""
+    score = {}
+    for j in range(inst.n):
+        if inst.la[j] >= inst.l1[j] or inst.l1[j] <= 0:
+            continue
+        rel = inst.ancestors[j] | inst.descendants[j] | (1 << j)
+        score[j] = inst.l1[j] * sum(inst.l1[i] for i in range(inst.n) if not (rel >> i) & 1)
+    ranked = sorted((j for j in score if score[j] > 0), key=lambda j: (-score[j], j))
+    extra = [j for j in ranked[k:] if incumbent_y is not None and not incumbent_y[j]]
+    return ranked[:k] + extra[:k_single]
+
+
+def add_segment_cuts(m, inst: Instance, s: float, ops: list[int]) -> None:
+    """Add, for each op j in ``ops``, cuts on the single-core time R = T - sum_i LA_i y_i that
+    see where j's single-core run can lie (model with binaries ``m.y``, makespan ``m.T``, time
+    scaled by ``s``).
+
+    The mode cuts let every single-core op hide beside a long single-core op j (a weight-gradient
+    leaf, incomparable to most of the graph). But j's run is one interval and no intra-op op
+    overlaps it: if ops a < b both overlap j's run, every op x between them (a < x < b) runs
+    inside it, so x is single-core. With v_i in [0, 1] for "i overlaps j's run" (i incomparable
+    to j; v_i <= 1 - y_i, v_i <= 1 - y_j), b_x >= v of x or any ancestor, a_x >= v of x or any
+    descendant, and v_x >= b_p + a_c - 1 for every predecessor p and successor c of x (x of
+    positive intra-op latency; an intra-op x with LA_x = 0 could sit inside at a point), the
+    single-core time of op i outside j's run is at least o_i = L1_i (1 - y_i - v_i) (L1_i (1 - y_i)
+    for ops comparable to j). Those runs are disjoint from j's, so
+        R >= L1_j (1 - y_j) + (sum of o_i over ops using type c) / n_c   for each core type c,
+        R >= L1_j (1 - y_j) + (sum of o_i along any path)                 (a longest path P).
+    v continuous is a relaxation of the 0/1 overlap indicator (same bound on the benchmark,
+    a third of the solve time)."""
+    import pyomo.environ as pyo
+
+    n = inst.n
+    l1 = [v * s for v in inst.l1]
+    alone = sum(inst.la[i] * s * m.y[i] for i in range(n))
+    m.seg_cuts = pyo.ConstraintList()
+    m.seg = pyo.Block(range(len(ops)))
+    for k, j in enumerate(ops):
+        b = m.seg[k]
+        rel = inst.ancestors[j] | inst.descendants[j] | (1 << j)
+        inc = [i for i in range(n) if not (rel >> i) & 1 and inst.l1[i] > 0]
+        incs = set(inc)
+        b.v = pyo.Var(inc, bounds=(0.0, 1.0))
+        b.bef = pyo.Var(inc, bounds=(0.0, 1.0))
+        b.aft = pyo.Var(inc, bounds=(0.0, 1.0))
+        b.P = pyo.Var(range(n), bounds=(0.0, None))
+        cut = m.seg_cuts.add
+        for i in inc:
+            cut(b.v[i] <= 1 - m.y[i])
+            cut(b.v[i] <= 1 - m.y[j])
+            cut(b.bef[i] >= b.v[i])
+            cut(b.aft[i] >= b.v[i])
+        for p, c in inst.reduced_edges:
+            if p in incs and c in incs:
+                cut(b.bef[c] >= b.bef[p])
+                cut(b.aft[p] >= b.aft[c])
+        for x in inc:
+            if inst.la[x] <= 0:
+                continue
+            for p in inst.preds[x]:
+                if p in incs:
+                    for c in inst.succs[x]:
+                        if c in incs:
+                            cut(b.v[x] >= b.bef[p] + b.aft[c] - 1)
+
+        def outside(i, b=b, incs=incs, j=j):
+            if i == j:
+                return 0.0
+            if i in incs:
+                return l1[i] * (1 - m.y[i] - b.v[i])
+            return l1[i] * (1 - m.y[i])
+
+        own = l1[j] * (1 - m.y[j])
+        for c in ("tc", "vc"):
+            mem = [i for i in range(n) if inst.uses(i, c)]
+            if mem:
+                cut(m.T - alone >= own + sum(outside(i) for i in mem) / inst.n_cores(c))
+        for p, c in inst.reduced_edges:
+            cut(b.P[c] >= b.P[p] + outside(p))
+        for i in range(n):
+            if not inst.succs[i]:
+                cut(m.T - alone >= own + b.P[i] + outside(i))
+
+
+def mode_bound_model(
+    inst: Instance,
+    ub: float,
+    lb: float,
+    segment_k: int = _SEGMENT_OPS,
+    incumbent_y: list[int] | None = None,
+):
+    """The mode-aware cuts alone, with the segment cuts of the ops of ``segment_ops`` (``k`` =
+    ``segment_k``, the incumbent's modes ``incumbent_y``): binaries y, continuous S, G, T and the
+    segment variables (time scaled by 1 / ``ub``). Its optimum (or SCIP's dual bound on it),
+    times ``ub``, bounds the makespan of every schedule shorter than ``ub``: y is fixed to 1 where
+    an op cannot run on one core below ``ub`` (``forced_intra``) and to 0 where intra-op is not
+    faster."""
     import pyomo.environ as pyo
 
     s = 1.0 / ub
@@ -288,6 +415,7 @@ def mode_bound_model(inst: Instance, ub: float, lb: float):
         m.y[i].fix(1)
     m.T = pyo.Var(bounds=(min(lb * s, 1.0), None))
     add_mode_cuts(m, inst, s)
+    add_segment_cuts(m, inst, s, segment_ops(inst, segment_k, incumbent_y))
     m.obj = pyo.Objective(expr=m.T, sense=pyo.minimize)
     return m
 
@@ -370,6 +498,12 @@ _SCIP_STATUS = {
 # <= 33 ops and 1-5 s on the 69-71-op ones).
 _MODE_BOUND_SHARE = 0.3
 
+# Share of the time left after the mode bound that the mode kicks (``kick_modes``) may take; they
+# usually stop on their kick count first (0.5-2.5 CPU-s on the 69-71-op blocks). Measured on the
+# default run's ILP tier (2 s limit, 96 rows): shares of 0.5 (mode bound) and 0.3 (kicks) took
+# time the full model needed, 6 rows above 1 % against 4 before; 0.3 and 0.2 gave 4.
+_KICK_SHARE = 0.2
+
 
 def _scip(m, time_limit, gap, threads, node_limit, seed, warm: bool, work=None):
     """Solve a Pyomo model with SCIP (scip_direct): (results, SCIP's status string); adds the
@@ -416,11 +550,14 @@ def solve_once(
     seed: int = 0,
     end: float | None = None,
     mode_bound: bool = True,
+    kicks: int = KICKS,
 ) -> IlpOutcome:
     """One ILP solve within ``time_limit_s`` (and before the monotonic time ``end``, if given:
     the caller's deadline, which also covers the worker's start-up). First (``mode_bound``) the
     mode-aware bound MIP: if it proves the warm start within ``gap``, the full model is skipped
-    (status gap_limit / optimal, the warm start returned as the solution)."""
+    (status gap_limit / optimal, the warm start returned as the solution). If not, ``kicks``
+    mode kicks (``kick_modes``) try to shorten the warm start, which is again returned if it is
+    then within ``gap`` of the bound; else the full model starts from it."""
     import pyomo.environ as pyo
 
     t0 = time.perf_counter()
@@ -432,18 +569,48 @@ def solve_once(
     bound = 0.0
     status = "no_solution"
     work = [0, 0]  # SCIP nodes, LP iterations
+
+    def proven():
+        return ub - max(bound, lb) <= gap * ub
+
+    def warm_outcome():
+        done = "optimal" if ub - max(bound, lb) <= 1e-9 * ub else "gap_limit"
+        return IlpOutcome(
+            done,
+            list(warm.start),
+            list(warm.y),
+            ub,
+            max(bound, lb),
+            (),
+            time.perf_counter() - t0,
+            *work,
+            method="list",
+        )
+
     if mode_bound and ilp_fits(inst, stop - time.monotonic()):
         budget = _MODE_BOUND_SHARE * (stop - time.monotonic())
         res, _st = _scip(
-            mode_bound_model(inst, ub, lb), budget, 0.0, threads, node_limit, seed, False, work
+            mode_bound_model(inst, ub, lb, incumbent_y=warm.y),
+            budget,
+            0.0,
+            threads,
+            node_limit,
+            seed,
+            False,
+            work,
         )
         bound = min(_dual_bound(res, ub), ub)
-        if ub - max(bound, lb) <= gap * ub:
-            done = "optimal" if ub - max(bound, lb) <= 1e-9 * ub else "gap_limit"
-            return IlpOutcome(
-                done, list(warm.start), list(warm.y), ub, bound, (), time.perf_counter() - t0, *work
-            )
+        if proven():
+            return warm_outcome()
         lb = max(lb, bound)
+    if kicks:
+        kicked = kick_modes(inst, warm, kicks, seed, Deadline.at(stop).share(_KICK_SHARE))
+        if kicked.makespan(inst) < ub:
+            warm, ub = kicked, kicked.makespan(inst)
+            # a shorter upper bound forces more ops intra-op in the cheap bounds
+            lb = max(lb, lower_bound(inst, ub, Deadline.at(stop))[0])
+            if proven():
+                return warm_outcome()
     while True:
         if not ilp_fits(inst, stop - time.monotonic()):
             status = "time_limit"

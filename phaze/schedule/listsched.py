@@ -13,6 +13,8 @@
   each op's intra-op flag, then adaptive-mode runs (forward and on the reversed graph): the upper
   bound, the warm start, and the cheap tier's answer. It stops at a deadline or when its work
   allowance (``LIST_WORK``, op placements) is spent, keeping the best schedule so far.
+* ``kick_modes`` — a seeded descent that flips several ops' modes at once (the ILP tier runs it
+  when the list schedule is not proven within the gap).
 """
 
 from __future__ import annotations
@@ -351,54 +353,56 @@ class _Spent(Exception):
     """The list search's deadline or work allowance is spent."""
 
 
+class _Search:
+    """The best schedule found so far, and the deadline and work allowance candidates are
+    charged to."""
+
+    def __init__(self, inst: Instance, deadline: Deadline, work: int, best: Schedule | None = None):
+        self.inst, self.deadline, self.left = inst, deadline, work
+        self.rev = reversed_instance(inst)
+        self.best = best
+        self.best_ms = best.makespan(inst) if best is not None else float("inf")
+
+    def consider(self, make) -> bool:
+        """Charge one candidate (its SGS run and the justification's two), build it with
+        ``make()``, double-justify it, keep it if it is better."""
+        self.left -= 3 * self.inst.n
+        if self.left < 0 or self.deadline.expired():
+            raise _Spent
+        try:
+            s = justify(self.inst, make(), self.rev, self.deadline)
+        except OutOfTime as exc:
+            raise _Spent from exc
+        ms = s.makespan(self.inst)
+        if ms < self.best_ms * (1 - 1e-12):
+            self.best, self.best_ms = s, ms
+            return True
+        return False
+
+    def sgs(self, o, y):
+        return lambda: serial_sgs(self.inst, o, y, self.deadline)
+
+
 def best_list_schedule(
     inst: Instance,
     local_search: bool = True,
     extra: list[tuple[list[int], list[int]]] | None = None,
-    restarts: int = 0,
-    seed: int = 0,
     deadline: Deadline = NO_DEADLINE,
     work: int = LIST_WORK,
 ) -> Schedule:
     """Best schedule over mode heuristics × priority rules (plus ``extra`` (order, y) seeds, e.g.
     a neighbouring architecture's solution), each double-justified; then (``local_search``)
-    single intra-op flag flips, and ``restarts`` randomised priority perturbations (seeded, so
-    the result is reproducible). Stops when ``deadline`` passes or ``work`` op placements are
+    single intra-op flag flips. Stops when ``deadline`` passes or ``work`` op placements are
     spent, with the best schedule so far (the sequential schedule if none was finished)."""
-    import random
-
-    rev = reversed_instance(inst)
-    best: Schedule | None = None
-    best_ms = float("inf")
-    left = work
-
-    def consider(make) -> bool:
-        """Charge one candidate (its SGS run and the justification's two), build it with
-        ``make()``, double-justify it, keep it if it is better."""
-        nonlocal best, best_ms, left
-        left -= 3 * inst.n
-        if left < 0 or deadline.expired():
-            raise _Spent
-        try:
-            s = justify(inst, make(), rev, deadline)
-        except OutOfTime as exc:
-            raise _Spent from exc
-        ms = s.makespan(inst)
-        if ms < best_ms * (1 - 1e-12):
-            best, best_ms = s, ms
-            return True
-        return False
-
-    def sgs(o, y):
-        return lambda: serial_sgs(inst, o, y, deadline)
-
+    search = _Search(inst, deadline, work)
+    consider, sgs = search.consider, search.sgs
     flippable = [i for i in range(inst.n) if inst.la[i] != inst.l1[i]]
 
     def flip_pass():
         for _pass in range(3):
             improved = False
             for i in flippable:
-                y2 = list(best.y)
+                y2 = list(search.best.y)
                 y2[i] = 1 - y2[i]
                 for o in _orders(inst, y2)[:2]:
                     if consider(sgs(o, y2)):
@@ -414,30 +418,60 @@ def best_list_schedule(
         for o, y in extra or []:
             consider(sgs(list(o), list(y)))
         if not local_search:
-            for make in _adaptive_candidates(inst, rev, deadline):
+            for make in _adaptive_candidates(inst, search.rev, deadline):
                 consider(make)
-            return best
+            return search.best
         flip_pass()
         # adaptive-mode candidates after the flips, so the flip search's path (and result) from
         # the fixed-mode starts is unchanged and the answer is never worse than without them;
         # every candidate is evaluated (consider() keeps the best of them), no short-circuit
-        improved = [consider(make) for make in _adaptive_candidates(inst, rev, deadline)]
+        improved = [consider(make) for make in _adaptive_candidates(inst, search.rev, deadline)]
         if any(improved):
             flip_pass()
-        rng = random.Random(seed)
-        for _ in range(restarts):
-            y = list(best.y)
-            if flippable and rng.random() < 0.5:
-                k = rng.choice(flippable)
-                y[k] = 1 - y[k]
-            dur = [inst.la[i] if y[i] else inst.l1[i] for i in range(inst.n)]
-            tail = _tails(inst, dur)
-            prio = [tail[i] * rng.uniform(0.7, 1.3) for i in range(inst.n)]
-            if consider(sgs(priority_order(inst, prio), y)):
-                flip_pass()
     except _Spent:
         pass
-    return best if best is not None else sequential_schedule(inst)
+    return search.best if search.best is not None else sequential_schedule(inst)
+
+
+# Mode kicks of ``kick_modes`` per call, and the most ops one kick flips. Measured on the schedule
+# benchmark's 2x2 backward blocks (llama2-7b, opt-350m, megatron-gpt-2.5b, gpt3-175b t = 8): the
+# kicks find schedules 6-11 % shorter than ``best_list_schedule`` (whose single flips cannot
+# pair two tensor-core ops on one core each beside a vector-core op), with improvements still
+# arriving after ~280 kicks; 300 kicks cost 0.5-2.5 CPU-s on the 69-71-op blocks.
+KICKS = 300
+_KICK_FLIPS = 4
+
+
+def kick_modes(
+    inst: Instance,
+    sched: Schedule,
+    kicks: int = KICKS,
+    seed: int = 0,
+    deadline: Deadline = NO_DEADLINE,
+    work: int = LIST_WORK,
+) -> Schedule:
+    """Descent over mode vectors from ``sched``: each kick flips the intra-op flag of 1 to
+    ``_KICK_FLIPS`` random ops (seeded: reproducible) of the best schedule so far, list-schedules
+    the result with every priority rule, double-justified, and keeps it if it is shorter. Stops
+    after ``kicks`` kicks, at ``deadline`` or when ``work`` op placements are spent; never
+    returns a longer schedule than ``sched``."""
+    import random
+
+    search = _Search(inst, deadline, work, best=sched)
+    flippable = [i for i in range(inst.n) if inst.la[i] != inst.l1[i]]
+    if not flippable:
+        return sched
+    rng = random.Random(seed)
+    try:
+        for _ in range(kicks):
+            y = list(search.best.y)
+            for i in rng.sample(flippable, min(len(flippable), rng.randint(1, _KICK_FLIPS))):
+                y[i] = 1 - y[i]
+            for o in _orders(inst, y):
+                search.consider(search.sgs(o, y))
+    except _Spent:
+        pass
+    return search.best
 
 
 def _adaptive_candidates(inst: Instance, rev: Instance, deadline: Deadline = NO_DEADLINE):

@@ -8,8 +8,9 @@ Pipeline for an instance (each step measured to pay, see docs/schedule.md):
 2. A segment that is a chain (all ops comparable) or a single op needs no solver.
 3. Otherwise: cheap lower bound (critical path, energy) and the best list schedule (upper bound).
    If they meet, the list schedule is optimal. The ``bounds`` tier stops here.
-4. ``ilp`` tier: the ILP warm-started from the list schedule, in the watchdog-guarded worker;
-   its answer is replayed as an earliest-start schedule and verified (a failure is a bug and
+4. ``ilp`` tier, in the watchdog-guarded worker: the mode bound (``ilp.mode_bound_model``),
+   then mode kicks on the list schedule (``listsched.kick_modes``), then the ILP warm-started
+   from the best schedule so far (each step skipped once the gap is met); its answer is replayed as an earliest-start schedule and verified (a failure is a bug and
    raises); the result is the better of replay and list schedule, the lower bound the max of
    SCIP's dual bound and the cheap bounds.
 
@@ -314,7 +315,7 @@ class Scheduler:
                 )
             _check(inst, rep, rms)
             if rms < ub:
-                final, method = rep, "ilp"
+                final, method = rep, out.method
         ms = final.makespan(inst)
         if lb > ms * (1 + 1e-6):
             raise RuntimeError(
