@@ -1,11 +1,19 @@
 """Speed of the estimate stage and the tpuv4 preset's modelled figures.
 
     python benchmarks/estimate.py [--trace DIR | --model NAME --microbatch B --tp T] [--config FILE]
+    python benchmarks/estimate.py --gemm-utilization [--config FILE]
 
 Times the cost model on every architecture of the space (default: upstream's full grid, i.e. all
 unique core configurations) × every operator of one model's trace (its unique layer signatures,
 forward and backward), on one core. Without --trace, the model is traced first into a temporary
 directory (`python -m phaze trace`). Then prints the tpuv4 table of docs/estimate.md.
+
+With --gemm-utilization: the GEMM utilization of the run's space (default config/config.yaml)
+on each of its traces (models × microbatch × tensor-parallel width): FLOPs of all GEMMs (each
+layer counted as often as the model has it; traced unfused, so no element-wise work rides on a
+GEMM) / (their all-core latency × peak), for the tpuv4
+preset and min / median / max over the grid points. It uses only the estimate stage's public
+entry point, so the same script run against another checkout (PYTHONPATH) compares models.
 """
 
 from __future__ import annotations
@@ -67,6 +75,42 @@ def tpuv4_table(costmodel: dict, area_mm2: float) -> str:
     return "\n".join(lines)
 
 
+def gemm_utilization(config: dict) -> None:
+    import numpy as np
+
+    from phaze.trace.models import get_model_spec
+    from phaze.trace.tracer import trace_model
+
+    space, _ = build_space(config)
+    peak = space.set_index("arch")["peak_flops"]
+    tpu = space.loc[space.preset == "tpuv4", "arch"]
+    print("| model | b | t | tpuv4 | grid min | grid median | grid max |")
+    print("|---|---|---|---|---|---|---|")
+    for model in config["models"]:
+        spec = get_model_spec(model)
+        for b in config["trace"]["microbatch"]:
+            for t in config["trace"]["tp"]:
+                if spec.heads % t:
+                    continue
+                tr = trace_model(spec, b, t, None, False, False)  # unfused: GEMMs alone
+                times = tr.layers.groupby("signature").size().rename("times")
+                ops = tr.ops.join(times, on="signature")
+                lat = estimate(tr.ops, space, config["costmodel"])
+                mm = lat[lat.kind == "matmul"].merge(
+                    ops[["signature", "pass", "op", "flops", "times"]],
+                    on=["signature", "pass", "op"],
+                )
+                mm["work_s"] = mm.latency_allcores_s * mm.times
+                mm["work_flops"] = mm.flops * mm.times
+                per = mm.groupby("arch")[["work_s", "work_flops"]].sum()
+                util = per.work_flops / (per.work_s * peak.loc[per.index])
+                grid = util.drop(index=tpu, errors="ignore")
+                print(
+                    f"| {model} | {b} | {t} | {float(util.loc[tpu].iloc[0]):.1%} | "
+                    f"{grid.min():.1%} | {np.median(grid):.1%} | {grid.max():.1%} |"
+                )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", help="trace directory (ops.parquet); default: trace --model first")
@@ -74,7 +118,11 @@ def main() -> int:
     ap.add_argument("--microbatch", type=int, default=1)
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--config", help="config for the space/costmodel; default: full upstream grid")
+    ap.add_argument("--gemm-utilization", action="store_true", help=__doc__.splitlines()[4])
     args = ap.parse_args()
+    if args.gemm_utilization:
+        gemm_utilization(load_config(args.config))
+        return 0
     config = load_config(args.config) if args.config else validate_config({})
 
     t0 = time.perf_counter()

@@ -33,6 +33,13 @@ Consequences a user can check by hand:
 
 Sizes are bytes; ``all_reduce(S)`` / ``reduce_scatter(S)`` take S = the full buffer each rank
 holds before the collective, ``all_gather(S)`` S = the full buffer after it.
+
+A 3D torus (``TorusNetwork``, a preset's ``network: {topology: torus3d, cube, pod, link}``, the
+TPU v4 ICI): the slice a job of N chips gets, its collectives over boxes of the torus (every
+spanned axis at once, both directions of a closed ring) and its point-to-point hops; the formulas
+are in the class. ``network_from_section`` reads either form, ``network_for_architecture`` picks
+the one an architecture's collectives run on (its preset's, config ``place.network``, or the flat
+``costmodel.link_*``), for every stage.
 """
 
 from __future__ import annotations
@@ -106,6 +113,29 @@ class LinkLevel:
             raise PhazeError(f"{where}: {exc}") from None
 
 
+class _Collectives:
+    """The named collectives of a network, all through its ``collective(kind, size, ranks)``."""
+
+    def reduce_scatter(self, size_bytes: float, ranks: Sequence[int]) -> float:
+        return self.collective("reduce_scatter", size_bytes, ranks)
+
+    def all_gather(self, size_bytes: float, ranks: Sequence[int]) -> float:
+        # the ring all-gather is the reduce-scatter run backwards: same steps, same bytes
+        return self.collective("all_gather", size_bytes, ranks)
+
+    def all_reduce(self, size_bytes: float, ranks: Sequence[int]) -> float:
+        # reduce-scatter then all-gather
+        return self.collective("all_reduce", size_bytes, ranks)
+
+
+def _pairs_of(src_group: Sequence[int], dst_group: Sequence[int]) -> list[tuple[int, int]]:
+    """Rank i of one tensor-parallel group with rank i of the next stage's."""
+    src_group, dst_group = list(src_group), list(dst_group)
+    if len(src_group) != len(dst_group):
+        raise PhazeError("stage transfer between tensor-parallel groups of different sizes")
+    return list(zip(src_group, dst_group))
+
+
 @dataclass(frozen=True)
 class GroupShape:
     """How a communicator's ranks sit in the hierarchy: ``per_node`` ranks on each of ``nodes``."""
@@ -116,7 +146,7 @@ class GroupShape:
 
 
 @dataclass(frozen=True)
-class HierarchicalNetwork:
+class HierarchicalNetwork(_Collectives):
     devices_per_node: int
     intra: LinkLevel
     inter: LinkLevel
@@ -144,7 +174,7 @@ class HierarchicalNetwork:
 
     @classmethod
     def flat(cls, level: LinkLevel, devices: int) -> HierarchicalNetwork:
-        """One level only: every device in one 'node'."""
+        """One level only (both levels equal: any group costs the flat ring, see above)."""
         return cls(max(1, devices), level, level)
 
     # --- placement ----------------------------------------------------------------------------
@@ -175,11 +205,11 @@ class HierarchicalNetwork:
         bw = min(self.intra.effective_Bps, shape.per_node * self.inter.effective_Bps)
         return bw, max(self.intra.latency_s, self.inter.latency_s)
 
-    def ring_params(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(bottleneck bytes/s, per-step latency) of a ring over each row of `nodes` (the node of
-        every member, each row non-decreasing): `_ring` of the row's `shape`, for many groups
-        at once."""
-        nodes = np.asarray(nodes)
+    def ring_params(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(bottleneck bytes/s, per-step latency) of a ring over each row of `ranks` (each row
+        increasing): `_ring` of the row's `shape`, for many groups at once, in the form
+        `ring_seconds` takes."""
+        nodes = np.asarray(ranks) // self.devices_per_node
         groups, g = nodes.shape
         intra, inter = self.intra, self.inter
         if g == 1:
@@ -198,6 +228,18 @@ class HierarchicalNetwork:
         lat = np.where(spans, max(intra.latency_s, inter.latency_s), intra.latency_s)
         return bw, lat
 
+    def p2p_params(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(bytes/s, latency) of a send from each rank of `src` to the rank of `dst` at the same
+        position (`p2p` for many pairs at once: the intra-node level inside a node)."""
+        crosses = self.crosses_nodes(src, dst)
+        bw = np.where(crosses, self.inter.effective_Bps, self.intra.effective_Bps)
+        return bw, np.where(crosses, self.inter.latency_s, self.intra.latency_s)
+
+    def crosses_nodes(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Whether each pair leaves its node (where Megatron's scatter/gather can help)."""
+        n = self.devices_per_node
+        return np.asarray(src) // n != np.asarray(dst) // n
+
     def collective(self, kind: str, size_bytes: float, ranks: Sequence[int]) -> float:
         """Seconds of a ring collective over these ranks (empty messages are free)."""
         shape = self.shape(ranks)
@@ -205,17 +247,6 @@ class HierarchicalNetwork:
             return 0.0
         bw, lat = self._ring(shape)
         return float(collective_seconds(kind, size_bytes, shape.size, bw, lat))
-
-    def reduce_scatter(self, size_bytes: float, ranks: Sequence[int]) -> float:
-        return self.collective("reduce_scatter", size_bytes, ranks)
-
-    def all_gather(self, size_bytes: float, ranks: Sequence[int]) -> float:
-        # the ring all-gather is the reduce-scatter run backwards: same steps, same bytes
-        return self.collective("all_gather", size_bytes, ranks)
-
-    def all_reduce(self, size_bytes: float, ranks: Sequence[int]) -> float:
-        # reduce-scatter then all-gather
-        return self.collective("all_reduce", size_bytes, ranks)
 
     # --- point to point -----------------------------------------------------------------------
     def p2p(self, size_bytes: float, src: int, dst: int) -> float:
@@ -239,13 +270,269 @@ class HierarchicalNetwork:
         receivers rebuild the tensor with an all-gather inside their node. Used only when the
         stages are on different nodes (inside a node the plain send is already on the fast level).
         """
-        src_group, dst_group = list(src_group), list(dst_group)
-        if len(src_group) != len(dst_group):
-            raise PhazeError("stage transfer between tensor-parallel groups of different sizes")
-        t = len(src_group)
-        crosses = any(self.node_of(a) != self.node_of(b) for a, b in zip(src_group, dst_group))
+        pairs = _pairs_of(src_group, dst_group)
+        t = len(pairs)
+        crosses = any(self.node_of(a) != self.node_of(b) for a, b in pairs)
         if not scatter_gather or t == 1 or not crosses:
             # the t pairs send concurrently, each on its own link
-            return max(self.p2p(size_bytes, a, b) for a, b in zip(src_group, dst_group))
-        scatter = max(self.p2p(size_bytes / t, a, b) for a, b in zip(src_group, dst_group))
-        return scatter + self.all_gather(size_bytes, dst_group)
+            return max(self.p2p(size_bytes, a, b) for a, b in pairs)
+        scatter = max(self.p2p(size_bytes / t, a, b) for a, b in pairs)
+        return scatter + self.all_gather(size_bytes, [b for _, b in pairs])
+
+
+# ---------------------------------------------------------------------------------------------
+# a 3D torus (TPU v4 ICI)
+# ---------------------------------------------------------------------------------------------
+def _balanced_factors(n: int) -> tuple[int, int, int]:
+    """(a, b, c), a <= b <= c, a·b·c = n, with the largest factor as small as possible (then the
+    smallest as large as possible): the most cube-like box of n unit cells."""
+    best = None
+    for a in range(1, round(n ** (1 / 3)) + 2):
+        if n % a:
+            continue
+        for b in range(a, int((n // a) ** 0.5) + 1):
+            if (n // a) % b:
+                continue
+            c = n // a // b
+            key = (c, -a)
+            if best is None or key < best[0]:
+                best = (key, (a, b, c))
+    if best is None:
+        return (1, 1, n)
+    return best[1]
+
+
+@dataclass(frozen=True)
+class TorusNetwork(_Collectives):
+    """A 3D torus of chips, each with one link per direction to each of its 6 neighbours.
+
+    Ranks fill the slice x fastest, then y, then z (``rank = x + X·(y + Y·z)``), so consecutive
+    ranks (a tensor-parallel group) run along x. An axis ``wraps`` when the slice closes it into a
+    ring (TPU v4: every axis of a slice made of whole 4x4x4 cubes, through the optical switches;
+    no axis of a smaller slice).
+
+    A collective over a group that is a box of the torus (``n_a`` ranks along each axis ``a``,
+    contiguous) runs on every axis it spans at once (jax-ml/scaling-book, "How to Think About
+    TPUs" / "Sharded Matrices": an AllGather over k axes has k times the bandwidth): a
+    reduce-scatter or all-gather of S bytes over g ranks takes
+
+        (g − 1)/g · S / Σ_a W_a  +  L · Σ_a hops_a,
+
+    W_a = 2 · B (both directions, a bidirectional ring) on an axis the group closes into a ring
+    of ≥ 3 ranks, else B (a line, or two ranks), with B = bandwidth_Bps · efficiency per link and
+    direction; hops_a = ⌊n_a/2⌋ on such a ring, n_a − 1 otherwise; L per hop. An all-reduce is a
+    reduce-scatter then an all-gather (twice that). On one axis without wraparound this is
+    exactly the flat ring of ``ring_seconds`` on one link. A group that is not such a box runs
+    one unidirectional ring through its ranks in rank order, every step as slow as the farthest
+    pair of ring neighbours (``hops · L``) on one link's bandwidth. A point-to-point send takes
+    ``S / B + hops · L`` over the shortest path (with wraparound where the axis wraps).
+    """
+
+    dims: tuple[int, int, int]
+    wraps: tuple[bool, bool, bool]
+    link: LinkLevel
+
+    def __post_init__(self) -> None:
+        if len(self.dims) != 3 or any(int(d) < 1 for d in self.dims):
+            raise PhazeError(f"torus dims must be three positive integers, got {self.dims}")
+
+    # --- construction -------------------------------------------------------------------------
+    @classmethod
+    def for_devices(cls, network: dict, devices: int, where: str) -> TorusNetwork:
+        """The slice a job of ``devices`` chips gets: whole ``cube`` blocks arranged as close to a
+        cube as possible (wrapping on every axis), or, below one cube or for a device count that
+        is not a multiple of it, the most cube-like box without wraparound. At most ``pod``."""
+        for key in ("cube", "pod", "link"):
+            if key not in network:
+                raise PhazeError(f"{where}: missing key {key!r} (a torus needs cube, pod, link)")
+        try:
+            cube = tuple(int(c) for c in network["cube"])
+            pod = tuple(int(c) for c in network["pod"])
+        except (TypeError, ValueError) as exc:
+            raise PhazeError(f"{where}: cube and pod are three integers each ({exc})") from None
+        if len(cube) != 3 or len(pod) != 3:
+            raise PhazeError(f"{where}: cube and pod are three integers each")
+        link = LinkLevel.from_dict(network["link"], f"{where}.link")
+        devices = int(devices)
+        if devices < 1:
+            raise PhazeError(f"{where}: a slice needs at least one chip, got {devices}")
+        capacity = pod[0] * pod[1] * pod[2]
+        if devices > capacity:
+            raise PhazeError(
+                f"{where}: {devices} chips exceed one pod of {capacity} (pods are joined by the "
+                "data-center network, which is not modelled)"
+            )
+        per_cube = cube[0] * cube[1] * cube[2]
+        if devices % per_cube == 0:
+            a, b, c = _balanced_factors(devices // per_cube)
+            dims = tuple(sorted((a * cube[0], b * cube[1], c * cube[2])))
+            return cls(dims, (True, True, True), link)
+        return cls(_balanced_factors(devices), (False, False, False), link)
+
+    # --- geometry -----------------------------------------------------------------------------
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        x, y, _ = self.dims
+        if not 0 <= rank < x * y * self.dims[2]:
+            raise PhazeError(f"rank {rank} is outside the {self.dims} torus")
+        return (rank % x, (rank // x) % y, rank // (x * y))
+
+    def hops(self, a: int, b: int) -> int:
+        """Links on the shortest path between two ranks."""
+        total = 0
+        for p, q, n, wrap in zip(self.coords(a), self.coords(b), self.dims, self.wraps):
+            d = abs(p - q)
+            total += min(d, n - d) if wrap else d
+        return total
+
+    def _box_axes(self, ranks: Sequence[int]) -> list[tuple[int, bool]] | None:
+        """[(ranks along the axis, closes a ring)] for each axis a box-shaped group spans; None
+        if the group is not a box of contiguous coordinates."""
+        pts = {self.coords(r) for r in ranks}
+        axes = []
+        size = 1
+        for a in range(3):
+            values = sorted({p[a] for p in pts})
+            n, dim = len(values), self.dims[a]
+            size *= n
+            if n == 1:
+                continue
+            if n == dim:  # the whole axis: a ring if it wraps
+                axes.append((n, self.wraps[a] and n >= 3))
+                continue
+            if self.wraps[a]:  # a run of n neighbours, possibly across the wraparound
+                gaps = [(values[(i + 1) % n] - values[i]) % dim for i in range(n)]
+                contiguous = gaps.count(1) >= n - 1
+            else:
+                contiguous = values[-1] - values[0] == n - 1
+            if not contiguous:
+                return None
+            axes.append((n, False))
+        if size != len(pts):
+            return None
+        return axes
+
+    # --- collectives --------------------------------------------------------------------------
+    def collective(self, kind: str, size_bytes: float, ranks: Sequence[int]) -> float:
+        """Seconds of a collective over these ranks (empty messages and one rank are free)."""
+        ranks = list(ranks)
+        if len(set(ranks)) != len(ranks):
+            raise PhazeError(f"communicator has repeated ranks: {ranks}")
+        if kind not in RING_STEPS:
+            raise ValueError(f"unknown collective {kind!r}; known: {sorted(RING_STEPS)}")
+        g = len(ranks)
+        if g <= 1 or size_bytes <= 0:
+            return 0.0
+        width, hops = self._ring_shape(ranks)
+        phase = (g - 1) / g * size_bytes / width + hops * self.link.latency_s
+        return RING_STEPS[kind] * phase
+
+    def _ring_shape(self, ranks: Sequence[int]) -> tuple[float, int]:
+        """(bytes/s of a phase, hops of latency per phase) of a collective over these ranks: a
+        box uses every axis it spans, else one ring in rank order at its farthest step."""
+        bw = self.link.effective_Bps
+        axes = self._box_axes(ranks)
+        if axes is None:
+            ring = sorted(ranks)
+            worst = max(self.hops(a, b) for a, b in zip(ring, ring[1:] + ring[:1]))
+            return bw, worst * (len(ring) - 1)
+        width = sum((2.0 if closed else 1.0) * bw for _, closed in axes)
+        return width, sum((n // 2) if closed else (n - 1) for n, closed in axes)
+
+    def ring_params(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(bytes/s, per-step latency) per row of `ranks` such that `ring_seconds` with g = the
+        row's length gives `collective`: a phase ``(g − 1)/g · S/W + hops · L`` is the ring form
+        with bandwidth W and latency ``hops · L / (g − 1)`` per step."""
+        ranks = np.asarray(ranks)
+        groups, g = ranks.shape
+        bw = np.full(groups, self.link.effective_Bps)
+        lat = np.full(groups, self.link.latency_s)
+        if g == 1:
+            return bw, lat
+        seen: dict[tuple, tuple[float, float]] = {}
+        for i, row in enumerate(ranks):
+            key = tuple(int(r) for r in row)
+            if key not in seen:
+                width, hops = self._ring_shape(key)
+                seen[key] = (width, hops * self.link.latency_s / (g - 1))
+            bw[i], lat[i] = seen[key]
+        return bw, lat
+
+    def p2p_params(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(bytes/s, latency) of a send from each rank of `src` to its counterpart in `dst`
+        (`p2p` for many pairs at once)."""
+        src, dst = np.broadcast_arrays(np.asarray(src), np.asarray(dst))
+        hops = np.array([self.hops(int(a), int(b)) for a, b in zip(src.ravel(), dst.ravel())])
+        lat = (hops * self.link.latency_s).reshape(src.shape)
+        return np.full(src.shape, self.link.effective_Bps), lat
+
+    def crosses_nodes(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """No pair shares a NIC on a torus: scatter/gather never applies (`stage_transfer`)."""
+        return np.zeros(np.broadcast(np.asarray(src), np.asarray(dst)).shape, dtype=bool)
+
+    # --- point to point -----------------------------------------------------------------------
+    def p2p(self, size_bytes: float, src: int, dst: int) -> float:
+        if src == dst or size_bytes <= 0:
+            return 0.0
+        return p2p_seconds(
+            size_bytes, self.link.effective_Bps, self.hops(src, dst) * self.link.latency_s
+        )
+
+    def stage_transfer(
+        self,
+        size_bytes: float,
+        src_group: Sequence[int],
+        dst_group: Sequence[int],
+        scatter_gather: bool = True,
+    ) -> float:
+        """Every rank of a tensor-parallel group sends the activation to its counterpart in the
+        next stage's group over its own links, all pairs at once (the scatter/gather of a GPU
+        node's shared NICs has nothing to save on a torus, so ``scatter_gather`` is unused)."""
+        return max(self.p2p(size_bytes, a, b) for a, b in _pairs_of(src_group, dst_group))
+
+
+# ---------------------------------------------------------------------------------------------
+# which network an architecture's collectives run on
+# ---------------------------------------------------------------------------------------------
+Network = HierarchicalNetwork | TorusNetwork
+
+
+def network_from_section(network: dict, devices: int, where: str = "preset network") -> Network:
+    """A preset's (or config place's) ``network:`` section: ``topology: torus3d`` (cube, pod,
+    link) for a job of ``devices`` chips, or the default two-level form (devices_per_node,
+    intra_node, inter_node)."""
+    if not isinstance(network, dict):
+        raise PhazeError(f"{where}: expected a mapping")
+    topology = network.get("topology", "two_level")
+    if topology == "torus3d":
+        return TorusNetwork.for_devices(network, devices, where)
+    if topology != "two_level":
+        raise PhazeError(f"{where}: unknown topology {topology!r} (two_level or torus3d)")
+    return HierarchicalNetwork.from_preset(
+        {k: v for k, v in network.items() if k != "topology"}, where
+    )
+
+
+def network_for_architecture(
+    preset_network: dict | None,
+    place_network: dict | None,
+    preset_networks: bool,
+    costmodel: dict,
+    devices: int,
+    preset_name: str = "",
+) -> tuple[Network, str]:
+    """The network an architecture's collectives run on, and its label: the preset's own
+    ``network:`` section (when ``preset_networks``), else config ``place.network``, else one flat
+    link of ``costmodel.link_bandwidth_Bps`` / ``link_latency_s`` (label ``flat``), for a job of
+    ``devices`` devices. Every stage that prices a collective of that architecture asks here."""
+    if preset_network is not None and preset_networks:
+        where = f"preset {preset_name} network"
+        return network_from_section(preset_network, devices, where), f"preset:{preset_name}"
+    if place_network is not None:
+        return network_from_section(place_network, devices, "config place.network"), "config"
+    try:
+        level = LinkLevel(
+            float(costmodel["link_bandwidth_Bps"]), float(costmodel["link_latency_s"])
+        )
+    except KeyError as exc:
+        raise PhazeError(f"costmodel lacks {exc.args[0]}") from None
+    return HierarchicalNetwork.flat(level, 1), "flat"

@@ -19,7 +19,9 @@ rule estimate_space:
         "../environment.yml"
     params:
         code=code_version("estimate"),
-        cfg=W.section("costmodel"),
+        cfg=W.section(
+            "costmodel", "place.network", "place.preset_networks", "place.devices"
+        ),
         trace=W.trace_dir_of,
     shell:
         "python3 -m phaze estimate --trace {params.trace:q} --space {input.space:q}"
@@ -60,7 +62,9 @@ rule estimate_blind:
         "../environment.yml"
     params:
         code=code_version("estimate"),
-        cfg=W.section("costmodel"),
+        cfg=W.section(
+            "costmodel", "place.network", "place.preset_networks", "place.devices"
+        ),
         trace=W.trace_dir_of,
     shell:
         "python3 -m phaze estimate --trace {params.trace:q} --space {input.space:q}"

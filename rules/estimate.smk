@@ -22,7 +22,9 @@ rule estimate:
         runtime=10,
     params:
         code=code_version("estimate"),
-        cfg=W.section("costmodel"),
+        cfg=W.section(
+            "costmodel", "place.network", "place.preset_networks", "place.devices"
+        ),
         trace=lambda wc, input: os.path.dirname(input.ops),
     shell:
         "python3 -m phaze estimate --trace {params.trace:q} --space {input.space:q}"

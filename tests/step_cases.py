@@ -1,10 +1,10 @@
 """Shared by the step-model tests: random chains and networks, and an independent reference
-implementation of the step model (explicit rank lists, `HierarchicalNetwork`'s own collectives,
+implementation of the step model (explicit rank lists, the network's own collectives and sends,
 plain loops) that `phaze.step.model.price` is checked against."""
 
 from __future__ import annotations
 
-from phaze.network import HierarchicalNetwork, LinkLevel
+from phaze.network import HierarchicalNetwork, LinkLevel, Network, TorusNetwork
 from phaze.step.layers import ChainCost, LayerCost
 from phaze.step.model import StepConstants
 from phaze.step.strategy import Strategy
@@ -19,6 +19,20 @@ def random_network(rng) -> HierarchicalNetwork:
         float(rng.uniform(0.5, 4.0)), float(rng.uniform(0.0, 0.05)), float(rng.uniform(0.5, 1))
     )
     return HierarchicalNetwork(dpn, level(), level())
+
+
+def random_torus(rng, devices: int) -> TorusNetwork:
+    """A torus of exactly `devices` chips: a random factorisation into three axes, each axis
+    wrapping or not."""
+    dims = [1, 1, 1]
+    rest = devices
+    for f in range(2, devices + 1):
+        while rest % f == 0:
+            dims[int(rng.integers(0, 3))] *= f
+            rest //= f
+    link = LinkLevel(float(rng.uniform(0.5, 4.0)), float(rng.uniform(0.0, 0.05)))
+    wraps = tuple(bool(rng.random() < 0.5) for _ in range(3))
+    return TorusNetwork(tuple(dims), wraps, link)
 
 
 def random_layer(rng, *, block: bool, tp: int, tied: bool = False) -> LayerCost:
@@ -126,6 +140,7 @@ def random_constants(rng) -> StepConstants:
         grad_bytes_per_param=float(rng.uniform(0.5, 4)),
         weight_bytes_per_param=float(rng.uniform(0.5, 4)),
         optimizer_bytes_per_param=float(rng.uniform(0, 60)),
+        grad_accumulation_bytes_per_param=float(rng.uniform(0, 8)),
         ddp_bucket_bytes=float(rng.uniform(0.05, 3)),
         hbm_bandwidth_Bps=float(rng.uniform(5, 50)),
         scatter_gather=bool(rng.random() < 0.7),
@@ -146,7 +161,7 @@ def _colls(net, colls, ranks) -> float:
     return total
 
 
-def reference_price(chain: ChainCost, s: Strategy, net: HierarchicalNetwork, c: StepConstants):
+def reference_price(chain: ChainCost, s: Strategy, net: Network, c: StepConstants):
     """(iteration time, per-rank memory) of strategy `s` (stages given or even)."""
     stages = s.check_layers(chain.blocks)
     t, p, d, v = s.tp, s.pp, s.dp, s.interleave
@@ -199,6 +214,8 @@ def reference_price(chain: ChainCost, s: Strategy, net: HierarchicalNetwork, c: 
         P = n * B.params + (E.params if first else 0.0)
         if last:
             P += H.params + (H.tied_params if p > 1 else 0.0)
+        m = sched.microbatches
+        t_j += (m - 1) / m * P * c.grad_accumulation_bytes_per_param / c.hbm_bandwidth_Bps
         per_mb.append(t_j)
         bwd_part.append(b_j)
         params_of.append(P)

@@ -6,6 +6,7 @@ import itertools
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
@@ -144,7 +145,11 @@ def test_full_grid_matches_an_independent_filter(default_config, full_space):
         )
         low = 0.0 if (n_tc == 1 or n_vc == 1) else 0.3 * a_max
         kept += bool(low * (1 - 1e-9) <= a <= a_max * (1 + 1e-9))
-    assert len(space) == kept == summary["kept"]
+    # the space is the kept grid (upstream's TPUv4 point labelled tpuv4-upstream) plus the
+    # presets that are not grid points (the faithful tpuv4)
+    on_grid = space.preset.isin(["", "tpuv4-upstream"])
+    assert on_grid.sum() == kept and summary["kept"] == len(space) == kept + 1
+    assert (space.preset == "tpuv4-upstream").sum() == 1
     # upstream kept 29,360; our fitted area model moves a few boundary points
     assert abs(kept - 29_360) / 29_360 < 0.01
 
@@ -156,24 +161,30 @@ def test_space_is_sorted_by_area_ids_unique_and_tpuv4_present(full_space):
     tpu = space[space.preset == "tpuv4"]
     assert len(tpu) == 1
     row = tpu.iloc[0]
+    # TPU v4 as described publicly: 8 MXUs of 128x128, 2 VPUs of 8 x 128 lanes, 128 MiB CMEM
     assert (row.n_tc, row.n_vc, row.tc_width, row.tc_depth, row.vc_width, row.glb_bytes) == (
         8,
         2,
         128,
         128,
-        128,
+        1024,
         128 * MiB,
     )
     assert row.costmodel_overrides == ""  # tpuv4's own HBM bandwidth equals the default
-    # the reference point is the budget: nothing larger is kept
-    assert space.area_mm2.max() == pytest.approx(row.area_mm2)
+    # the budget is upstream's TPUv4 point (tpuv4-upstream), a grid point: no grid point is
+    # larger, and that point is in the grid with exactly the budget's area
+    up = load_preset("tpuv4-upstream")["arch"]
+    grid = space[space.preset != "tpuv4"]
+    same = (grid[list(up)] == pd.Series(up)).all(axis=1)
+    assert same.sum() == 1 and grid.loc[same, "preset"].iloc[0] == "tpuv4-upstream"
+    assert grid.area_mm2.max() == pytest.approx(grid.loc[same, "area_mm2"].iloc[0])
     assert (
         space.peak_flops == 2 * space.n_tc * space.tc_width * space.tc_depth * space.freq_hz
     ).all()
 
 
 def test_arch_id_is_stable_and_parameter_sensitive():
-    p = load_preset("tpuv4")["arch"]
+    p = load_preset("tpuv4-upstream")["arch"]
     # a literal: ids must not change across runs, machines or refactors
     assert arch_id(p) == "1d1d503f31d4"
     assert arch_id({**p, "glb_bytes": 64 * MiB}) != arch_id(p)
@@ -182,11 +193,12 @@ def test_arch_id_is_stable_and_parameter_sensitive():
 
 def test_preset_costmodel_override_gets_its_own_id(default_config):
     config = json.loads(json.dumps(default_config))
-    config["costmodel"]["hbm_bandwidth_Bps"] = 0.9e12  # now tpuv4's 1.2 TB/s is an override
+    config["costmodel"]["hbm_bandwidth_Bps"] = 0.9e12  # now the preset's 1.2 TB/s is an override
     config["arch"].update(n_tc=[8], n_vc=[2], tc_width=[128], tc_depth=[128], glb_mib=[128])
+    config["arch"]["presets"] = ["tpuv4-upstream"]  # the grid point's own parameters
     space, _ = build_space(config)
     assert len(space) == 2  # the grid point and the preset with its own HBM
-    tpu = space[space.preset == "tpuv4"].iloc[0]
+    tpu = space[space.preset == "tpuv4-upstream"].iloc[0]
     assert json.loads(tpu.costmodel_overrides) == {"hbm_bandwidth_Bps": 1.2e12}
     assert tpu.arch != space[space.preset == ""].iloc[0].arch
 
@@ -213,7 +225,8 @@ def test_cli_narrowed_grid_and_errors(tmp_path, capsys):
         am.accelerator_area_mm2(t, v, w, d, w, g * MiB, area_cfg) <= a_max * (1 + 1e-9)
         for t, v, w, d, g in itertools.product([4, 8], [1, 2], [64, 128], [128, 256], [64, 128])
     )
-    assert 0 < expect < 32 and len(space) == expect
+    # + the faithful tpuv4, which is not a grid point (its VPUs are 1024 lanes wide)
+    assert 0 < expect < 32 and len(space) == expect + 1
 
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"arch": {"presets": ["no-such-chip"]}}))

@@ -93,3 +93,77 @@ def test_vector_ops_more_cores_never_slower(elements, nbytes, cpe, width, p1, p2
         vector_latency(elements, nbytes, cpe, c, CM, hi)[0]
         <= vector_latency(elements, nbytes, cpe, c, CM, lo)[0]
     )
+
+
+# --- the tiling terms ----------------------------------------------------------------------
+SERIAL = {**CM, "output_tile_overlapped": False, "op_issue_s": 2e-6}
+THROTTLED = {**CM, "matmul_clock_fraction": 0.8, "matmul_mainloop_fraction": 0.9}
+small_dims = st.integers(min_value=1, max_value=300)
+FEW = settings(max_examples=25, deadline=None)
+
+
+@FEW
+@given(gemm, core, st.integers(1, 4096), st.integers(1, 4096), st.sampled_from([SERIAL, THROTTLED]))
+def test_more_cores_never_slower_with_serial_tiles_and_throttling(shape, c, p1, p2, cm):
+    lo, hi = sorted((p1, p2))
+    assert matmul_cost(*shape, c, cm, hi)["latency_s"] <= matmul_cost(*shape, c, cm, lo)[
+        "latency_s"
+    ] * (1 + 1e-12)
+
+
+@FEW
+@given(gemm, core, st.integers(1, 512), st.floats(0.1, 1.0))
+def test_clock_fraction_scales_the_core_terms_exactly(shape, c, p, fraction):
+    slow = {**SERIAL, "matmul_clock_fraction": fraction}
+    fast = matmul_cost(*shape, c, SERIAL, p)
+    throttled = matmul_cost(*shape, c, slow, p)
+    for term in ("compute_s", "glb_s"):
+        assert throttled[term] * fraction == np.float64(fast[term]) or np.isclose(
+            throttled[term] * fraction, fast[term], rtol=1e-12
+        )
+    assert throttled["hbm_s"] == fast["hbm_s"]  # HBM is not on the SM clock
+
+
+@FEW
+@given(gemm, core, st.integers(1, 512))
+def test_serial_tiles_and_throttling_are_never_faster(shape, c, p):
+    base = matmul_cost(*shape, c, CM, p)
+    for cm in (SERIAL, THROTTLED):
+        other = matmul_cost(*shape, c, cm, p)
+        assert other["latency_s"] >= base["latency_s"] * (1 - 1e-12)
+    m, n, k, b = shape
+    peak = 2.0 * p * c["tc_width"] * c["tc_depth"] * c["freq_hz"]
+    t = matmul_cost(*shape, c, THROTTLED, p)["latency_s"]
+    assert t >= 2.0 * m * n * k * b / (peak * 0.8 * 0.9) * (1 - 1e-9)
+    assert matmul_cost(*shape, c, SERIAL, p)["latency_s"] >= SERIAL["op_issue_s"]
+
+
+def _simulate_chosen_tiling(m, n, k, batch, w, d, p, cost):
+    """Deal the reported tiling's tiles to p cores one by one and add up each core's cycles."""
+    rows, cols = (m, n) if cost["b_stationary"] else (n, m)
+    tm, tn = (
+        (cost["tile_m"], cost["tile_n"])
+        if cost["b_stationary"]
+        else (
+            cost["tile_n"],
+            cost["tile_m"],
+        )
+    )
+    tm, tn = int(tm), int(tn)
+    tiles = [
+        (b, r, c) for b in range(batch) for r in range(0, rows, tm) for c in range(0, cols, tn)
+    ]
+    busy = [0] * p
+    for i, _tile in enumerate(tiles):  # every tile costs a whole tile
+        busy[i % p] += -(-k // w) * (tn // d) * max(tm, w)
+    return len(tiles), max(busy) + (w + d - 2)
+
+
+@settings(max_examples=80, deadline=None)
+@given(small_dims, small_dims, small_dims, st.integers(1, 4), pow2, pow2, st.integers(1, 40))
+def test_reported_tiling_reproduces_its_cycles(m, n, k, batch, w, d, p):
+    c = {"tc_width": w, "tc_depth": d, "glb_bytes": 8 * MiB, "freq_hz": 1e9}
+    cost = matmul_cost(m, n, k, batch, c, CM, p)
+    tiles, cycles = _simulate_chosen_tiling(m, n, k, batch, w, d, p, cost)
+    assert tiles == cost["tiles"] and -(-tiles // p) == cost["tiles_per_core"]
+    assert np.isclose(cost["compute_s"] * 1e9, cycles, rtol=1e-12)

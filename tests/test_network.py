@@ -108,3 +108,76 @@ def test_bad_network_inputs_are_rejected():
         )
     with pytest.raises(PhazeError, match="repeated"):
         DGX.all_reduce(1.0, [0, 0])
+
+
+# --- the 3D torus (TPU v4 ICI) ---------------------------------------------------------------
+ICI = {"bandwidth_Bps": 45e9, "latency_s": 1e-6}
+TPU = {"topology": "torus3d", "cube": [4, 4, 4], "pod": [16, 16, 16], "link": ICI}
+B, L, S = 45e9, 1e-6, 8e6
+
+
+def torus(devices):
+    from phaze.network import network_from_section
+
+    return network_from_section(TPU, devices)
+
+
+def test_torus_slices_are_whole_cubes_with_wraparound():
+    from phaze.network import TorusNetwork
+
+    # 16 cubes as cube-like as possible: 2 x 2 x 4 of them; whole cubes wrap on every axis
+    assert torus(1024) == TorusNetwork((8, 8, 16), (True, True, True), LinkLevel(B, L))
+    assert torus(64).dims == (4, 4, 4) and all(torus(64).wraps)
+    assert torus(4096).dims == (16, 16, 16) and torus(128).dims == (4, 4, 8)
+    # below a cube: the most cube-like box, no wraparound
+    assert torus(8) == TorusNetwork((2, 2, 2), (False, False, False), LinkLevel(B, L))
+    assert torus(16).dims == (2, 2, 4) and not any(torus(16).wraps)
+    assert torus(1024).coords(0) == (0, 0, 0) and torus(1024).coords(8 + 64) == (0, 1, 1)
+    for bad, needle in ((5000, "exceed one pod"), (0, "at least one chip")):
+        with pytest.raises(PhazeError, match=needle):
+            torus(bad)
+    with pytest.raises(PhazeError, match="unknown topology"):
+        from phaze.network import network_from_section
+
+        network_from_section({**TPU, "topology": "hypercube"}, 8)
+    with pytest.raises(PhazeError, match="missing key 'cube'"):
+        from phaze.network import network_from_section
+
+        network_from_section({"topology": "torus3d", "pod": [4, 4, 4], "link": ICI}, 8)
+
+
+def test_torus_collectives_by_hand():
+    t = torus(1024)  # 8 x 8 x 16, wraparound everywhere
+    # the whole x axis (8 chips, a closed ring): both directions of every link, 4 hops
+    assert t.all_gather(S, range(8)) == pytest.approx(7 / 8 * S / (2 * B) + 4 * L)
+    assert t.all_reduce(S, range(8)) == pytest.approx(2 * (7 / 8 * S / (2 * B) + 4 * L))
+    # half of the x axis is a line: exactly the flat ring on one link
+    line = 2 * (3 / 4 * S / B + 3 * L)
+    assert t.all_reduce(S, range(4)) == pytest.approx(line)
+    assert t.all_reduce(S, range(4)) == pytest.approx(flat_ring_all_reduce(S, 4, LinkLevel(B, L)))
+    # two chips: one link both ways, one hop
+    assert t.reduce_scatter(S, [0, 1]) == pytest.approx(S / 2 / B + L)
+    # an x-y plane (64 chips): two closed rings at once, 4 B of bandwidth, 4 + 4 hops
+    assert t.all_gather(S, range(64)) == pytest.approx(63 / 64 * S / (4 * B) + 8 * L)
+    # a data-parallel group of stride 8 over two planes: y closed (2 B) + a 2-chip line on z (B)
+    dp = [8 * i for i in range(16)]
+    assert t.all_reduce(S, dp) == pytest.approx(2 * (15 / 16 * S / (3 * B) + (4 + 1) * L))
+    # not a box of neighbours (every other chip): one ring, each step 2 hops, one link
+    assert t.all_gather(S, [0, 2]) == pytest.approx(S / 2 / B + 2 * L)
+    # no wraparound (2 x 2 x 2): three 2-chip lines, B each, 3 hops
+    assert torus(8).all_gather(S, range(8)) == pytest.approx(7 / 8 * S / (3 * B) + 3 * L)
+    # one rank or no bytes is free
+    assert t.all_reduce(S, [5]) == 0 and t.all_reduce(0, range(8)) == 0
+
+
+def test_torus_point_to_point_takes_the_shortest_way_round():
+    t = torus(1024)
+    assert t.p2p(S, 0, 7) == pytest.approx(S / B + L)  # x wraps: 7 -> 0 is one hop
+    assert t.p2p(S, 0, 4 + 8 * 4 + 64 * 8) == pytest.approx(S / B + (4 + 4 + 8) * L)
+    assert t.p2p(S, 3, 3) == 0
+    # a pipeline hand-off of a tensor-parallel group: every pair at once over its own links
+    src, dst = list(range(8)), [r + 128 for r in range(8)]  # two planes further along z
+    assert t.stage_transfer(S, src, dst) == pytest.approx(S / B + 2 * L)
+    no_wrap = torus(8)
+    assert no_wrap.p2p(S, 0, 1) == pytest.approx(S / B + L)
+    assert no_wrap.hops(0, 7) == 3

@@ -34,6 +34,8 @@ def _tables():
             ("phaze-common", 11.0),
             ("tpuv4-expert", 6.0),
             ("tpuv4-phaze", 10.0),
+            ("tpuv4-upstream-expert", 5.0),
+            ("tpuv4-upstream-phaze", 9.0),
             ("placement-blind", 8.0),
         ]:
             rows.append(
@@ -86,12 +88,8 @@ def _tables():
                 }
             )
     cmp = pd.DataFrame(rows)
-    for base in ("tpuv4_expert", "tpuv4_phaze", "placement_blind"):
-        ref = cmp[
-            cmp["strategy"] == base.replace("_", "-", 1)
-            if base != "placement_blind"
-            else cmp["strategy"] == "placement-blind"
-        ].set_index("model")["throughput_seq_s"]
+    for base in ("tpuv4_expert", "tpuv4_phaze", "tpuv4_upstream_expert", "placement_blind"):
+        ref = cmp[cmp["strategy"] == base.replace("_", "-")].set_index("model")["throughput_seq_s"]
         cmp[f"speedup_vs_{base}"] = cmp["throughput_seq_s"] / cmp["model"].map(ref)
     best = cmp[cmp["strategy"].str.startswith("phaze-")].copy()
     return best, cmp, pd.DataFrame(explored)

@@ -69,6 +69,42 @@ def test_plan_pins_baseline_preset_to_round_zero_but_keeps_its_bucket():
     assert row["round"] == 0 and row["bucket"] == 3
 
 
+def test_a_baseline_outside_the_area_budget_is_computed_but_never_searched():
+    # the faithful tpuv4 is a little larger than the budget (upstream's TPUv4 point): it is
+    # computed in round 0 for the comparison but belongs to no bucket of the search
+    areas = [50.0, 40.0, 30.0, 20.0, 51.0]
+    plan = make_plan(_space(areas, ["", "", "", "", "tpuv4"]), 1.0, 1, 10, ("tpuv4",), 50.0)
+    row = plan.set_index("arch").loc["a4"]
+    assert row["round"] == 0 and row["bucket"] == -1
+    assert sorted(plan.loc[plan["arch"] != "a4", "bucket"]) == [0, 1, 2, 3]
+    # within the budget it is an ordinary candidate
+    inside = make_plan(_space(areas, ["", "", "", "", "tpuv4"]), 1.0, 1, 10, ("tpuv4",), 60.0)
+    assert inside.set_index("arch").loc["a4", "bucket"] == 0
+    # the search: the baseline is the best architecture by far, but no answer picks it
+    truth = _truth(np.random.default_rng(3), 5, infeasible_frac=0.0)
+    truth.loc[truth["arch"] == "a4", ["v", "lo", "hi"]] = 1e3
+    s = SearchSettings(patience=2, stop_rule="running_best", mode="exhaustive", prune=True)
+    got, _, _ = _simulate(truth, plan, s)
+    assert len(got) and "a4" not in set(got["arch"])
+    req = ilp_requests(
+        select_for_ilp(
+            all_scores(
+                components(pd.concat([_place_rows(truth, t) for t in ("ub", "lo")])), MODELS
+            ),
+            plan,
+            0,
+            s,
+            None,
+        ),
+        plan,
+        0,
+        [(m, b) for m in MODELS for b in MBS],
+    )
+    assert "a4" in set(req["arch"])  # the comparison still gets its ILP
+    with pytest.raises(PhazeError, match="area budget"):
+        make_plan(_space([51.0], ["tpuv4"]), 1.0, 1, 10, ("tpuv4",), 50.0)
+
+
 def test_plan_rejects_duplicates_and_empty():
     with pytest.raises(PhazeError):
         make_plan(pd.DataFrame({"arch": ["x", "x"], "area_mm2": [1.0, 2.0]}), 0.01, 1, 1)

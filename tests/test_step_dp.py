@@ -284,7 +284,7 @@ def test_without_the_window_a_faster_backward_can_price_a_step_slower():
     block = LayerCost(fwd_s=0.0, bwd_s=1.0, params=4.0, activation_bytes=0.0)
     last = LayerCost(0.0, 0.0, 0.0, 0.0)
     real = ChainCost(heavy_comm, block, last, 12, 2, 1, False, boundary_bytes=0.0)
-    consts = StepConstants(16, 12, 2, 2, 0, 1e-6, 1e12, True)
+    consts = StepConstants(16, 12, 2, 2, 0, 0, 1e-6, 1e12, True)
     s = Strategy(devices=8, tp=2, pp=2, microbatch=1, global_batch=4, interleave=2, stages=(2, 10))
     t_real = price(real, s, net, consts, 1.0)["iteration_time_s"]
     low = _scaled(real, 0.5)

@@ -21,6 +21,7 @@ from tests.step_cases import (
     random_chain,
     random_constants,
     random_network,
+    random_torus,
     reference_price,
 )
 
@@ -104,6 +105,19 @@ def test_price_equals_the_reference_on_random_chains_and_networks(seed):
     assert math.isclose(sum(got["breakdown"].values()), got["iteration_time_s"], rel_tol=1e-12)
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_price_equals_the_reference_on_a_torus(seed):
+    """On a 3D torus (TPU v4's ICI) the layout's ring form of every collective and its sends
+    equal the torus's own collectives and sends over the explicit rank lists."""
+    chain, _, consts, s = draw_case(seed)
+    net = random_torus(np.random.default_rng(seed), s.devices)
+    got = price(chain, s, net, consts, peak_flops=1.0)
+    want, mem = reference_price(chain, s, net, consts)
+    assert got["iteration_time_s"] == pytest.approx(want, rel=1e-12)
+    assert [x["memory_bytes"] for x in got["per_stage"]] == pytest.approx(mem, rel=1e-12)
+    assert math.isclose(sum(got["breakdown"].values()), got["iteration_time_s"], rel_tol=1e-12)
+
+
 AWKWARD = [
     # (devices per node, t, p, d): groups of one stage that sit differently in the nodes
     (6, 4, 2, 2),  # data-parallel groups of tp rank 0 in one node, of tp rank 2 across two
@@ -111,6 +125,7 @@ AWKWARD = [
     (3, 2, 2, 3),  # tensor-parallel groups across nodes for some replicas only
     (4, 8, 2, 1),
     (6, 4, 3, 3),
+    (3, 2, 3, 1),  # a stage hand-off with one pair inside a node and one across (the slower counts)
 ]
 
 
@@ -211,6 +226,25 @@ def test_gpu_evaluation_equals_the_reference_on_its_chains(case):
     assert got["iteration_time_s"] == pytest.approx(want, rel=1e-12)
     assert got["peak_memory_bytes"] == pytest.approx(max(mem), rel=1e-12)
     assert got["fits_memory"] is True
+
+
+def test_tpuv4_evaluation_runs_on_its_ici_torus():
+    """`phaze evaluate --arch tpuv4`: the step model on the slice of the ICI torus the job gets
+    (64 chips = one 4x4x4 cube with wraparound), checked against the reference on that torus,
+    and slower than on an ideal network would be."""
+    from phaze.network import TorusNetwork
+
+    tpu = load_preset("tpuv4")
+    spec = tiny_gpt()
+    s = Strategy(devices=64, tp=4, pp=2, microbatch=1, global_batch=64, interleave=2)
+    got = evaluate_strategy(spec, s, tpu, seq=SEQ, config=CFG, name="tpuv4")
+    net = TorusNetwork.for_devices(tpu["network"], 64, "tpuv4")
+    assert net.dims == (4, 4, 4) and all(net.wraps)
+    chain = gpu_chains(spec, s.tp, s.microbatch, SEQ, tpu, CFG)[False]
+    want, mem = reference_price(chain, s, net, step_constants(tpu, CFG))
+    assert got["iteration_time_s"] == pytest.approx(want, rel=1e-12)
+    assert got["peak_memory_bytes"] == pytest.approx(max(mem), rel=1e-12)
+    assert got["breakdown"]["tensor_parallel_comm_s"] > 0
 
 
 def test_model_flops_are_three_passes_and_hardware_flops_count_recomputation():

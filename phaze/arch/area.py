@@ -34,6 +34,16 @@ def local_buffer_bytes(width, depth, area_cfg: dict):
     )
 
 
+def tc_local_buffer_bytes(width, depth, area_cfg: dict, costmodel: dict):
+    """A tensor core's local buffer as the cost model sees it: ``costmodel.tc_local_buffer_bytes``
+    when an architecture sets it (a documented buffer), else the sizing rule above."""
+    if costmodel.get("tc_local_buffer_bytes") is not None:
+        return np.broadcast_to(
+            np.float64(costmodel["tc_local_buffer_bytes"]), np.shape(width)
+        ).astype(np.float64)
+    return local_buffer_bytes(width, depth, area_cfg).astype(np.float64)
+
+
 def sram_area_mm2(capacity_bytes, area_cfg: dict):
     mib = np.asarray(capacity_bytes, dtype=np.float64) / MiB
     return (

@@ -126,6 +126,18 @@ def build_space(config: dict) -> tuple[pd.DataFrame, dict]:
     presets = preset_rows(list(dict.fromkeys(arch_cfg["presets"])), config["costmodel"])
     if not presets.empty:
         presets = _with_model_columns(presets, area_cfg)
+        # a preset with a documented local buffer (costmodel override) keeps it
+        presets["tc_local_buffer_bytes"] = [
+            float(
+                am.tc_local_buffer_bytes(
+                    r.tc_width,
+                    r.tc_depth,
+                    area_cfg,
+                    {**config["costmodel"], **json.loads(r.costmodel_overrides or "{}")},
+                )
+            )
+            for r in presets.itertuples()
+        ]
         # a preset identical to a grid point replaces it (same id), keeping its name
         kept = kept[~kept.arch.isin(set(presets.arch))]
         presets = presets.drop_duplicates("arch")

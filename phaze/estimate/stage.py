@@ -15,6 +15,7 @@ import pandas as pd
 
 from phaze.errors import PhazeError
 from phaze.estimate import model
+from phaze.network import Network, network_for_architecture
 
 OPS_COLUMNS = (
     "signature",
@@ -44,6 +45,14 @@ def op_base_name(aten: str) -> str:
     for prefix in ("aten::", "aten."):
         name = name.removeprefix(prefix)
     return name.split(".")[0]
+
+
+def with_overrides(costmodel: dict, overrides: dict, source: str) -> dict:
+    """The costmodel with an architecture's own constants (a preset's ``costmodel:``) applied."""
+    unknown = sorted(set(overrides) - set(costmodel))
+    if unknown:
+        raise PhazeError(f"{source} overrides unknown costmodel keys {unknown}")
+    return {**costmodel, **overrides}
 
 
 def cycles_per_element(aten: pd.Series, costmodel: dict) -> np.ndarray:
@@ -83,13 +92,10 @@ def _unique(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     return frame.drop_duplicates(keys).reset_index(drop=True), codes
 
 
-def _pick_bound(terms: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    stacked = np.stack(np.broadcast_arrays(*terms))
-    return stacked.max(axis=0), stacked.argmax(axis=0)
-
-
-def _estimate_group(ops: pd.DataFrame, space: pd.DataFrame, cm: dict) -> dict[str, np.ndarray]:
-    """Arrays of shape (archs, ops) for one cost-model variant."""
+def _estimate_group(
+    ops: pd.DataFrame, space: pd.DataFrame, cm: dict, net: Network
+) -> dict[str, np.ndarray]:
+    """Arrays of shape (archs, ops) for one cost-model variant on one network."""
     n_arch, n_ops = len(space), len(ops)
     lat_all = np.zeros((n_arch, n_ops))
     lat_one = np.zeros((n_arch, n_ops))
@@ -145,7 +151,7 @@ def _estimate_group(ops: pd.DataFrame, space: pd.DataFrame, cm: dict) -> dict[st
         )
         glb, glb_idx = _unique(space[["glb_bytes"]])
         traffic = model.hbm_traffic_bytes(sm, sn, sk, sb, glb["glb_bytes"].to_numpy()[:, None], cm)
-        hbm_s = traffic / cm["hbm_bandwidth_Bps"]
+        hbm_s = traffic / model.achievable_hbm_Bps(cm)
         cols = np.flatnonzero(is_mm)
         tcp = {c: tc[c].to_numpy()[:, None] for c in tc.columns}
         for n_cores, lat, bnd in ((tcp["n_tc"], lat_all, bound_all), (1, lat_one, bound_one)):
@@ -164,9 +170,8 @@ def _estimate_group(ops: pd.DataFrame, space: pd.DataFrame, cm: dict) -> dict[st
             c = comp_s[np.ix_(tc_idx, s_idx)]
             g = glb_s[np.ix_(tc_idx, s_idx)]
             h = hbm_s[np.ix_(glb_idx, s_idx)]
-            best, which = _pick_bound([c, g, h])
-            lat[:, cols] = best
-            bnd[:, cols] = model.BOUNDS[which]
+            issue = np.where(h > 0, cm["op_issue_s"], 0.0)
+            lat[:, cols], bnd[:, cols] = model.combine_terms(c, g, h, issue)
         hbm_bytes[:, cols] = traffic[np.ix_(glb_idx, s_idx)]
 
     # --- fused element-wise consumers: their compute is added to the matmul carrying them -----
@@ -199,14 +204,10 @@ def _estimate_group(ops: pd.DataFrame, space: pd.DataFrame, cm: dict) -> dict[st
     if is_coll.any():
         c = ops.loc[is_coll]
         secs = np.zeros(len(c))
-        for name, grp in c.groupby(c["collective"].fillna("all_reduce").replace("", "all_reduce")):
-            at = c.index.get_indexer(grp.index)
-            secs[at] = model.collective_latency(
-                grp["bytes_in"].to_numpy(np.float64),
-                grp["group_size"].to_numpy(np.float64),
-                cm,
-                name,
-            )
+        kinds = c["collective"].fillna("all_reduce").replace("", "all_reduce")
+        for i, (name, size, group) in enumerate(zip(kinds, c["bytes_in"], c["group_size"])):
+            # the tensor-parallel group is ranks 0..g-1 (consecutive, as Megatron places them)
+            secs[i] = net.collective(str(name), float(size), range(max(int(group), 1)))
         cols = np.flatnonzero(is_coll)
         lat_all[:, cols] = secs[None, :]
         lat_one[:, cols] = secs[None, :]
@@ -221,12 +222,28 @@ def _estimate_group(ops: pd.DataFrame, space: pd.DataFrame, cm: dict) -> dict[st
     }
 
 
-def estimate(ops: pd.DataFrame, space: pd.DataFrame, costmodel: dict) -> pd.DataFrame:
-    """Latency table: one row per (arch, signature, pass, op), archs in space order."""
+def estimate(
+    ops: pd.DataFrame, space: pd.DataFrame, costmodel: dict, place: dict | None = None
+) -> pd.DataFrame:
+    """Latency table: one row per (arch, signature, pass, op), archs in space order.
+
+    Collectives (the tensor-parallel all-reduces inside a layer) run on the network
+    `phaze.network.network_for_architecture` chooses from ``place`` (the config's ``place``
+    section: ``network``, ``preset_networks``, ``devices``; None = the schema's defaults): a
+    preset's own ``network:`` section, else ``place.network``, else the flat
+    ``costmodel.link_*``; a torus is sliced for the largest cluster of ``place.devices``."""
+    from phaze.arch.presets import load_preset
+
+    if place is None:
+        from phaze.config import schema_defaults
+
+        place = schema_defaults()["place"]
     ops = check_ops(ops).reset_index(drop=True)
     space = space.reset_index(drop=True)
     if "costmodel_overrides" not in space.columns:
         space = space.assign(costmodel_overrides="")
+    if "preset" not in space.columns:
+        space = space.assign(preset="")
     if "tc_local_buffer_bytes" not in space.columns:
         space = space.assign(
             tc_local_buffer_bytes=model.tc_local_buffer_bytes(
@@ -235,15 +252,16 @@ def estimate(ops: pd.DataFrame, space: pd.DataFrame, costmodel: dict) -> pd.Data
         )
     n_ops = len(ops)
     arrays: dict[str, np.ndarray] = {}
-    for overrides, grp in space.groupby(space["costmodel_overrides"].fillna(""), sort=False):
-        cm = dict(costmodel)
-        if overrides:
-            extra = json.loads(overrides)
-            unknown = sorted(set(extra) - set(cm))
-            if unknown:
-                raise PhazeError(f"space table overrides unknown costmodel keys {unknown}")
-            cm.update(extra)
-        part = _estimate_group(ops, grp.reset_index(drop=True), cm)
+    devices = max(place["devices"])
+    keys = [space["costmodel_overrides"].fillna(""), space["preset"].fillna("")]
+    for (overrides, preset), grp in space.groupby(keys, sort=False):
+        extra = json.loads(overrides) if overrides else {}
+        cm = with_overrides(costmodel, extra, "space table")
+        preset_net = load_preset(preset).get("network") if preset else None
+        net, _ = network_for_architecture(
+            preset_net, place["network"], place["preset_networks"], cm, devices, preset
+        )
+        part = _estimate_group(ops, grp.reset_index(drop=True), cm, net)
         for name, arr in part.items():
             if name not in arrays:
                 arrays[name] = np.empty((len(space), n_ops), dtype=arr.dtype)

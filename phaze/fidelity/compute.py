@@ -55,12 +55,13 @@ class LayerWork:
 # ---------------------------------------------------------------------------------------------
 # device description for the shared cost model
 # ---------------------------------------------------------------------------------------------
-def gpu_core(preset: dict) -> dict:
+def gpu_core(preset: dict, cm: dict) -> dict:
+    """The preset's core for the cost model; its local buffer is ``cm.tc_local_buffer_bytes``
+    when set (as in the space table), else the cost model's sizing rule."""
     arch = preset["arch"]
-    gpu = preset.get("gpu") or {}
     core = {k: arch[k] for k in ("tc_width", "tc_depth", "glb_bytes", "freq_hz", "vc_width")}
-    if gpu.get("tc_local_buffer_bytes") is not None:
-        core["tc_local_buffer_bytes"] = float(gpu["tc_local_buffer_bytes"])
+    if cm.get("tc_local_buffer_bytes") is not None:
+        core["tc_local_buffer_bytes"] = float(cm["tc_local_buffer_bytes"])
     return core
 
 
@@ -200,6 +201,7 @@ def layer_works(
         vector = (o["kind"] == "vector").to_numpy(bool)
         replicated = o["replicated"].to_numpy(bool) & vector
         attention = o["attention"].to_numpy(bool)
+        aten = o["aten"].to_numpy()
         flops = float(o.loc[o["kind"] == "matmul", "flops"].sum())
         attention_flops = float(o.loc[(o["kind"] == "matmul") & attention, "flops"].sum())
         colls = [
@@ -210,6 +212,8 @@ def layer_works(
         for sp, work in works.items():
             total = attention_s = 0.0
             for _, k in kernels.iterrows():
+                if all(aten[i] in LOSS_ATEN for i in k["ops"]):
+                    continue  # costed as Megatron computes it (megatron_cross_entropy)
                 lat = k["latency_s"]
                 if all(replicated[i] for i in k["ops"]):
                     work.replicated_s += lat
@@ -232,6 +236,44 @@ def layer_works(
                 work.bwd_s, work.bwd_flops, work.bwd_collectives = total, flops, coll
                 work.kernels_bwd = len(kernels)
     return works
+
+
+#: the trace's loss kernels (PyTorch's fused log-softmax + NLL), replaced by Megatron's
+#: vocab-parallel cross-entropy
+LOSS_ATEN = frozenset(
+    {
+        "aten._log_softmax.default",
+        "aten.nll_loss_forward.default",
+        "aten.nll_loss_backward.default",
+        "aten._log_softmax_backward_data.default",
+    }
+)
+
+#: HBM bytes per logit of Megatron-LM's vocab-parallel cross-entropy on fp32 logits
+#: (megatron/mpu/cross_entropy.py; the logits are cast with ``.float()`` unless
+#: --fp16-lm-cross-entropy): forward = cast fp16->fp32 (read 2, write 4) + max (read 4) +
+#: subtract the max in place (read 4, write 4) + exp in place (4 + 4) + sum (4) + divide by the
+#: sum in place, kept for backward (4 + 4); backward = scale the kept softmax by the incoming
+#: gradient in place (4 + 4) + the cast's backward to fp16 (read 4, write 2). Per-token work
+#: (target gather, log of the sums) is negligible.
+CROSS_ENTROPY_BYTES_PER_LOGIT = {"fwd": 38.0, "bwd": 14.0}
+
+
+def megatron_cross_entropy(head: LayerWork, ops: pd.DataFrame, cm: dict) -> None:
+    """Add Megatron's fp32 vocab-parallel cross-entropy kernels to the head (HBM-bound), in place
+    of the trace's loss kernels, over the logits of one rank (the log-softmax's elements)."""
+    from phaze.estimate.model import achievable_hbm_Bps
+
+    logits = ops.loc[(ops["pass"] == "fwd") & (ops["aten"] == "aten._log_softmax.default")]
+    elements = float(logits["elements"].sum())
+    bw = float(achievable_hbm_Bps(cm))
+    for pass_, per_logit in CROSS_ENTROPY_BYTES_PER_LOGIT.items():
+        seconds = elements * per_logit / bw
+        if pass_ == "fwd":
+            head.fwd_s += seconds
+        else:
+            head.bwd_s += seconds
+        head.bound_s["hbm"] = head.bound_s.get("hbm", 0.0) + seconds
 
 
 def megatron_edge_collectives(

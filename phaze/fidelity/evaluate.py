@@ -3,8 +3,9 @@ summed from kernels (`phaze.fidelity.compute`, over the shared trace and cost mo
 step model (`phaze.step`, docs/step.md) — the one model the placement search also optimises.
 
 What is GPU-specific lives here: a layer's time is the sum of its kernels' latencies (one kernel at
-a time on all SMs), element-wise chains fused; the tensor-parallel collectives are priced by the
-step model on the preset's two-level network. Memory comes from the trace's saved tensors
+a time on all SMs), element-wise chains fused, Megatron's fp32 cross-entropy in place of the
+trace's loss kernels; the tensor-parallel collectives are priced by the step model on the preset's
+network (two-level, or `tpuv4`'s ICI torus). Memory comes from the trace's saved tensors
 (``activation_bytes`` and its core-attention and outside-the-region parts).
 """
 
@@ -15,14 +16,16 @@ import json
 from functools import lru_cache
 
 from phaze.errors import PhazeError
+from phaze.estimate.model import achievable_hbm_Bps
 from phaze.fidelity.compute import (
     LayerWork,
     gpu_core,
     layer_works,
+    megatron_cross_entropy,
     megatron_edge_collectives,
     preset_costmodel,
 )
-from phaze.network import HierarchicalNetwork
+from phaze.network import Network, network_from_section
 from phaze.step.layers import ChainCost, LayerCost
 from phaze.step.model import StepConstants, price
 from phaze.step.strategy import Strategy
@@ -113,9 +116,10 @@ def gpu_chains(spec, tp: int, microbatch: int, seq: int, preset: dict, config: d
     spec.check_tp(tp)
     trace = trace_for(spec, microbatch, tp, seq)
     layers = trace.layers.set_index("layer")
+    cm = preset_costmodel(preset, config["costmodel"])
     common = {
-        "core": gpu_core(preset),
-        "cm": preset_costmodel(preset, config["costmodel"]),
+        "core": gpu_core(preset, cm),
+        "cm": cm,
         "n_tc": int(preset["arch"]["n_tc"]),
         "n_vc": int(preset["arch"]["n_vc"]),
         "fuse": bool(config["fidelity"]["fuse_elementwise"]),
@@ -139,6 +143,7 @@ def gpu_chains(spec, tp: int, microbatch: int, seq: int, preset: dict, config: d
         megatron_edge_collectives(
             emb, head, tp=tp, microbatch=microbatch, seq=seq, sequence_parallel=sp
         )
+        megatron_cross_entropy(head, trace.ops[trace.ops["layer"] == "head"], cm)
         chains[sp] = ChainCost(
             first=_layer_cost(emb, layers.loc["embedding"], tp, sp),
             block=_layer_cost(blk, layers.loc["block.0"], tp, sp),
@@ -157,17 +162,21 @@ def gpu_chains(spec, tp: int, microbatch: int, seq: int, preset: dict, config: d
 # ---------------------------------------------------------------------------------------------
 # one strategy
 # ---------------------------------------------------------------------------------------------
-def preset_network(preset: dict, name: str) -> HierarchicalNetwork:
+def preset_network(preset: dict, name: str, devices: int) -> Network:
+    """The preset's ``network:`` section for a job of `devices` devices."""
     if "network" not in preset:
         raise PhazeError(
             f"preset {name!r} has no `network:` section (devices_per_node, intra_node, "
-            "inter_node); evaluate and optimize need one (e.g. a100-80gb or h100-sxm)"
+            "inter_node; or topology: torus3d); evaluate and optimize need one (e.g. a100-80gb, "
+            "h100-sxm or tpuv4)"
         )
-    return HierarchicalNetwork.from_preset(preset["network"], f"preset {name} network")
+    return network_from_section(preset["network"], devices, f"preset {name} network")
 
 
 def step_constants(preset: dict, config: dict) -> StepConstants:
-    hbm = preset_costmodel(preset, config["costmodel"])["hbm_bandwidth_Bps"]
+    """The step accounting of config ``step`` on the preset's achievable HBM bandwidth (every
+    HBM-bound term: optimizer step, gradient accumulation)."""
+    hbm = float(achievable_hbm_Bps(preset_costmodel(preset, config["costmodel"])))
     return StepConstants.from_config(config["step"], hbm)
 
 
@@ -178,7 +187,7 @@ def evaluate_strategy(
     detail (the block's kernel time by bound, the device's peak)."""
     from phaze.arch.presets import preset_peak_flops
 
-    net = preset_network(preset, name)
+    net = preset_network(preset, name, strategy.devices)
     spec.check_tp(strategy.tp)
     strategy.check_layers(spec.num_blocks)
     chain = gpu_chains(spec, strategy.tp, strategy.microbatch, seq, preset, config)[
@@ -230,7 +239,7 @@ def optimize_strategy(
     ``place``). Returns (evaluate_strategy's dict of it or None, the search's Result)."""
     from phaze.place.megatron import optimize
 
-    net = preset_network(preset, name)
+    net = preset_network(preset, name, devices)
     chains = {}
     for t in tps:
         for b in microbatches:

@@ -22,7 +22,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--arch",
         required=True,
-        help="preset with a `network:` section (config/presets/NAME.yaml), e.g. a100-80gb",
+        help="preset with a `network:` section (config/presets/NAME.yaml), e.g. a100-80gb or tpuv4",
     )
     parser.add_argument("--devices", type=int, required=True, help="number of devices N")
     parser.add_argument("--global-batch", type=int, required=True, help="sequences per iteration")
@@ -93,7 +93,7 @@ def load_run(args) -> tuple:
     config = load_config(args.config)
     spec = get_model_spec(args.model if args.model else args.hf_config)
     preset = load_preset(args.arch)
-    preset_network(preset, args.arch)
+    preset_network(preset, args.arch, args.devices)
     return spec, preset, config, args.seq or spec.seq
 
 

@@ -177,6 +177,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("speedup_vs_tpuv4_expert", f64),
         ("devices", i64),
         ("speedup_vs_tpuv4_phaze", f64),
+        ("speedup_vs_tpuv4_upstream_expert", f64),
         ("speedup_vs_placement_blind", f64),
         # phaze strategies: how far the winner can be from the best visited arch (NaN: baselines)
         ("certified_gap", f64),
@@ -200,6 +201,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("dp", i64),
         ("throughput_seq_s", f64),
         ("speedup_vs_tpuv4_expert", f64),
+        ("speedup_vs_tpuv4_upstream_expert", f64),
         ("search_score", f64),
         ("last_bucket", i64),
         ("archs_visited", i64),

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from phaze.network import HierarchicalNetwork
+from phaze.network import Network
 from phaze.step.layers import ChainCost
 from phaze.step.model import Layout, PlacedChain, StageTerms, StepConstants
 from phaze.step.strategy import (
@@ -180,7 +180,7 @@ class _Config:
 
 def optimize(
     chains: Mapping[tuple[int, int, bool], ChainCost],
-    net: HierarchicalNetwork,
+    net: Network,
     consts: StepConstants,
     devices: int,
     global_batch: int,
@@ -304,7 +304,7 @@ def _lower_bound(terms: StageTerms, schedule: PipelineSchedule, blocks: int) -> 
 
 def best_fixed(
     chains: Mapping[tuple[int, int, bool], ChainCost],
-    net: HierarchicalNetwork,
+    net: Network,
     consts: StepConstants,
     devices: int,
     global_batch: int,

@@ -356,30 +356,37 @@ def link_parameters(costmodel: dict, preset_name: str | None) -> tuple[float, fl
     return bw, lat
 
 
-def network_for(
-    settings: PlaceSettings, preset_name: str | None
-) -> tuple[PlaceNetwork | None, str]:
-    """The network an architecture is placed on and its label for the output: the preset's
-    ``network:`` section, else ``place.network``, else None (the flat costmodel link)."""
-    if preset_name and settings.preset_networks:
-        from phaze.arch.presets import load_preset
+def network_for(settings: PlaceSettings, preset_name: str | None, costmodel: dict, devices: int):
+    """The network an architecture is placed on (a `phaze.network` network, None = the flat
+    costmodel link) and its label for the output, for a job of `devices` devices, as
+    `phaze.network.network_for_architecture` chooses it for every stage: the preset's
+    ``network:`` section, else ``place.network``, else the flat link."""
+    from phaze.arch.presets import load_preset
+    from phaze.network import network_for_architecture
 
-        net = load_preset(preset_name).get("network")
-        if net is not None:
-            return (
-                PlaceNetwork.from_dict(
-                    net, f"preset {preset_name} network", settings.scatter_gather
-                ),
-                f"preset:{preset_name}",
-            )
-    if settings.network is not None:
-        return (
-            PlaceNetwork.from_dict(
-                settings.network, "config place.network", settings.scatter_gather
-            ),
-            "config",
-        )
-    return None, "flat"
+    preset_net = load_preset(preset_name).get("network") if preset_name else None
+    net, label = network_for_architecture(
+        preset_net,
+        settings.network,
+        settings.preset_networks,
+        costmodel,
+        devices,
+        preset_name or "",
+    )
+    return (None if label == "flat" else net), label
+
+
+def upstream_network(settings: PlaceSettings, preset_name, costmodel, devices):
+    """The upstream model's network: Phaze's DP prices two-level networks only, so an
+    architecture on a torus (tpuv4) is placed on its flat costmodel link (``flat:torus``)."""
+    from phaze.network import HierarchicalNetwork
+
+    net, label = network_for(settings, preset_name, costmodel, devices)
+    if net is None:
+        return None, label
+    if not isinstance(net, HierarchicalNetwork):
+        return None, "flat:torus"
+    return PlaceNetwork(net, settings.scatter_gather), label
 
 
 def place_architectures(
@@ -450,7 +457,7 @@ def _upstream_rows(settings, context, arch_row, preset, costmodel, devices_list)
     flops_seq, names = context["flops_seq"], context["names"]
     M = settings.microbatches
     bw, lat = link_parameters(costmodel, preset)
-    net, net_label = network_for(settings, preset)
+    net, net_label = upstream_network(settings, preset, costmodel, max(devices_list))
     graphs = {t: arch_layer_graph(layers_by_t[t], lookups[t], arch, f"t={t}") for t in layers_by_t}
     unplaceable = {t: net.width_reason(t) for t in graphs if net and net.width_reason(t)}
     peak = float(arch_row["peak_flops"])
@@ -501,13 +508,13 @@ def _upstream_rows(settings, context, arch_row, preset, costmodel, devices_list)
         yield row
 
 
-def step_network(net: PlaceNetwork | None, bw: float, lat: float, devices: int):
-    """The step model's network: the two-level one, or the flat link as one 'node' of all
-    devices (every collective and send on that one level)."""
+def step_network(net, bw: float, lat: float, devices: int):
+    """The step model's network: the architecture's own (two-level or torus), or the flat link
+    as one 'node' of all devices (every collective and send on that one level)."""
     from phaze.network import HierarchicalNetwork, LinkLevel
 
     if net is not None:
-        return net.net
+        return net
     return HierarchicalNetwork.flat(LinkLevel(bw, lat, 1.0), devices)
 
 
@@ -548,6 +555,7 @@ def _megatron_context(
 
 def _megatron_rows(settings, context, arch_row, preset, costmodel, devices_list):
     """The step model (docs/step.md), searched exactly by phaze/place/megatron.py."""
+    from phaze.estimate.model import achievable_hbm_Bps
     from phaze.place.megatron import best_fixed, optimize
     from phaze.step.model import StepConstants, price
 
@@ -566,11 +574,11 @@ def _megatron_rows(settings, context, arch_row, preset, costmodel, devices_list)
     blocks = next(iter(tables.values())).blocks
     cm = arch_costmodel(costmodel, preset)
     bw, lat = link_parameters(costmodel, preset)
-    placed_net, net_label = network_for(settings, preset)
-    consts = StepConstants.from_config(settings.step, float(cm["hbm_bandwidth_Bps"]))
+    consts = StepConstants.from_config(settings.step, float(achievable_hbm_Bps(cm)))
     peak = float(arch_row["peak_flops"])
     hbm = float(settings.hbm_bytes)
     for devices in devices_list:
+        placed_net, net_label = network_for(settings, preset, costmodel, devices)
         net = step_network(placed_net, bw, lat, devices)
         found = optimize(chains, net, consts, devices, settings.global_batch, hbm, settings.axes)
         row = {"devices": int(devices), "feasible": found.strategy is not None, "reason": ""}

@@ -19,6 +19,7 @@ GIB = 2**30
 BASELINES = [
     ("tpuv4_expert", "TPUv4 + expert placement"),
     ("tpuv4_phaze", "TPUv4 + our placement"),
+    ("tpuv4_upstream_expert", "TPUv4 (upstream's numbers) + expert"),
     ("placement_blind", "placement-blind arch + our placement"),
 ]
 PHAZE = [

@@ -29,6 +29,12 @@ def _config(args) -> dict:
     return load_config(args.config)
 
 
+def baseline_presets(search_cfg: dict) -> tuple[str, ...]:
+    """The presets the comparison is made against (config ``search``), computed in round 0."""
+    names = (search_cfg["baseline_preset"], search_cfg["upstream_baseline_preset"])
+    return tuple(dict.fromkeys(n for n in names if n))
+
+
 def _pairs(place: pd.DataFrame) -> list[tuple[str, int]]:
     return sorted({(str(m), int(b)) for m, b in zip(place["model"], place["microbatch"])})
 
@@ -39,14 +45,18 @@ def _scores(place: pd.DataFrame) -> pd.DataFrame:
 
 
 def plan(args: argparse.Namespace) -> int:
-    cfg = _config(args)["search"]
+    from phaze.arch.space import area_budget_mm2
+
+    config = _config(args)
+    cfg = config["search"]
     space = read_table(args.space, "space")
     df = make_plan(
         space,
         cfg["bucket_width_mm2"],
         cfg["round_buckets"],
         cfg["chunk_archs"],
-        (cfg["baseline_preset"],),
+        baseline_presets(cfg),
+        area_budget_mm2(config["arch"]),
     )
     write_table(df, args.out, "chunks")
     print(
@@ -78,7 +88,7 @@ def prune(args: argparse.Namespace) -> int:
     selected = select_for_ilp(scores, plan_df, r, settings, prior)
     current = place[rounds == r]
     pairs = _pairs(current)
-    requests = ilp_requests(selected, plan_df, r, pairs, (cfg["baseline_preset"],))
+    requests = ilp_requests(selected, plan_df, r, pairs, baseline_presets(cfg))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for m, b in pairs:
@@ -192,7 +202,16 @@ def summarize(args: argparse.Namespace) -> int:
     )
     models = sorted(place["model"].astype(str).unique())
     out = build(
-        plan_df, space, place, blind_place, blind, models, settings, last, cfg["baseline_preset"]
+        plan_df,
+        space,
+        place,
+        blind_place,
+        blind,
+        models,
+        settings,
+        last,
+        cfg["baseline_preset"],
+        cfg["upstream_baseline_preset"],
     )
     d = Path(args.out_dir)
     write_table(out["best"], d / "best.parquet", "best")

@@ -31,13 +31,16 @@ def make_plan(
     round_buckets: int,
     chunk_archs: int,
     pinned_presets: tuple[str, ...] = ("tpuv4",),
+    budget_mm2: float | None = None,
 ) -> pd.DataFrame:
     """Assign each architecture its bucket (0 = largest area), round and chunk.
 
     ``bucket`` numbers the non-empty area buckets in visiting order. Architectures whose
     ``preset`` is in ``pinned_presets`` (the baselines) are computed in round 0 whatever their area
     — they are needed by the comparison even if the search stops earlier — but keep their own
-    bucket, so the search only counts them once it reaches that bucket.
+    bucket, so the search only counts them once it reaches that bucket. A preset larger than
+    ``budget_mm2`` (the area budget, e.g. the faithful tpuv4 next to upstream's budget point) is
+    not a candidate of the search: its bucket is −1 (computed for the comparison only).
     """
     if round_buckets < 1 or chunk_archs < 1:
         raise PhazeError("search.round_buckets and search.chunk_archs must be >= 1")
@@ -57,11 +60,20 @@ def make_plan(
         }
     )
     key = bucket_of(df["area_mm2"], width_mm2)
-    keys_desc = np.unique(key)[::-1]
+    outside = np.zeros(len(df), dtype=bool)
+    if budget_mm2 is not None:
+        outside = (df["preset"] != "").to_numpy() & (
+            df["area_mm2"].to_numpy() > budget_mm2 * (1 + 1e-9)
+        )
+    keys_desc = np.unique(key[~outside])[::-1]
     order = {k: i for i, k in enumerate(keys_desc)}
-    df["bucket"] = np.array([order[k] for k in key], dtype=np.int64)
+    df["bucket"] = np.array(
+        [-1 if out else order[k] for k, out in zip(key, outside)], dtype=np.int64
+    )
     df["bucket_area_mm2"] = key * width_mm2  # lower edge of the bucket
-    df["round"] = df["bucket"] // round_buckets
+    if (df["bucket"] < 0).all():
+        raise PhazeError("no architecture of the space lies within the area budget")
+    df["round"] = np.maximum(df["bucket"], 0) // round_buckets
     df.loc[df["preset"].isin(pinned_presets), "round"] = 0
     # Deterministic order inside a round: bucket, then larger area, then id.
     df = df.sort_values(

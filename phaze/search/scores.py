@@ -166,12 +166,13 @@ def _with_plan(scores: pd.DataFrame, plan: pd.DataFrame) -> pd.DataFrame:
     )
     if df["bucket"].isna().any():
         raise PhazeError("placement results hold archs that are not in the search plan")
-    return df
+    # bucket −1: a baseline outside the area budget, computed for the comparison, never searched
+    return df[df["bucket"] >= 0]
 
 
 def complete_buckets(plan: pd.DataFrame, upto_round: int) -> int:
     """Number of leading buckets whose every arch has been computed by round ``upto_round``."""
-    last_round = plan.groupby("bucket")["round"].max().sort_index()
+    last_round = plan[plan["bucket"] >= 0].groupby("bucket")["round"].max().sort_index()
     done = (last_round <= upto_round).to_numpy()
     return int(len(done) if done.all() else np.argmin(done))
 

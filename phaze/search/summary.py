@@ -40,7 +40,18 @@ ARCH_COLS = [
     "area_mm2",
     "peak_flops",
 ]
-STRATEGIES = ["phaze-per-model", "phaze-common", "tpuv4-expert", "tpuv4-phaze", "placement-blind"]
+STRATEGIES = [
+    "phaze-per-model",
+    "phaze-common",
+    "tpuv4-expert",
+    "tpuv4-phaze",
+    "tpuv4-upstream-expert",
+    "tpuv4-upstream-phaze",
+    "placement-blind",
+]
+#: the baselines each Phaze strategy's speedup is reported against (speedup_vs_<name> columns)
+SPEEDUP_BASELINES = ("tpuv4-expert", "tpuv4-phaze", "tpuv4-upstream-expert", "placement-blind")
+BASELINE_STRATEGIES = tuple(s for s in STRATEGIES if not s.startswith("phaze-"))
 
 
 def _feasible(df: pd.DataFrame) -> pd.DataFrame:
@@ -98,6 +109,7 @@ def summarize(
     settings: SearchSettings,
     last_round: int,
     baseline_preset: str = "tpuv4",
+    upstream_baseline_preset: str | None = "tpuv4-upstream",
 ) -> dict[str, pd.DataFrame]:
     """Build ``best``, ``comparison`` and ``explored`` from every placement result."""
     comp = components(place)
@@ -162,9 +174,12 @@ def summarize(
     # per-search candidates above share that arch by construction.
 
     # --- baselines ---------------------------------------------------------------------------
-    base_arch = space.loc[
-        space.get("preset", pd.Series("", index=space.index)) == baseline_preset, "arch"
-    ]
+    presets = space.get("preset", pd.Series("", index=space.index))
+    baselines = [("tpuv4", set(space.loc[presets == baseline_preset, "arch"]))]
+    if upstream_baseline_preset:
+        baselines.append(
+            ("tpuv4-upstream", set(space.loc[presets == upstream_baseline_preset, "arch"]))
+        )
     base_rows = []
     keys = detail[["model", "hbm_bytes", "devices"]].drop_duplicates()
     blind_detail = detail_rows(blind_place) if len(blind_place) else blind_place
@@ -174,11 +189,13 @@ def summarize(
             & (detail["hbm_bytes"] == k.hbm_bytes)
             & (detail["devices"] == k.devices)
         ]
-        tpu = grp[grp["arch"].isin(set(base_arch))]
         extra = {"hbm_bytes": int(k.hbm_bytes), "devices": int(k.devices), "mode": ""}
-        if len(tpu):
-            base_rows.append({**_strategy_rows("tpuv4-expert", k.model, tpu, expert=True), **extra})
-            base_rows.append({**_strategy_rows("tpuv4-phaze", k.model, tpu), **extra})
+        for name, archs in baselines:
+            tpu = grp[grp["arch"].isin(archs)]
+            if len(tpu):
+                expert = _strategy_rows(f"{name}-expert", k.model, tpu, expert=True)
+                base_rows.append({**expert, **extra})
+                base_rows.append({**_strategy_rows(f"{name}-phaze", k.model, tpu), **extra})
         if len(blind_detail):
             arch = blind_choice.loc[blind_choice["model"] == k.model, "arch"]
             b = blind_detail[
@@ -205,7 +222,7 @@ def summarize(
 
 def _with_speedups(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
-    for base in ("tpuv4-expert", "tpuv4-phaze", "placement-blind"):
+    for base in SPEEDUP_BASELINES:
         ref = df[df["strategy"] == base].set_index(["model", "hbm_bytes", "devices"])[
             "throughput_seq_s"
         ]
@@ -228,9 +245,7 @@ def _with_speedups(df: pd.DataFrame) -> pd.DataFrame:
 def _with_speedups_from(best: pd.DataFrame, comparison: pd.DataFrame) -> pd.DataFrame:
     if best.empty:
         return comparison.iloc[0:0]
-    base = comparison[
-        comparison["strategy"].isin(["tpuv4-expert", "tpuv4-phaze", "placement-blind"])
-    ]
+    base = comparison[comparison["strategy"].isin(BASELINE_STRATEGIES)]
     # the caller merges the architecture columns afterwards: drop the copies the baselines carry
     base = base.drop(columns=[c for c in ARCH_COLS if c in base.columns])
     return (
@@ -245,7 +260,9 @@ def _explored(scores, plan, states, settings, last_round) -> pd.DataFrame:
     whether the arch lies within the buckets the early-stopped search visited."""
     df = scores.merge(plan[["arch", "bucket", "round", "area_mm2", "preset"]], on="arch")
     df = df.merge(states[SEARCH_KEY + ["stop_bucket"]], on=SEARCH_KEY, how="left")
-    df["visited"] = (df["stop_bucket"] < 0) | (df["bucket"] <= df["stop_bucket"])
+    df["visited"] = ((df["stop_bucket"] < 0) | (df["bucket"] <= df["stop_bucket"])) & (
+        df["bucket"] >= 0
+    )
     # pruned: the bound tier showed it could not beat the best proven so far, so no ILP ran
     df["pruned"] = ~df["has_ilp"] & ~df["exact"]
     df = df.rename(columns={"hi": "throughput_upper_seq_s", "ach": "throughput_seq_s"})

@@ -3,13 +3,16 @@
 For pipeline rank j (0 = first) holding n_j blocks, per microbatch:
 
     T_j = n_j·(f_B + b_B + r_B + C_B) + [j = 0]·(f_E + b_E + C_E) + [j = p−1]·(f_H + b_H + C_H)
-          + s⁺_j·X⁺_j + s⁻_j·X⁻_j
+          + s⁺_j·X⁺_j + s⁻_j·X⁻_j + (m − 1)/m · P_j · A / HBM
 
 f, b = forward / backward computation of the first layer E, a block B, the last layer H;
 r_B = the block's recomputation (0, core attention's forward, or the whole forward); C = the
 layer's tensor-parallel collectives on its tensor-parallel group (Megatron does not overlap them;
 full recomputation runs the forward ones twice); s⁺_j, s⁻_j = activation and gradient sends per
-microbatch (`PipelineSchedule.sends`), X± = one send to the next / previous rank. The iteration:
+microbatch (`PipelineSchedule.sends`), X± = one send to the next / previous rank; the last term
+adds each microbatch's weight gradients but the first into the stored ones (P_j parameters, A =
+``grad_accumulation_bytes_per_param`` of HBM traffic each, spread over the m microbatches). The
+iteration:
 
     time = m · max_j T_j + (Σ_j T_j − max_j T_j) / V + max_j (D_j + O_j)
 
@@ -26,13 +29,15 @@ act_E + [j = p−1]·act_H`` with ``state`` bytes per parameter (the optimizer-s
 dp under the distributed optimizer: Megatron's ``6 + 12/d`` accounting with our 2-byte gradients),
 `stash` / `working` from `phaze.step.layers` for the recompute mode, `inflight` from the schedule.
 
-Network: every collective is a ring on the two-level network (`HierarchicalNetwork`), in
-Megatron's rank layout (`phaze.step.strategy`). The pipeline of replica r runs on its own ranks;
+Network: every collective is a ring on the network (`phaze.network`: the two-level
+`HierarchicalNetwork`, or a `TorusNetwork`, whose collectives over a box are written in the same
+ring form), in Megatron's rank layout (`phaze.step.strategy`). The pipeline of replica r runs on its own ranks;
 replicas synchronise at the gradient reduction, so each rank's terms are taken at the slowest
 replica (exact whenever the replicas sit alike in the nodes, as for every t·d that is a multiple or
 a divisor of the devices per node). Tensor-parallel collectives are priced on the slowest
 tensor-parallel group of the layout (all groups alike when t divides the devices per node).
-A send between stages: t rank pairs at once; across nodes with Megatron's scatter/gather each
+A send between stages: t rank pairs at once; across nodes (never on a torus) with Megatron's
+scatter/gather each
 rank sends 1/t and the receivers all-gather (where that is faster than the plain send); with
 sequence parallelism every rank holds 1/t of the activation and sends only that.
 """
@@ -44,20 +49,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from phaze.errors import PhazeError
-from phaze.network import HierarchicalNetwork, collective_seconds, p2p_seconds
+from phaze.network import Network, collective_seconds, p2p_seconds
 from phaze.step.layers import ChainCost
 from phaze.step.strategy import PipelineSchedule, Strategy
 
 
 @dataclass(frozen=True)
 class StepConstants:
-    """Per-parameter accounting of the training step (bytes) and the device's HBM bandwidth."""
+    """Per-parameter accounting of the training step (bytes) and the device's achievable HBM
+    bandwidth (what a streaming kernel reaches: `phaze.estimate.model.achievable_hbm_Bps`)."""
 
     state_bytes_per_param: float  # resident: weights + gradients + optimizer state
     optimizer_state_bytes_per_param: float  # the part the distributed optimizer shards
     grad_bytes_per_param: float  # what the gradient reduction moves
     weight_bytes_per_param: float  # what the distributed optimizer's all-gather moves
     optimizer_bytes_per_param: float  # HBM traffic of the optimizer step
+    grad_accumulation_bytes_per_param: float  # HBM traffic of adding a microbatch's gradients
     ddp_bucket_bytes: float  # DDP gradient bucket: the last one is never hidden
     hbm_bandwidth_Bps: float
     scatter_gather: bool  # Megatron's scatter/gather of inter-node stage transfers, where faster
@@ -77,6 +84,7 @@ class StepConstants:
             grad_bytes_per_param=float(step["grad_bytes_per_param"]),
             weight_bytes_per_param=float(step["weight_bytes_per_param"]),
             optimizer_bytes_per_param=float(step["optimizer_bytes_per_param"]),
+            grad_accumulation_bytes_per_param=float(step["grad_accumulation_bytes_per_param"]),
             ddp_bucket_bytes=float(step["ddp_bucket_bytes"]),
             hbm_bandwidth_Bps=float(hbm_bandwidth_Bps),
             scatter_gather=bool(step["scatter_gather"]),
@@ -99,7 +107,7 @@ class Layout:
     tp: int
     pp: int
     dp: int
-    net: HierarchicalNetwork
+    net: Network
     tp_bw: float  # slowest tensor-parallel group of the layout
     tp_lat: float
     tp_group_bw: np.ndarray  # (d, p): the group of replica r at stage j
@@ -108,28 +116,28 @@ class Layout:
     dp_lat: np.ndarray
     tied_bw: float  # first-last stage pair (tied embedding); unused for p = 1
     tied_lat: float
-    cross: dict  # "next"/"prev" -> (any pair crosses nodes, any pair stays) each (d, p)
+    sends: dict  # "next"/"prev" -> (bytes/s, latency) of each pair (t, d, p), and (d, p): does
+    # any pair of the tensor-parallel group leave its node (scatter/gather applies)
 
     @classmethod
-    def build(cls, net: HierarchicalNetwork, t: int, p: int, d: int) -> Layout:
-        n = net.devices_per_node
+    def build(cls, net: Network, t: int, p: int, d: int) -> Layout:
         k = np.arange(t)[:, None, None]
         r = np.arange(d)[None, :, None]
         j = np.arange(p)[None, None, :]
-        node = (k + t * (r + d * j)) // n  # (t, d, p)
-        tp_bw, tp_lat = net.ring_params(node.transpose(1, 2, 0).reshape(d * p, t))
-        dp_bw, dp_lat = net.ring_params(node.transpose(0, 2, 1).reshape(t * p, d))
-        cross = {}
+        rank = k + t * (r + d * j)  # (t, d, p)
+        tp_bw, tp_lat = net.ring_params(rank.transpose(1, 2, 0).reshape(d * p, t))
+        dp_bw, dp_lat = net.ring_params(rank.transpose(0, 2, 1).reshape(t * p, d))
+        sends = {}
         for name, step in (("next", 1), ("prev", -1)):
-            other = np.roll(node, -step, axis=2)  # node of the counterpart at stage j ± 1
-            c = node != other
-            cross[name] = (c.any(axis=0), (~c).any(axis=0))
+            other = np.roll(rank, -step, axis=2)  # the counterpart at stage j ± 1
+            bw, lat = net.p2p_params(rank, other)
+            sends[name] = (bw, lat, net.crosses_nodes(rank, other).any(axis=0))
         if p > 1:
-            pair = np.stack([node[:, :, 0], node[:, :, p - 1]], axis=-1).reshape(t * d, 2)
-            tied_bw, tied_lat = net.ring_params(np.sort(pair, axis=1))
+            pair = np.stack([rank[:, :, 0], rank[:, :, p - 1]], axis=-1).reshape(t * d, 2)
+            tied_bw, tied_lat = net.ring_params(pair)
             tbw, tlat = float(tied_bw.min()), float(tied_lat.max())
-        else:
-            tbw, tlat = net.intra.effective_Bps, net.intra.latency_s
+        else:  # no first-last pair: unused
+            tbw, tlat = (float(x[0]) for x in net.ring_params(np.zeros((1, 1), dtype=int)))
         return cls(
             tp=t,
             pp=p,
@@ -143,7 +151,7 @@ class Layout:
             dp_lat=dp_lat.reshape(t, p).max(axis=0),
             tied_bw=tbw,
             tied_lat=tlat,
-            cross=cross,
+            sends=sends,
         )
 
     def collectives_s(self, collectives) -> float:
@@ -157,16 +165,12 @@ class Layout:
         """(d, p) seconds for one send of an activation (or its gradient) of `nbytes` (the full
         tensor) from each stage of each replica to the next / previous stage."""
         t, p = self.tp, self.pp
-        intra, inter = self.net.intra, self.net.inter
-        crosses, stays = self.cross[direction]
+        bw, lat, crosses = self.sends[direction]
         if nbytes <= 0 or p == 1:
             return np.zeros((self.dp, p))
 
-        def p2p(size):
-            return np.maximum(
-                np.where(stays, p2p_seconds(size, intra.effective_Bps, intra.latency_s), 0.0),
-                np.where(crosses, p2p_seconds(size, inter.effective_Bps, inter.latency_s), 0.0),
-            )
+        def p2p(size):  # the t pairs at once, each on its own links
+            return p2p_seconds(size, bw, lat).max(axis=0)
 
         if sequence_parallel:
             per_replica = p2p(nbytes / t)
@@ -270,6 +274,13 @@ class StageTerms:
         self.param_intercept = np.where(first, E.params, 0.0) + np.where(
             last, H.params + tied_copy, 0.0
         )
+        # adding each microbatch's weight gradients into the stored ones, every microbatch but
+        # the first: one HBM pass per parameter, spread evenly over the m microbatches
+        m = schedule.microbatches
+        per_param = consts.grad_accumulation_bytes_per_param / consts.hbm_bandwidth_Bps
+        self.accumulate_per_param = per_param * (m - 1) / m
+        self.slope += self.param_slope * self.accumulate_per_param
+        self.intercept = self.intercept + self.param_intercept * self.accumulate_per_param
         self.dp_bw, self.dp_lat = layout.dp_bw, layout.dp_lat
         self.tied_s = np.where(first | last, placed.tied_s, 0.0)
         # memory
@@ -344,7 +355,7 @@ def check_chain(chain: ChainCost, strategy: Strategy) -> None:
 
 
 def stage_terms(
-    chain: ChainCost, strategy: Strategy, net: HierarchicalNetwork, consts: StepConstants
+    chain: ChainCost, strategy: Strategy, net: Network, consts: StepConstants
 ) -> StageTerms:
     check_chain(chain, strategy)
     layout = Layout.build(net, strategy.tp, strategy.pp, strategy.dp)
@@ -366,7 +377,7 @@ def iteration_time(terms: StageTerms, stages, schedule: PipelineSchedule) -> flo
 def price(
     chain: ChainCost,
     strategy: Strategy,
-    net: HierarchicalNetwork,
+    net: Network,
     consts: StepConstants,
     peak_flops: float,
     hbm_bytes: float | None = None,
@@ -395,6 +406,7 @@ def price(
         "recompute_s": m * n[c] * terms.recompute_per_block,
         "tensor_parallel_comm_s": m * (n[c] * terms.tp_per_block + terms.tp_0[c]),
         "pipeline_comm_s": m * terms.pp_comm[c],
+        "grad_accumulation_s": m * float(terms.params(n)[c]) * terms.accumulate_per_param,
         "pipeline_bubble_s": bubble,
         "data_parallel_comm_s": float(dp_s[tail_j]),
         "optimizer_s": float(opt_s[tail_j]),

@@ -42,8 +42,16 @@ def code_version(*parts: str) -> str:
 
 
 def config_section(config: dict, *keys: str) -> str:
-    """The config sections a rule reads, as one canonical JSON string."""
-    return json.dumps({k: config[k] for k in keys}, sort_keys=True)
+    """The config sections a rule reads (``section`` or ``section.key``), as one canonical JSON
+    string."""
+
+    def value(key: str):
+        node = config
+        for part in key.split("."):
+            node = node[part]
+        return node
+
+    return json.dumps({k: value(k) for k in keys}, sort_keys=True)
 
 
 def _snapshot_text(config: dict) -> str:

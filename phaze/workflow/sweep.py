@@ -36,7 +36,13 @@ from phaze.trace.models import get_model_spec
 from phaze.workflow.provenance import code_version, config_section, snapshot_path
 
 #: search settings that decide the plan (chunks.parquet): only they re-run search_plan
-PLAN_KEYS = ("bucket_width_mm2", "round_buckets", "chunk_archs", "baseline_preset")
+PLAN_KEYS = (
+    "bucket_width_mm2",
+    "round_buckets",
+    "chunk_archs",
+    "baseline_preset",
+    "upstream_baseline_preset",
+)
 RESULTS = "results"
 #: placement tiers of a bound-tier job: output tier -> schedule column used as layer latency
 BOUND_TIERS = (("ub", "lower_bound_s"), ("lo", "makespan_s"))
