@@ -90,7 +90,7 @@ def small_space() -> pd.DataFrame:
     return df
 
 
-# --- the GEMM and core figures the cost model must reach --------------------------------------------------------------
+# --- the GEMM and core figures the cost model must reach -----------------------------------------
 def test_large_gemm_on_tpuv4_reaches_85_percent_of_peak(tpu, cm):
     t, bound = matmul_latency(8192, 8192, 8192, 1, tpu, cm, n_cores=tpu["n_tc"])
     utilisation = 2 * 8192**3 / t / tpu["peak_flops"]
