@@ -4,12 +4,52 @@ plain loops) that `phaze.step.model.price` is checked against."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from phaze.network import HierarchicalNetwork, LinkLevel, Network, TorusNetwork
 from phaze.step.layers import ChainCost, LayerCost
 from phaze.step.model import StepConstants
 from phaze.step.strategy import Strategy
+from phaze.trace.models import ModelSpec
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
+#: sequence length of the tiny GPT models
+TINY_SEQ = 256
+
+
+def tiny_gpt(layers=8, hidden=256, heads=8, vocab=1024, activation: str | None = None) -> ModelSpec:
+    """A small GPT-2 model spec (FFN 4 × hidden, sequence TINY_SEQ); `activation` sets the Hugging
+    Face `activation_function` (None: GPT-2's default)."""
+    kw = {
+        "n_layer": layers,
+        "n_embd": hidden,
+        "n_head": heads,
+        "n_inner": 4 * hidden,
+        "vocab_size": vocab,
+        "n_positions": TINY_SEQ,
+    }
+    if activation is not None:
+        kw["activation_function"] = activation
+    return ModelSpec(
+        "tiny-gpt", "gpt2", layers, hidden, heads, 4 * hidden, vocab, TINY_SEQ, heads, kw
+    )
+
+
+def write_tiny_gpt2_config(
+    path: Path, n_layer: int, n_embd: int = 128, n_head: int = 4, vocab: int = 512, seq: int = 128
+) -> Path:
+    """A GPT-2 Hugging Face config.json for the `--hf-config` CLI tests."""
+    cfg = {
+        "model_type": "gpt2",
+        "n_layer": n_layer,
+        "n_embd": n_embd,
+        "n_head": n_head,
+        "vocab_size": vocab,
+        "n_positions": seq,
+    }
+    path.write_text(json.dumps(cfg))
+    return path
 
 
 def random_network(rng) -> HierarchicalNetwork:

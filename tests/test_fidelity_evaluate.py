@@ -12,23 +12,11 @@ from phaze.errors import PhazeError
 from phaze.fidelity.compute import gpu_core, layer_works, preset_costmodel
 from phaze.fidelity.evaluate import evaluate_strategy, gpu_chains, trace_for
 from phaze.step.strategy import Strategy
-from phaze.trace.models import ModelSpec
+from tests.step_cases import TINY_SEQ, tiny_gpt, write_tiny_gpt2_config
 
-SEQ = 256
+SEQ = TINY_SEQ
 CFG = validate_config({})
 A100 = load_preset("a100-80gb")
-
-
-def tiny_gpt(layers=8, hidden=256, heads=8, vocab=1024):
-    kw = {
-        "n_layer": layers,
-        "n_embd": hidden,
-        "n_head": heads,
-        "n_inner": 4 * hidden,
-        "vocab_size": vocab,
-        "n_positions": SEQ,
-    }
-    return ModelSpec("tiny-gpt", "gpt2", layers, hidden, heads, 4 * hidden, vocab, SEQ, heads, kw)
 
 
 def run(spec, **kw):
@@ -144,19 +132,7 @@ def test_evaluate_rejects_invalid_interleaving_and_unknown_network():
 
 
 def test_evaluate_cli_prints_the_contract(tmp_path, phaze_cli):
-    cfg = tmp_path / "config.json"
-    cfg.write_text(
-        json.dumps(
-            {
-                "model_type": "gpt2",
-                "n_layer": 4,
-                "n_embd": 128,
-                "n_head": 4,
-                "vocab_size": 512,
-                "n_positions": 128,
-            }
-        )
-    )
+    cfg = write_tiny_gpt2_config(tmp_path / "config.json", 4)
     out = phaze_cli(
         "evaluate",
         "--hf-config",

@@ -9,6 +9,7 @@ from phaze.arch.presets import load_preset
 from phaze.config import validate_config
 from phaze.fidelity.evaluate import evaluate_strategy, optimize_strategy
 from phaze.fidelity.validate import SEQ, gpt_spec, published_strategy, read_reference
+from tests.step_cases import write_tiny_gpt2_config
 
 CFG = validate_config({})
 A100 = load_preset("a100-80gb")
@@ -45,18 +46,8 @@ def test_optimize_is_never_slower_than_the_published_strategy(row):
 
 
 def test_optimize_cli_json_and_evaluate_agree(tmp_path, phaze_cli):
-    cfg = tmp_path / "config.json"
-    cfg.write_text(
-        json.dumps(
-            {
-                "model_type": "gpt2",
-                "n_layer": 6,
-                "n_embd": 256,
-                "n_head": 8,
-                "vocab_size": 1024,
-                "n_positions": 256,
-            }
-        )
+    cfg = write_tiny_gpt2_config(
+        tmp_path / "config.json", 6, n_embd=256, n_head=8, vocab=1024, seq=256
     )
     common = ["--hf-config", str(cfg), "--arch", "a100-80gb", "--devices", "16"]
     search = ["--tp", "1", "2", "--microbatch", "1"]
@@ -136,19 +127,7 @@ def test_optimize_cli_json_and_evaluate_agree(tmp_path, phaze_cli):
     ],
 )
 def test_evaluate_rejects_impossible_strategies_in_one_line(tmp_path, flags, needle, phaze_cli):
-    cfg = tmp_path / "config.json"
-    cfg.write_text(
-        json.dumps(
-            {
-                "model_type": "gpt2",
-                "n_layer": 6,
-                "n_embd": 128,
-                "n_head": 4,
-                "vocab_size": 512,
-                "n_positions": 128,
-            }
-        )
-    )
+    cfg = write_tiny_gpt2_config(tmp_path / "config.json", 6)
     out = phaze_cli(
         "evaluate",
         "--hf-config",

@@ -16,13 +16,14 @@ from phaze.network import HierarchicalNetwork
 from phaze.step.model import price
 from phaze.step.simulate import simulate_1f1b
 from phaze.step.strategy import PipelineSchedule, Strategy, stages_reason
-from phaze.trace.models import ModelSpec
 from tests.step_cases import (
+    TINY_SEQ,
     random_chain,
     random_constants,
     random_network,
     random_torus,
     reference_price,
+    tiny_gpt,
 )
 
 
@@ -176,22 +177,13 @@ def test_the_reference_draws_cover_every_feature():
 # ---------------------------------------------------------------------------------------------
 # the GPU evaluation (phaze.fidelity.evaluate) is this model on kernel-sum layer times
 # ---------------------------------------------------------------------------------------------
-SEQ = 256
+SEQ = TINY_SEQ
 CFG = validate_config({})
 A100 = load_preset("a100-80gb")
 
 
-def tiny_gpt(layers=8, hidden=256, heads=8, vocab=1024):
-    kw = {
-        "n_layer": layers,
-        "n_embd": hidden,
-        "n_head": heads,
-        "n_inner": 4 * hidden,
-        "vocab_size": vocab,
-        "n_positions": SEQ,
-        "activation_function": "gelu_pytorch_tanh",
-    }
-    return ModelSpec("tiny-gpt", "gpt2", layers, hidden, heads, 4 * hidden, vocab, SEQ, heads, kw)
+def tiny_gpt_tanh():
+    return tiny_gpt(activation="gelu_pytorch_tanh")
 
 
 GPU_CASES = [
@@ -217,7 +209,7 @@ GPU_CASES = [
 def test_gpu_evaluation_equals_the_reference_on_its_chains(case):
     """`phaze evaluate`'s numbers are the model's on the GPU chains (kernel sums, trace memory):
     checked against the independent reference, on the preset's DGX network."""
-    spec = tiny_gpt()
+    spec = tiny_gpt_tanh()
     s = Strategy(**case)
     got = evaluate_strategy(spec, s, A100, seq=SEQ, config=CFG)
     chain = gpu_chains(spec, s.tp, s.microbatch, SEQ, A100, CFG)[s.sequence_parallel]
@@ -235,7 +227,7 @@ def test_tpuv4_evaluation_runs_on_its_ici_torus():
     from phaze.network import TorusNetwork
 
     tpu = load_preset("tpuv4")
-    spec = tiny_gpt()
+    spec = tiny_gpt_tanh()
     s = Strategy(devices=64, tp=4, pp=2, microbatch=1, global_batch=64, interleave=2)
     got = evaluate_strategy(spec, s, tpu, seq=SEQ, config=CFG, name="tpuv4")
     net = TorusNetwork.for_devices(tpu["network"], 64, "tpuv4")
@@ -248,7 +240,7 @@ def test_tpuv4_evaluation_runs_on_its_ici_torus():
 
 
 def test_model_flops_are_three_passes_and_hardware_flops_count_recomputation():
-    spec = tiny_gpt()
+    spec = tiny_gpt_tanh()
     out = {}
     for mode in ("none", "selective", "full"):
         s = Strategy(devices=16, tp=2, pp=2, microbatch=2, global_batch=32, recompute=mode)
