@@ -305,6 +305,7 @@ def answers(
                 out.append((*key, mode, None, np.nan, False, last, len(seen), np.nan, np.nan))
                 continue
             best = vis.sort_values(["ach", "bucket", "arch"], ascending=[False, True, True]).iloc[0]
+            top = upper_bound(seen["hi"].to_numpy(dtype=float))
             out.append(
                 (
                     *key,
@@ -314,8 +315,8 @@ def answers(
                     bool(best["exact"]),
                     last,
                     len(seen),
-                    upper_bound(seen["hi"].to_numpy(dtype=float)),
-                    certified_gap(seen["hi"].to_numpy(dtype=float), float(best["ach"])),
+                    top,
+                    certified_gap(top, float(best["ach"])),
                 )
             )
     cols = [
@@ -338,9 +339,9 @@ def upper_bound(upper_bounds: np.ndarray) -> float:
     return float(finite.max()) if len(finite) else np.nan
 
 
-def certified_gap(upper_bounds: np.ndarray, winner: float) -> float:
-    """(largest proven upper bound of the visited architectures) / winner − 1, floored at 0."""
+def certified_gap(top: float, winner: float) -> float:
+    """``top`` (:func:`upper_bound` of the visited architectures; NaN: none feasible) / winner − 1,
+    floored at 0."""
     if not np.isfinite(winner) or winner <= 0:
         return np.nan
-    top = upper_bound(upper_bounds)
     return max(0.0, (top if np.isfinite(top) else winner) / winner - 1.0)

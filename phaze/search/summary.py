@@ -166,7 +166,7 @@ def summarize(
         )
         pm = best["strategy"] == "phaze-per-model"
         best.loc[pm, "certified_gap"] = [
-            certified_gap(np.array([u]), t)
+            certified_gap(u, t)
             for u, t in zip(best.loc[pm, "_top"], best.loc[pm, "throughput_seq_s"])
         ]
         best = best.drop(columns=["_top"])
