@@ -120,3 +120,21 @@ def test_pareto_front_matches_brute_force(points):
             want.add((a, t))
     assert set(zip(fa, ft)) == want
     assert (np.diff(fa) > 0).all() and (np.diff(ft) > 0).all()
+
+
+def test_speedup_means_by_hand():
+    from phaze.report.plots import speedup_means
+
+    geo, arith = speedup_means([1.0, 4.0, float("nan")])
+    assert geo == 2.0 and arith == 2.5
+    assert all(np.isnan(speedup_means([float("nan")])))
+
+
+def test_hbm_sensitivity_is_relative_to_the_largest_hbm():
+    from phaze.report.plots import hbm_sensitivity
+
+    _best, cmp, _explored = _tables()
+    big = cmp.assign(hbm_bytes=64 * GIB, throughput_seq_s=cmp["throughput_seq_s"] * 2)
+    fig = hbm_sensitivity(pd.concat([cmp, big], ignore_index=True))
+    heights = sorted({round(p.get_height(), 9) for p in fig.axes[0].patches})
+    assert heights == [0.5, 1.0]

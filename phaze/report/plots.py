@@ -40,11 +40,24 @@ def _one_devices(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["devices"] == df["devices"].max()]
 
 
+def speedup_means(values) -> tuple[float, float]:
+    """(geometric mean, arithmetic mean) of the finite speedups; NaN, NaN when there are none."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    if not len(v):
+        return float("nan"), float("nan")
+    return float(np.exp(np.log(v).mean())), float(v.mean())
+
+
 def speedup_bars(comparison: pd.DataFrame, hbm_bytes: int):
+    """Per model and, as the last two groups, their geometric and arithmetic means."""
     cmp = _one_devices(comparison[comparison["hbm_bytes"] == hbm_bytes])
     models = sorted(cmp["model"].unique())
-    fig, axes = plt.subplots(1, len(BASELINES), figsize=(4.2 * len(BASELINES), 3.4), sharey=False)
-    x = np.arange(len(models))
+    groups = [*models, "geo. mean", "arith. mean"]
+    fig, axes = plt.subplots(
+        1, len(BASELINES), figsize=(max(4.2, 0.55 * len(groups)) * len(BASELINES), 3.6)
+    )
+    x = np.arange(len(groups))
     w = 0.38
     for ax, (base, title) in zip(np.atleast_1d(axes), BASELINES):
         col = f"speedup_vs_{base}"
@@ -53,6 +66,7 @@ def speedup_bars(comparison: pd.DataFrame, hbm_bytes: int):
                 cmp.loc[(cmp["model"] == m) & (cmp["strategy"] == strategy), col].max()
                 for m in models
             ]
+            vals += list(speedup_means(vals))
             bars = ax.bar(x + (i - 0.5) * w, vals, w, label=label, color=color)
             for b, v in zip(bars, vals):
                 if np.isfinite(v):
@@ -64,7 +78,8 @@ def speedup_bars(comparison: pd.DataFrame, hbm_bytes: int):
                         fontsize=7,
                     )
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
-        ax.set_xticks(x, models, rotation=20)
+        ax.axvline(len(models) - 0.5, color="0.5", lw=0.8)
+        ax.set_xticks(x, groups, rotation=30, ha="right", fontsize=7)
         ax.set_title(f"vs {title}", fontsize=9)
         ax.set_ylabel("throughput speedup")
     np.atleast_1d(axes)[0].legend(fontsize=8)
@@ -264,6 +279,30 @@ def pipeline_stages(best: pd.DataFrame, hbm_bytes: int):
     return fig
 
 
+def hbm_sensitivity(comparison: pd.DataFrame):
+    """Throughput of each Phaze strategy at every HBM size, relative to its largest HBM."""
+    cmp = _one_devices(comparison)
+    hbms = sorted(cmp["hbm_bytes"].unique())
+    models = sorted(cmp["model"].unique())
+    fig, axes = plt.subplots(1, len(PHAZE), figsize=(max(4.5, 0.9 * len(models)) * 2, 3.6))
+    x = np.arange(len(models))
+    w = 0.8 / max(1, len(hbms))
+    for ax, (strategy, label, _color) in zip(np.atleast_1d(axes), PHAZE):
+        sub = cmp[cmp["strategy"] == strategy]
+        thr = sub.groupby(["model", "hbm_bytes"])["throughput_seq_s"].max()
+        for j, h in enumerate(hbms):
+            vals = [thr.get((m, h), np.nan) / thr.get((m, hbms[-1]), np.nan) for m in models]
+            ax.bar(x + (j - (len(hbms) - 1) / 2) * w, vals, w, label=f"{h / GIB:g} GiB")
+        ax.axhline(1.0, color="k", lw=0.8, ls="--")
+        ax.set_xticks(x, models, rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel(f"throughput / throughput at {hbms[-1] / GIB:g} GiB")
+        ax.set_title(label, fontsize=9)
+        ax.legend(fontsize=7, title="HBM", title_fontsize=7)
+    fig.suptitle("HBM size sensitivity (each HBM size searched on its own)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def make_figures(best, comparison, explored, hbm_gib=None) -> dict:
     """{name: Figure} for every name of FIGURES."""
     h = pick_hbm(comparison, hbm_gib)
@@ -273,6 +312,7 @@ def make_figures(best, comparison, explored, hbm_gib=None) -> dict:
         "area_throughput": area_throughput(explored, best, h),
         "arch_table": arch_table(best, comparison, h),
         "pipeline": pipeline_stages(best, h),
+        "hbm_sensitivity": hbm_sensitivity(comparison),
     }
     if list(figs) != list(FIGURES):
         raise AssertionError(f"make_figures makes {list(figs)}, FIGURES lists {list(FIGURES)}")

@@ -1,0 +1,244 @@
+"""The paper artifact from a finished `config/paper.yaml` run: run.json, comparison.csv, figures.
+
+Reads a results directory after
+
+    /usr/bin/time -v -o TIME bash scripts/run.sh --configfile config/paper.yaml -j 2
+
+and writes into --out (default docs/paper/):
+
+- run.json: CPU seconds per rule (the jobs' `benchmark:` files), the Snakemake process's own
+  (TIME's user + sys, which include every child, minus the jobs'), `cpu_s_total`, wall time,
+  architectures visited per search, ILP instances solved and avoided, the largest certified gap;
+- comparison.csv: one row per model x strategy x HBM size (the chosen architecture's parameters,
+  its placement and every speedup), sorted, so its hash identifies the result;
+- the report's figures (phaze/report/plots.py) for the chosen HBM size as PNG.
+
+A re-run with a changed config (say `--config place.model=upstream`) re-runs only what depends on
+the change; --since EPOCH counts only the benchmark files written after that moment, and --name
+picks the output names (run_NAME.json, comparison_NAME.csv) so both runs sit side by side.
+
+    .venv/bin/python benchmarks/paper.py --results results --time TIME [--start EPOCH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+GIB = 2**30
+COMPARISON_COLUMNS = [
+    "model",
+    "strategy",
+    "hbm_gib",
+    "throughput_seq_s",
+    "speedup_vs_tpuv4_expert",
+    "speedup_vs_tpuv4_phaze",
+    "speedup_vs_placement_blind",
+    "speedup_vs_tpuv4_upstream_expert",
+    "certified_gap",
+    "arch",
+    "area_mm2",
+    "n_tc",
+    "tc_width",
+    "tc_depth",
+    "n_vc",
+    "vc_width",
+    "glb_mib",
+    "microbatch",
+    "tp",
+    "pp",
+    "dp",
+    "interleave",
+    "recompute",
+    "sequence_parallel",
+    "distributed_optimizer",
+    "ddp",
+    "mfu",
+    "archs_visited",
+]
+
+
+def rule_of(path: Path) -> str:
+    """The rule whose `benchmark:` file this is (the paths of rules/*.smk)."""
+    parts, stem = path.parts, path.stem
+    stage = parts[0]
+    if stage == "schedule":
+        return {"bounds": "schedule_bounds", "ilp": "schedule_ilp"}.get(
+            parts[-2], "schedule_blind" if stem == "blind" else "schedule"
+        )
+    if stage == "estimate":
+        return {"space": "estimate_space", "blind": "estimate_blind"}.get(stem, "estimate")
+    if stage == "place":
+        for tail in ("bounds", "ilp", "blind"):
+            if stem.endswith(f"_{tail}"):
+                return f"place_{tail}"
+        return "place"
+    if stage == "search":
+        if stem.startswith("blind_"):
+            return "search_blind"
+        m = re.fullmatch(r"r\d+_(prune|state)", stem)
+        return f"search_{m.group(1)}" if m else f"search_{stem}"
+    if stage == "report":
+        return "report_plots"
+    return stage
+
+
+def job_cpu(results: Path, since: float = 0.0) -> tuple[Counter, Counter]:
+    """(CPU seconds, jobs) per rule from the benchmark files written after ``since``."""
+    cpu, jobs = Counter(), Counter()
+    root = results / "benchmarks"
+    for f in sorted(root.rglob("*.tsv")):
+        if f.stat().st_mtime < since:
+            continue
+        rule = rule_of(f.relative_to(root))
+        cpu[rule] += float(pd.read_csv(f, sep="\t").iloc[-1]["cpu_time"])
+        jobs[rule] += 1
+    return cpu, jobs
+
+
+def gnu_time(path: Path) -> dict:
+    """user + sys CPU seconds and wall seconds from `/usr/bin/time -v`'s report."""
+    text = path.read_text()
+
+    def field(name):
+        m = re.search(rf"{re.escape(name)}: (.+)", text)
+        if not m:
+            raise SystemExit(f"{path}: no '{name}' line (not a /usr/bin/time -v report)")
+        return m.group(1).strip()
+
+    wall = 0.0
+    for part in field("Elapsed (wall clock) time (h:mm:ss or m:ss)").split(":"):
+        wall = wall * 60 + float(part)
+    return {
+        "cpu_s": float(field("User time (seconds)")) + float(field("System time (seconds)")),
+        "wall_s": wall,
+        "max_rss_kib": int(field("Maximum resident set size (kbytes)")),
+        "exit_status": int(field("Exit status")),
+    }
+
+
+def searches(explored: pd.DataFrame, best: pd.DataFrame) -> list[dict]:
+    """Architectures visited and the certificate of every search (strategy x model x HBM x N)."""
+    ex = explored[explored["strategy"].str.startswith("phaze-")]
+    out = []
+    keys = ["strategy", "model", "hbm_bytes", "devices"]
+    win = best[best["mode"] == "early_stop"].set_index(keys)
+    for key, grp in ex.groupby(keys):
+        visited = grp[grp["visited"]]
+        row = win.loc[key] if key in win.index else None
+        if isinstance(row, pd.DataFrame):
+            row = row.iloc[0]
+        out.append(
+            {
+                "strategy": key[0],
+                "model": key[1],
+                "hbm_gib": key[2] / GIB,
+                "devices": int(key[3]),
+                "archs_visited": int(visited["arch"].nunique()),
+                "archs_with_ilp": int(visited.loc[visited["has_ilp"], "arch"].nunique()),
+                "last_bucket": int(visited["bucket"].max()) if len(visited) else -1,
+                "throughput_seq_s": None if row is None else float(row["throughput_seq_s"]),
+                "certified_gap": None if row is None else float(row["certified_gap"]),
+            }
+        )
+    return out
+
+
+def comparison_table(cmp: pd.DataFrame) -> pd.DataFrame:
+    cmp = cmp[cmp["devices"] == cmp["devices"].max()].copy()
+    cmp["hbm_gib"] = cmp["hbm_bytes"] / GIB
+    cmp["glb_mib"] = cmp["glb_bytes"] / 2**20
+    missing = [c for c in COMPARISON_COLUMNS if c not in cmp.columns]
+    if missing:
+        raise SystemExit(f"comparison.parquet lacks {missing}")
+    return (
+        cmp[COMPARISON_COLUMNS]
+        .sort_values(["model", "strategy", "hbm_gib"], kind="stable")
+        .reset_index(drop=True)
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", type=Path, default=REPO / "results")
+    ap.add_argument("--time", type=Path, help="the run's /usr/bin/time -v report")
+    ap.add_argument("--since", type=float, default=0.0, help="count benchmark files after this")
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "paper")
+    ap.add_argument("--name", default="", help="suffix of the output names (a variant's run)")
+    ap.add_argument("--config", default="config/paper.yaml", help="recorded in run.json")
+    ap.add_argument("--hbm-gib", type=float, help="HBM size of the per-HBM figures (default: max)")
+    ap.add_argument("--no-figures", action="store_true")
+    args = ap.parse_args()
+
+    from phaze.io import read_table
+
+    summary = args.results / "summary"
+    best = read_table(summary / "best.parquet", "best", nonempty=True)
+    cmp = read_table(summary / "comparison.parquet", "comparison", nonempty=True)
+    explored = read_table(summary / "explored.parquet", "explored", nonempty=True)
+    stats = json.loads((summary / "search_stats.json").read_text())
+    cpu, jobs = job_cpu(args.results, args.since)
+    cpu_jobs = sum(cpu.values())
+    run = {
+        "config": args.config,
+        "commit": subprocess.run(
+            ["git", "-C", str(args.results.parent), "rev-parse", "HEAD"],
+            check=False,
+            capture_output=True,
+            text=True,
+        ).stdout.strip(),
+        "cpu_s_per_rule": {k: round(cpu[k], 2) for k in sorted(cpu)},
+        "jobs_per_rule": {k: jobs[k] for k in sorted(jobs)},
+        "cpu_s_jobs": round(cpu_jobs, 2),
+    }
+    if args.time:
+        t = gnu_time(args.time)
+        run.update(
+            cpu_s_snakemake=round(t["cpu_s"] - cpu_jobs, 2),
+            cpu_s_total=round(t["cpu_s"], 2),
+            wall_s=round(t["wall_s"], 1),
+            snakemake_exit_status=t["exit_status"],
+        )
+    else:
+        run["cpu_s_total"] = round(cpu_jobs, 2)
+    run["cpu_h_total"] = round(run["cpu_s_total"] / 3600, 3)
+    run.update(
+        ilp_instances_solved=stats["ilp_instances"],
+        ilp_instances_avoided=stats["ilp_instances_avoided_by_pruning"],
+        archs_in_space=stats["archs_in_space"],
+        archs_computed=stats["archs_computed"],
+        archs_with_ilp=stats["archs_with_ilp"],
+        rounds_computed=stats["rounds_computed"],
+        rounds_total=stats["rounds_total"],
+        certified_gap_max=stats.get("certified_gap_max"),
+        searches=searches(explored, best),
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    suffix = f"_{args.name}" if args.name else ""
+    (args.out / f"run{suffix}.json").write_text(json.dumps(run, indent=1) + "\n")
+    comparison_table(cmp).to_csv(args.out / f"comparison{suffix}.csv", index=False)
+    if not args.no_figures:
+        import matplotlib.pyplot as plt
+
+        from phaze.report.plots import make_figures
+
+        for name, fig in make_figures(best, cmp, explored, args.hbm_gib).items():
+            fig.savefig(args.out / f"{name}{suffix}.png", dpi=110, bbox_inches="tight")
+            plt.close(fig)
+    keys = ["cpu_s_total", "cpu_h_total", "wall_s", "ilp_instances_solved", "certified_gap_max"]
+    print(json.dumps({k: run.get(k) for k in keys}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,68 @@
+"""benchmarks/paper.py: every rule's benchmark file is charged to that rule, and the
+/usr/bin/time report is read correctly."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("paper", REPO / "benchmarks" / "paper.py")
+paper = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(paper)
+
+SAMPLE = {
+    "model": "gpt3-175b",
+    "mbs": "2",
+    "seq": "2048",
+    "tp": "8",
+    "chunk": "3",
+    "round": "12",
+    "tag": "b2_s2048_tp8",
+    "hbm": "32",
+}
+
+
+def _rule_benchmarks():
+    """(rule name, benchmark path relative to results/benchmarks) of every rule in rules/."""
+    out = []
+    for smk in sorted((REPO / "rules").glob("*.smk")):
+        text = smk.read_text()
+        for m in re.finditer(
+            r"^(?:rule|checkpoint) (\w+):\n(?:(?!^(?:rule|checkpoint) ).*\n)*?\s+benchmark:\n\s+f?\"([^\"]+)\"",
+            text,
+            re.MULTILINE,
+        ):
+            path = m.group(2).replace("{BENCH}", "results/benchmarks")
+            path = re.sub(r"\{\{?(\w+)\}?\}", lambda w: SAMPLE[w.group(1)], path)
+            out.append((m.group(1), Path(path).relative_to("results/benchmarks")))
+    return out
+
+
+def test_every_rules_benchmark_file_maps_to_its_rule():
+    pairs = _rule_benchmarks()
+    rules = {
+        r
+        for smk in (REPO / "rules").glob("*.smk")
+        for r in re.findall(r"^(?:rule|checkpoint) (\w+):", smk.read_text(), re.MULTILINE)
+    }
+    assert {r for r, _ in pairs} == rules - {"all"}
+    for rule, path in pairs:
+        assert paper.rule_of(path) == rule, (rule, path)
+
+
+def test_gnu_time_report(tmp_path):
+    f = tmp_path / "time.txt"
+    f.write_text(
+        '\tCommand being timed: "bash scripts/run.sh"\n'
+        "\tUser time (seconds): 7000.50\n"
+        "\tSystem time (seconds): 199.50\n"
+        "\tElapsed (wall clock) time (h:mm:ss or m:ss): 1:02:03.5\n"
+        "\tMaximum resident set size (kbytes): 812345\n"
+        "\tExit status: 0\n"
+    )
+    t = paper.gnu_time(f)
+    assert t["cpu_s"] == 7200.0
+    assert t["wall_s"] == 3723.5
+    assert t["exit_status"] == 0
