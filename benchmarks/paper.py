@@ -73,20 +73,25 @@ def rule_of(path: Path) -> str:
     parts, stem = path.parts, path.stem
     stage = parts[0]
     if stage == "schedule":
-        return {"bounds": "schedule_bounds", "ilp": "schedule_ilp"}.get(
+        return {"bounds": "schedule_bounds", "ilp": "schedule_ilp", "deep": "schedule_ilp"}.get(
             parts[-2], "schedule_blind" if stem == "blind" else "schedule"
         )
     if stage == "estimate":
         return {"space": "estimate_space", "blind": "estimate_blind"}.get(stem, "estimate")
     if stage == "place":
-        for tail in ("bounds", "ilp", "blind"):
+        for tail, rule in (
+            ("bounds", "bounds"),
+            ("ilp", "ilp"),
+            ("deep", "ilp"),
+            ("blind", "blind"),
+        ):
             if stem.endswith(f"_{tail}"):
-                return f"place_{tail}"
+                return f"place_{rule}"
         return "place"
     if stage == "search":
         if stem.startswith("blind_"):
             return "search_blind"
-        m = re.fullmatch(r"r\d+_(prune|state)", stem)
+        m = re.fullmatch(r"r\d+_(?:ilp_|deep_)?(prune|state)", stem)
         return f"search_{m.group(1)}" if m else f"search_{stem}"
     if stage == "report":
         return "report_plots"

@@ -88,10 +88,13 @@ rule schedule_blind:
         "../environment.yml"
     params:
         code=code_version("schedule"),
-        cfg=W.section("schedule"),
+        # the search's last ILP stage (ilp, or deep when it deepens): the baseline's schedules
+        # get the same solver effort as the answers'
+        cfg=W.blind_params(),
+        tier=W.stages[-1],
         trace=W.trace_dir_of,
     shell:
-        "python3 -m phaze schedule --tier ilp --trace {params.trace:q}"
+        "python3 -m phaze schedule --tier {params.tier} --trace {params.trace:q}"
         " --latency {input.latency:q} --space {input.space:q} --chunks {input.choice:q}"
         ' --chunk 0 --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
 

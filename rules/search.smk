@@ -8,6 +8,8 @@
 #     search_prune (checkpoint) which archs can still beat the best proven -> ILP chunk tables
 #     schedule_ilp, place_ilp   the ILP for those archs only, and placement on its makespans
 #                               (ilp) and on its proven lower bounds (ilp_ub: the certificate)
+#     with search.deepen_node_limit > 0, once more at {stage} = deep: search_prune re-prunes
+#     with the ILP tier in, schedule_ilp / place_ilp solve the archs left with the deep limits
 #     search_state (checkpoint) early-stop test; round r+1 exists only if a search still runs
 #   baselines: rules/baselines.smk (placement-blind); the tpuv4 preset is pinned to round 0.
 #   search_summary              results/summary/{best,comparison,explored}.parquet
@@ -87,11 +89,11 @@ checkpoint search_prune:
         plan=W.plan,
         place=W.prune_inputs,
     output:
-        directory("results/search/r{round}/ilp"),
+        directory("results/search/r{round}/{stage}"),
     log:
-        f"{LOGS}/search/r{{round}}_prune.log",
+        f"{LOGS}/search/r{{round}}_{{stage}}_prune.log",
     benchmark:
-        f"{BENCH}/search/r{{round}}_prune.tsv"
+        f"{BENCH}/search/r{{round}}_{{stage}}_prune.tsv"
     params:
         code=W.search_code(),
         cfg=W.search_params(),
@@ -101,7 +103,8 @@ checkpoint search_prune:
         )
         shell(
             "python3 -m phaze search prune --plan {input.plan:q} --round {wildcards.round}"
-            ' --manifest {manifest:q} --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
+            " --stage {wildcards.stage} --manifest {manifest:q}"
+            ' --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
         )
 
 
@@ -114,22 +117,22 @@ rule schedule_ilp:
         # mtime never re-runs an ILP, the content of `archs` does
         selection=lambda wc: ancient(W.ilp_selection_file(wc)),
     output:
-        f"{SCHED}/ilp/r{{round}}_c{{chunk}}.parquet",
+        f"{SCHED}/{{stage}}/r{{round}}_c{{chunk}}.parquet",
     log:
-        f"{LOGS}/schedule/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/ilp/r{{round}}_c{{chunk}}.log",
+        f"{LOGS}/schedule/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/{{stage}}/r{{round}}_c{{chunk}}.log",
     benchmark:
-        f"{BENCH}/schedule/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/ilp/r{{round}}_c{{chunk}}.tsv"
+        f"{BENCH}/schedule/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/{{stage}}/r{{round}}_c{{chunk}}.tsv"
     conda:
         "../environment.yml"
     params:
         code=code_version("schedule"),
-        cfg=W.section("schedule"),
+        cfg=W.ilp_params,
         trace=W.trace_dir_of,
         # the archs pruning selected, as a param: a re-run prune that selects the same archs
         # (say, after a placement edit) does not re-run the ILPs
         archs=W.ilp_archs,
     shell:
-        "python3 -m phaze schedule --tier ilp --trace {params.trace:q}"
+        "python3 -m phaze schedule --tier {wildcards.stage} --trace {params.trace:q}"
         " --latency {input.latency:q} --space {input.space:q} --archs {params.archs:q}"
         ' --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
 
@@ -138,12 +141,12 @@ rule place_ilp:
     input:
         unpack(W.place_inputs("ilp")),
     output:
-        ilp=W.place_outputs("r{round}_ilp"),
-        ub=W.place_outputs("r{round}_ilp_ub"),
+        ilp=W.place_outputs("r{round}_{stage}"),
+        ub=W.place_outputs("r{round}_{stage}_ub"),
     log:
-        f"{LOGS}/place/{{model}}/b{{mbs}}_r{{round}}_ilp.log",
+        f"{LOGS}/place/{{model}}/b{{mbs}}_r{{round}}_{{stage}}.log",
     benchmark:
-        f"{BENCH}/place/{{model}}/b{{mbs}}_r{{round}}_ilp.tsv"
+        f"{BENCH}/place/{{model}}/b{{mbs}}_r{{round}}_{{stage}}.tsv"
     conda:
         "../environment.yml"
     params:

@@ -9,13 +9,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from phaze.cli import main
+from phaze.cli import build_parser, main
 from phaze.io.tables import read_table, write_table
 from phaze.schedule.instance import make_instance
 from phaze.schedule.tables import instance_from_json
 from tests.test_schedule import brute_force
 
 DATA = Path(__file__).parent / "data"
+TEST_CONFIG = str(Path(__file__).parents[1] / "config" / "test.yaml")
 
 
 def test_instance_json_matches_brute_force(capsys):
@@ -69,6 +70,20 @@ def test_instance_json_errors(tmp_path, capsys, obj, msg):
     assert main(["schedule", "--instance", str(f)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("phaze schedule: error:") and msg in err
+
+
+def test_deep_tier_takes_the_search_limits_and_needs_them(capsys):
+    from phaze.schedule.cli import _options
+
+    args = build_parser().parse_args(["schedule", "--tier", "deep", "--config", TEST_CONFIG])
+    opts = _options(args)
+    assert (opts.tier, opts.node_limit, opts.time_limit_s) == ("ilp", 2000, 600)
+    assert _options(args, {"time_limit_s": 5.0}).time_limit_s == 5.0  # an instance's own limit
+    inst = str(DATA / "schedule_instance.json")
+    assert main(["schedule", "--instance", inst, "--tier", "deep", "--config", TEST_CONFIG]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "optimal"
+    assert main(["schedule", "--instance", inst, "--tier", "deep"]) == 2  # config.yaml: no deep
+    assert "search.deepen_node_limit" in capsys.readouterr().err
 
 
 def test_missing_arguments_are_named(capsys):

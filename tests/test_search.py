@@ -85,7 +85,7 @@ def test_a_baseline_outside_the_area_budget_is_computed_but_never_searched():
     truth = _truth(np.random.default_rng(3), 5, infeasible_frac=0.0)
     truth.loc[truth["arch"] == "a4", ["v", "lo", "hi"]] = 1e3
     s = SearchSettings(patience=2, stop_rule="running_best", mode="exhaustive", prune=True)
-    got, _, _ = _simulate(truth, plan, s)
+    got = _simulate(truth, plan, s)[0]
     assert len(got) and "a4" not in set(got["arch"])
     req = ilp_requests(
         select_for_ilp(
@@ -176,6 +176,12 @@ def _truth(rng, n_archs, n_hbm=1, infeasible_frac=0.1):
         # schedule's value t lies between the ILP's schedule (v) and both bounds
         ihi = v * (1 + rng.uniform(0, 0.05)) if rng.random() < 0.7 else hi
         t = v + rng.uniform(0, 1) * (min(hi, ihi) - v)
+        # the deep tier's interval nests in the ILP tier's: v <= deep value <= t <= deep bound
+        if rng.random() < 0.3:
+            dv = dhi = t
+        else:
+            dv = v + rng.uniform(0, 1) * (t - v) if rng.random() < 0.7 else v
+            dhi = t + rng.uniform(0, 1) * (min(hi, ihi) - t) if rng.random() < 0.7 else ihi
         rows.append(
             {
                 "model": m,
@@ -187,6 +193,8 @@ def _truth(rng, n_archs, n_hbm=1, infeasible_frac=0.1):
                 "lo": lo,
                 "hi": hi,
                 "ihi": ihi,
+                "dv": dv,
+                "dhi": dhi,
                 "t": t,
             }
         )
@@ -194,7 +202,9 @@ def _truth(rng, n_archs, n_hbm=1, infeasible_frac=0.1):
 
 
 def _place_rows(truth, tier):
-    col = {"ub": "hi", "lo": "lo", "ilp": "v", "ilp_ub": "ihi"}[tier]
+    col = {"ub": "hi", "lo": "lo", "ilp": "v", "ilp_ub": "ihi", "deep": "dv", "deep_ub": "dhi"}[
+        tier
+    ]
     df = truth[COMPONENT_KEY].copy()
     df["tier"] = tier
     df["throughput_seq_s"] = truth[col].to_numpy()
@@ -202,12 +212,23 @@ def _place_rows(truth, tier):
     return df
 
 
+def _solve(truth, req, tiers):
+    """The placement rows of ``tiers`` for the (model, microbatch, arch) triples of ``req``."""
+    key = truth.set_index(["model", "microbatch", "arch"]).index
+    triples = list(req[["model", "microbatch", "arch"]].itertuples(index=False, name=None))
+    solved = truth[key.isin(triples)]
+    return [_place_rows(solved, t) for t in tiers], set(triples)
+
+
 def _simulate(truth, plan, s: SearchSettings):
-    """Run the workflow's round loop on synthetic values; returns (answers, ILP count)."""
+    """Run the workflow's round loop on synthetic values; returns (answers, states, ILP count,
+    deep count). With deepening, each round's ILP tier is followed by the deep tier for the
+    archs the second selection picks; every deep triple must have had the ILP tier."""
     pairs = [(m, b) for m in MODELS for b in MBS]
     rounds = int(plan["round"].max()) + 1
-    known, states, n_ilp = [], None, 0
+    known, states, n_ilp, n_deep = [], None, 0, 0
     arch_round = plan.set_index("arch")["round"]
+    final = s.final_tier
     for r in range(rounds):
         need = pairs if states is None else needed_pairs(states, pairs)
         if not need:
@@ -217,24 +238,30 @@ def _simulate(truth, plan, s: SearchSettings):
             & pd.Series(list(zip(truth["model"], truth["microbatch"]))).isin(need).to_numpy()
         ]
         known += [_place_rows(cur, "ub"), _place_rows(cur, "lo")]
-        scores = all_scores(components(pd.concat(known)), MODELS)
+        scores = all_scores(components(pd.concat(known), final), MODELS)
         sel = select_for_ilp(scores, plan, r, s, states)
         req = ilp_requests(sel, plan, r, pairs)
         n_ilp += len(req)
-        key = truth.set_index(["model", "microbatch", "arch"]).index
-        solved = truth[
-            key.isin(list(req[["model", "microbatch", "arch"]].itertuples(index=False, name=None)))
-        ]
-        known += [_place_rows(solved, "ilp"), _place_rows(solved, "ilp_ub")]
-        scores = all_scores(components(pd.concat(known)), MODELS)
+        rows, ilp_triples = _solve(truth, req, ("ilp", "ilp_ub"))
+        known += rows
+        scores = all_scores(components(pd.concat(known), final), MODELS)
+        if s.deepen_node_limit:
+            sel = select_for_ilp(scores, plan, r, s, states)
+            req = ilp_requests(sel, plan, r, pairs)
+            n_deep += len(req)
+            rows, deep_triples = _solve(truth, req, ("deep", "deep_ub"))
+            assert deep_triples <= ilp_triples
+            known += rows
+            scores = all_scores(components(pd.concat(known), final), MODELS)
         states = search_states(scores, plan, r, s)
-    return answers(scores, plan, states, s), states, n_ilp
+    return answers(scores, plan, states, s), states, n_ilp, n_deep
 
 
 def _brute(truth, plan, s: SearchSettings):
-    """Every ILP solved, the stop rule applied to exact values."""
-    everything = pd.concat([_place_rows(truth, t) for t in ("ub", "lo", "ilp", "ilp_ub")])
-    scores = all_scores(components(everything), MODELS)
+    """Every arch solved at every tier, the stop rule applied to the final tier's values."""
+    tiers = ("ub", "lo", "ilp", "ilp_ub") + (("deep", "deep_ub") if s.deepen_node_limit else ())
+    everything = pd.concat([_place_rows(truth, t) for t in tiers])
+    scores = all_scores(components(everything, s.final_tier), MODELS)
     rounds = int(plan["round"].max())
     states = search_states(scores, plan, rounds, s)
     return answers(scores, plan, states, s), states
@@ -247,8 +274,9 @@ def _brute(truth, plan, s: SearchSettings):
     k=st.integers(1, 4),
     patience=st.integers(2, 4),
     mode=st.sampled_from(["early_stop", "exhaustive"]),
+    deepen=st.booleans(),
 )
-def test_pruned_search_equals_solving_every_ilp(seed, n_archs, k, patience, mode):
+def test_pruned_search_equals_solving_every_ilp(seed, n_archs, k, patience, mode, deepen):
     rng = np.random.default_rng(seed)
     truth = _truth(rng, n_archs)
     areas = np.round(rng.uniform(1, 3, n_archs), 1)  # ties: several archs per bucket
@@ -262,8 +290,8 @@ def test_pruned_search_equals_solving_every_ilp(seed, n_archs, k, patience, mode
         k,
         3,
     )
-    s = SearchSettings(patience=patience, mode=mode)
-    got, _got_states, n_ilp = _simulate(truth, plan, s)
+    s = SearchSettings(patience=patience, mode=mode, deepen_node_limit=1000 if deepen else 0)
+    got, _got_states, n_ilp, _n_deep = _simulate(truth, plan, s)
     want, _want_states = _brute(truth, plan, s)
     key = SEARCH_KEY + ["mode"]
     g = got.set_index(key).sort_index()

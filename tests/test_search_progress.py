@@ -30,15 +30,16 @@ def test_jobs_cpu_seconds_sums_every_benchmark_file(tmp_path):
 
 def _scores():
     rows = [
-        # strategy, model, microbatch, arch, ach, has_ilp
-        ("phaze-per-model", "m1", 1, "a", 10.0, True),
-        ("phaze-per-model", "m1", 2, "a", 12.0, False),
-        ("phaze-per-model", "m1", 1, "b", 11.0, False),
-        ("phaze-per-model", "m2", 1, "a", np.nan, False),
-        ("phaze-per-model", "m2", 1, "c", 3.0, True),
-        ("phaze-common", "*", -1, "a", 99.0, True),
+        # strategy, model, microbatch, arch, ach, has_ilp, has_deep
+        ("phaze-per-model", "m1", 1, "a", 10.0, True, True),
+        ("phaze-per-model", "m1", 2, "a", 12.0, False, False),
+        ("phaze-per-model", "m1", 1, "b", 11.0, False, False),
+        ("phaze-per-model", "m2", 1, "a", np.nan, False, False),
+        ("phaze-per-model", "m2", 1, "c", 3.0, True, False),
+        ("phaze-common", "*", -1, "a", 99.0, True, True),
     ]
-    return pd.DataFrame(rows, columns=["strategy", "model", "microbatch", "arch", "ach", "has_ilp"])
+    cols = ["strategy", "model", "microbatch", "arch", "ach", "has_ilp", "has_deep"]
+    return pd.DataFrame(rows, columns=cols)
 
 
 def test_round_progress_counts_searches_archs_ilps_and_best():
@@ -48,7 +49,7 @@ def test_round_progress_counts_searches_archs_ilps_and_best():
     assert (doc["searches_running"], doc["searches_stopped"], doc["searches"]) == (1, 2, 3)
     assert doc["archs_visited"] == 3
     # (m1,1,a) and (m2,1,c) had the ILP; (m1,2,a), (m1,1,b), (m2,1,a) were settled without it
-    assert (doc["ilp_solved"], doc["ilp_avoided"]) == (2, 3)
+    assert (doc["ilp_solved"], doc["ilp_avoided"], doc["ilp_deepened"]) == (2, 3, 1)
     assert doc["best_throughput_seq_s"] == {"m1": 12.0, "m2": 3.0}
 
 
@@ -58,6 +59,11 @@ def test_progress_line_is_one_line_with_every_figure():
     line = progress_line({**doc, "jobs_cpu_s": 123.4})
     assert "\n" not in line
     assert line.startswith("phaze search: round 1/2: 1 searches running, 0/1 stopped")
-    assert "3 archs visited" in line and "ILP for 2 " in line and "3 settled by bounds" in line
+    assert (
+        "3 archs visited" in line
+        and "ILP for 2 " in line
+        and "(1 deepened)" in line
+        and "3 settled by bounds" in line
+    )
     assert "jobs 123 CPU-s" in line and "m1 12" in line and "m2 3" in line
     assert "jobs - CPU-s" in progress_line(doc)

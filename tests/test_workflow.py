@@ -189,6 +189,21 @@ def test_summary_tables_and_plots_are_nontrivial(run_dir):
     assert cmp.loc[~searched, "certified_gap"].isna().all()
     stats = json.loads((res / "summary" / "search_stats.json").read_text())
     assert stats["certified_gap_max"] == pytest.approx(best["certified_gap"].max())
+    # the deep stage (config/test.yaml deepens): it ran for the pinned tpuv4 at least, and more
+    # nodes never made a placement slower nor its bound looser than the ILP tier's
+    assert stats["archs_deepened"] >= 1 and stats["ilp_instances_deepened"] >= 1
+    deep_files = sorted((res / "place").rglob("r*_deep.parquet"))
+    assert deep_files
+    for f in deep_files:
+        deep = pd.read_parquet(f).set_index("arch")["throughput_seq_s"]
+        ilp = pd.read_parquet(f.with_name(f.name.replace("_deep", "_ilp")))
+        ilp = ilp.set_index("arch")["throughput_seq_s"].reindex(deep.index)
+        assert (deep >= ilp * (1 - 1e-9)).all(), (f, deep, ilp)
+        deep_ub = pd.read_parquet(f.with_name(f.name.replace("_deep", "_deep_ub")))
+        ilp_ub = pd.read_parquet(f.with_name(f.name.replace("_deep", "_ilp_ub")))
+        d_ub = deep_ub.set_index("arch")["throughput_seq_s"]
+        i_ub = ilp_ub.set_index("arch")["throughput_seq_s"].reindex(d_ub.index)
+        assert (d_ub <= i_ub * (1 + 1e-9)).all(), (f, d_ub, i_ub)
     # the placement model and the axes it chose travel with every placement
     assert set(cmp["place_model"]) == {"megatron"}
     assert set(cmp["recompute"]) <= {"none", "selective", "full"}
@@ -260,6 +275,13 @@ EDITS = {
         lambda w: _edit(w / "config/test.yaml", "node_limit: 200\n", "node_limit: 300\n"),
         {"schedule_bounds"},
         {"trace", "arch", "estimate"},
+    ),
+    "deep ILP limit": (
+        lambda w: _edit(
+            w / "config/test.yaml", "deepen_node_limit: 2000", "deepen_node_limit: 3000"
+        ),
+        {"search_prune"},
+        {"trace", "arch", "estimate", "schedule_bounds", "place_bounds"},
     ),
     "placement config": (
         lambda w: _edit(w / "config/test.yaml", "optimizer: adam", "optimizer: sgd"),

@@ -29,7 +29,7 @@ class FakeCheckpoints:
     def __init__(self, root: Path):
         self.root = root
         self.search_plan = self._Checkpoint(lambda: root / "chunks.parquet")
-        self.search_prune = self._Checkpoint(lambda round: root / f"r{round}" / "ilp")
+        self.search_prune = self._Checkpoint(lambda round, stage: root / f"r{round}" / stage)
         self.search_state = self._Checkpoint(lambda round: root / f"r{round}" / "state.json")
 
     class _Checkpoint:
@@ -100,11 +100,12 @@ def test_rounds_from_the_checkpoints(sweep):
     assert sweep.pairs_of_round(1) == [("opt-350m", 2)]
     assert sweep.last_round() == 1
     assert sweep.ilp_chunks(0, "opt-350m", 1) == [0, 1] and sweep.ilp_chunks(0, "gpt2-xl", 2) == []
-    assert sweep.ilp_archs(wc(round="0", model="opt-350m", mbs="1", chunk="1")) == "b"
+    assert sweep.ilp_archs(wc(round="0", model="opt-350m", mbs="1", chunk="1", stage="ilp")) == "b"
 
 
 def test_manifests_list_exactly_the_jobs_inputs_with_their_metadata(sweep, tmp_path, monkeypatch):
-    prune1 = sweep.prune_manifest(wc(round="1"))["place"]
+    assert sweep.stages == ["ilp"]
+    prune1 = sweep.prune_manifest(wc(round="1", stage="ilp"))["place"]
     # round 0 bounds (4 pairs x 2 HBM x ub/lo), its ILP files (2 pairs with a selection x 2 HBM
     # x ilp/ilp_ub), then round 1's bounds (1 pair); the placement axes are inside each job
     assert len(prune1) == 4 * 2 * 2 + 2 * 2 * 2 + 1 * 2 * 2
@@ -119,7 +120,7 @@ def test_manifests_list_exactly_the_jobs_inputs_with_their_metadata(sweep, tmp_p
     for e in prune1:
         d = sweep.place_dir(e["model"], 32 if "h32_" in e["path"] else 80.5, e["microbatch"])
         assert e["path"] == f"{d}/r{e['round']}_{e['tier']}.parquet"
-    assert sweep.prune_inputs(wc(round="1")) == [e["path"] for e in prune1]
+    assert sweep.prune_inputs(wc(round="1", stage="ilp")) == [e["path"] for e in prune1]
     state1 = sweep.state_manifest(wc(round="1"))["place"]
     assert state1[: len(prune1)] == prune1 and len(state1) == len(prune1) + 1 * 2 * 2
     summary = sweep.summary_manifest()
@@ -150,6 +151,52 @@ def test_manifests_list_exactly_the_jobs_inputs_with_their_metadata(sweep, tmp_p
         Path(e["path"]).touch()
     path = sweep.write_manifest("m.json", summary, inputs["files"] + ["results/arch/space.parquet"])
     assert load_manifest(path, tuple(summary)) == summary
+
+
+def test_the_deep_stage_reads_the_ilp_tier_and_feeds_the_state(sweep, tmp_path):
+    """search.deepen_node_limit > 0: round r's deep selection reads its ILP tier, the state and
+    the summary read the deep tier, the deep jobs write r{r}_deep / r{r}_deep_ub."""
+    cfg = validate_config({**sweep.config, "search": {"deepen_node_limit": 1000}})
+    deep = Sweep(cfg, sweep.checkpoints)
+    assert deep.stages == ["ilp", "deep"]
+    for r, m, b, rows in ((0, "opt-350m", 1, [("b", 1)]), (1, "opt-350m", 2, [])):
+        d = tmp_path / f"r{r}" / "deep"
+        d.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(rows, columns=["arch", "chunk"]).to_parquet(d / f"{m}_b{b}.parquet")
+    for m, b in (("opt-350m", 2), ("gpt2-xl", 1), ("gpt2-xl", 2)):
+        pd.DataFrame([], columns=["arch", "chunk"]).to_parquet(
+            tmp_path / "r0" / "deep" / f"{m}_b{b}.parquet"
+        )
+    prune0 = deep.prune_manifest(wc(round="0", stage="deep"))["place"]
+    assert {(e["round"], e["tier"]) for e in prune0} == {
+        (0, "ub"),
+        (0, "lo"),
+        (0, "ilp"),
+        (0, "ilp_ub"),
+    }
+    state0 = deep.state_manifest(wc(round="0"))["place"]
+    got = [e for e in state0 if e["tier"].startswith("deep")]
+    assert sorted((e["model"], e["microbatch"], e["tier"]) for e in got) == sorted(
+        ("opt-350m", 1, t) for t in ("deep", "deep_ub") for _ in (32, 80.5)
+    )
+    assert state0[: len(prune0)] == prune0
+    # the ilp stage of round 1 reads round 0 with its deep tier
+    assert got[0] in deep.prune_manifest(wc(round="1", stage="ilp"))["place"]
+    sched = [e for e in deep.summary_manifest()["schedules"] if e["tier"] == "deep"]
+    assert {e["path"] for e in sched} == {
+        f"results/schedule/opt-350m/b1_s2048_tp{t}/deep/r0_c1.parquet" for t in (1, 2, 4)
+    }
+    w = wc(model="opt-350m", mbs="1", round="0", stage="deep")
+    assert deep.ilp_archs(wc(round="0", model="opt-350m", mbs="1", chunk="1", stage="deep")) == "b"
+    args = [build_parser().parse_args(shlex.split(c)) for c in deep.place_commands("ilp")(w)]
+    assert sorted(a.out.rsplit("/", 1)[1] for a in args) == sorted(
+        ["r0_deep.parquet", "r0_deep_ub.parquet"] * 2
+    )
+    files = {f for a in args for s in a.schedules for f in s.split(",")}
+    assert files == set(deep.place_inputs("ilp")(w)["schedules"])
+    assert all("/deep/r0_c1.parquet" in f for f in files)
+    assert json.loads(deep.ilp_params(w))["search.deepen_node_limit"] == 1000
+    assert deep.blind_params() == deep.ilp_params(w) != sweep.blind_params()
 
 
 def test_a_manifest_must_list_only_the_jobs_inputs(sweep, tmp_path):

@@ -26,10 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--archs", help="comma-separated arch ids (alternative to --chunk)")
     parser.add_argument(
         "--tier",
-        choices=("ilp", "bounds"),
+        choices=("ilp", "bounds", "deep"),
         default="ilp",
         help="ilp: exact ILP within the limits (default); bounds: list-schedule "
-        "upper bound and cheap lower bounds only, no solver",
+        "upper bound and cheap lower bounds only, no solver; deep: the ILP with the search's "
+        "deep limits (config search.deepen_node_limit, search.deepen_time_limit_s)",
     )
     add_config_argument(parser)  # section `schedule`
     parser.add_argument("--out", help="output table (schedule schema)")
@@ -39,8 +40,19 @@ def _options(args, overrides: dict | None = None):
     from phaze.config import load_config
     from phaze.schedule.solve import Options
 
-    cfg = {**load_config(args.config)["schedule"], **(overrides or {})}
-    return Options.from_config(cfg, args.tier)
+    config = load_config(args.config)
+    cfg = dict(config["schedule"])
+    tier = args.tier
+    if tier == "deep":  # the ILP with the search's deep limits
+        search = config["search"]
+        if search["deepen_node_limit"] <= 0:
+            raise PhazeError("--tier deep needs search.deepen_node_limit > 0 in the config")
+        cfg.update(
+            node_limit=search["deepen_node_limit"], time_limit_s=search["deepen_time_limit_s"]
+        )
+        tier = "ilp"
+    # an --instance file's own time_limit_s / gap come last
+    return Options.from_config({**cfg, **(overrides or {})}, tier)
 
 
 def run(args: argparse.Namespace) -> int:

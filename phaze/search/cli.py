@@ -2,7 +2,8 @@
 
 * ``plan``      space.parquet → chunks.parquet (bucket, round, chunk per arch)
 * ``prune``     bound-tier placements of round r → which archs get the ILP (one chunk table per
-                model × microbatch, for ``phaze schedule --chunks``)
+                model × microbatch, for ``phaze schedule --chunks``); ``--stage deep``: with
+                the ILP tier in, which of them get the deeper ILP
 * ``state``     all placements so far → the early-stop state after round r (JSON)
 * ``blind``     t = 1 latencies of the whole space → the placement-blind baseline's arch
 * ``batch``     several ``phaze`` commands in one process (the workflow's placement jobs)
@@ -43,6 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument(
             "--out", required=True, help="prune: output directory; state: state JSON file"
         )
+        if name == "prune":
+            p.add_argument(
+                "--stage",
+                choices=("ilp", "deep"),
+                default="ilp",
+                help="ilp: after the bound tiers; deep: after the ilp tier, the archs still "
+                "worth a deeper ILP (config search.deepen_node_limit)",
+            )
         if name == "state":
             p.add_argument(
                 "--benchmarks",

@@ -39,9 +39,9 @@ def _pairs(place: pd.DataFrame) -> list[tuple[str, int]]:
     return sorted({(str(m), int(b)) for m, b in zip(place["model"], place["microbatch"])})
 
 
-def _scores(place: pd.DataFrame) -> pd.DataFrame:
+def _scores(place: pd.DataFrame, settings: SearchSettings) -> pd.DataFrame:
     models = sorted(place["model"].astype(str).unique())
-    return all_scores(components(place), models)
+    return all_scores(components(place, settings.final_tier), models)
 
 
 def plan(args: argparse.Namespace) -> int:
@@ -81,10 +81,13 @@ def _load_round_inputs(args):
 def prune(args: argparse.Namespace) -> int:
     cfg, settings, plan_df, place, rounds = _load_round_inputs(args)
     r = args.round
+    stage = getattr(args, "stage", "ilp")
+    if stage == "deep" and settings.final_tier != "deep":
+        raise PhazeError("prune --stage deep needs search.deepen_node_limit > 0 in the config")
     # States after the previous round, recomputed from the same files (deterministic).
     earlier = place[rounds < r]
-    prior = search_states(_scores(earlier), plan_df, r - 1, settings) if r > 0 else None
-    scores = _scores(place)
+    prior = search_states(_scores(earlier, settings), plan_df, r - 1, settings) if r > 0 else None
+    scores = _scores(place, settings)
     selected = select_for_ilp(scores, plan_df, r, settings, prior)
     current = place[rounds == r]
     pairs = _pairs(current)
@@ -98,10 +101,12 @@ def prune(args: argparse.Namespace) -> int:
         )
     selected.astype({"hi": float, "threshold": float}).to_parquet(out / "selected.parquet.tmp")
     (out / "selected.parquet.tmp").replace(out / "selected.parquet")
-    computed = place[(rounds == r) & (place["tier"] == "ub")]
+    # the candidates: every (model, microbatch, arch) of the round, or those the ILP tier solved
+    computed = place[(rounds == r) & (place["tier"] == ("ub" if stage == "ilp" else "ilp"))]
     n_total = len(computed[["model", "microbatch", "arch"]].drop_duplicates())
+    what = "ILP" if stage == "ilp" else "deep ILP"
     print(
-        f"phaze search prune: round {r}: ILP for {len(requests)} of {n_total} "
+        f"phaze search prune: round {r}: {what} for {len(requests)} of {n_total} "
         f"(model, microbatch, arch) in this round -> {out}"
     )
     return 0
@@ -110,7 +115,7 @@ def prune(args: argparse.Namespace) -> int:
 def state(args: argparse.Namespace) -> int:
     _cfg, settings, plan_df, place, _rounds = _load_round_inputs(args)
     r = args.round
-    scores = _scores(place)
+    scores = _scores(place, settings)
     states = search_states(scores, plan_df, r, settings)
     pairs = _pairs(place)
     need = needed_pairs(states, pairs)
@@ -152,26 +157,32 @@ def _ilp_counts(entries: list[dict], gap: float) -> dict:
     """ILP instances: those whose bound-tier gap (list schedule vs lower bound) exceeds the
     configured ``schedule.gap`` — the ones the ILP tier must hand to the solver. Counted for the
     (model, microbatch, arch) that got the ILP tier (``solved``) and for those pruning skipped."""
-    ilp_archs, bounds = set(), []
+    ilp_archs, deep_archs, bounds = set(), set(), []
     for e in entries:
         df = read_table(e["path"], "schedule")
         if e["tier"] in ("ilp", "blind"):
             ilp_archs.update((e["model"], e["microbatch"], a) for a in df["arch"])
+        elif e["tier"] == "deep":
+            deep_archs.update((e["model"], e["microbatch"], a) for a in df["arch"])
         else:
             bounds.append(df.assign(model=e["model"], microbatch=e["microbatch"]))
-    solved = avoided = 0
+    solved = avoided = deepened = 0
     if bounds:
         b = pd.concat(bounds, ignore_index=True)
         open_gap = (b["makespan_s"] - b["lower_bound_s"]) > gap * b["makespan_s"]
-        got_ilp = pd.Series(
-            [k in ilp_archs for k in zip(b["model"], b["microbatch"], b["arch"])], index=b.index
-        )
+        keys = list(zip(b["model"], b["microbatch"], b["arch"]))
+        got_ilp = pd.Series([k in ilp_archs for k in keys], index=b.index)
+        got_deep = pd.Series([k in deep_archs for k in keys], index=b.index)
         solved = int((open_gap & got_ilp).sum())
         avoided = int((open_gap & ~got_ilp).sum())
+        deepened = int((open_gap & got_deep).sum())
     return {
         "ilp_instances": solved,
         "ilp_instances_avoided_by_pruning": avoided,
+        # of the solved ones, those solved again by the deep tier
+        "ilp_instances_deepened": deepened,
         "archs_with_ilp": len({a for _, _, a in ilp_archs}),
+        "archs_deepened": len({a for _, _, a in deep_archs}),
     }
 
 
@@ -234,6 +245,7 @@ def summarize(args: argparse.Namespace) -> int:
             "pruning": settings.pruning,
             "round_buckets": cfg["round_buckets"],
             "bucket_width_mm2": cfg["bucket_width_mm2"],
+            "deepen_node_limit": cfg["deepen_node_limit"],
         },
         **_ilp_counts(doc["schedules"], config["schedule"]["gap"]),
     }

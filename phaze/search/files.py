@@ -8,12 +8,14 @@ import pandas as pd
 from phaze.errors import PhazeError
 from phaze.io.manifest import read_manifest
 from phaze.io.tables import read_table
+from phaze.search.scores import TIERS
 
 #: placement tiers (phaze.search.scores): ub = on lower bounds, lo = on list schedules, ilp = on
-#: the ILP's makespans, ilp_ub = on the ILP's proven lower bounds
-PLACE_TIERS = ("ub", "lo", "ilp", "ilp_ub")
-#: schedule tiers: bounds (list schedule + lower bound), ilp, blind (the baseline's ILP tier)
-SCHEDULE_TIERS = ("bounds", "ilp", "blind")
+#: the ILP's makespans, ilp_ub = on the ILP's proven lower bounds, deep / deep_ub = the same on
+#: the deeper ILP
+PLACE_TIERS = TIERS
+#: schedule tiers: bounds (list schedule + lower bound), ilp, deep, blind (the baseline's ILP)
+SCHEDULE_TIERS = ("bounds", "ilp", "deep", "blind")
 
 #: kind -> the keys (and types) of each manifest entry, besides its path
 MANIFEST_FIELDS = {

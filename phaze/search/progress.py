@@ -3,7 +3,8 @@
 After each round the ``search_state`` checkpoint records where the run stands (``progress`` in
 ``results/search/r{round}/state.json``) and prints it: the round, how many searches still run and
 how many stopped, the architectures visited so far, how many (model, microbatch, arch) triples
-were given the ILP and how many the bounds settled without it, the CPU seconds of the jobs so far
+were given the ILP (and of them, the deep ILP) and how many the bounds settled without it, the
+CPU seconds of the jobs so far
 (the ``cpu_time`` column of Snakemake's ``benchmark:`` files) and each model's best throughput so
 far (over its Phaze-Per-Model searches).
 """
@@ -49,8 +50,9 @@ def round_progress(
     ``strategy``, ``model``, ``microbatch``, ``arch``, ``ach``, ``has_ilp``), ``states`` the
     :func:`phaze.search.scores.search_states` after the round."""
     per_model = scores[scores["strategy"] == "phaze-per-model"]
-    triples = per_model[["model", "microbatch", "arch", "has_ilp"]]
-    solved = triples.groupby(["model", "microbatch", "arch"])["has_ilp"].any()
+    triples = per_model[["model", "microbatch", "arch", "has_ilp", "has_deep"]]
+    by_triple = triples.groupby(["model", "microbatch", "arch"])
+    solved, deepened = by_triple["has_ilp"].any(), by_triple["has_deep"].any()
     best = {}
     for model, grp in per_model.groupby("model", sort=True):
         ach = grp["ach"].to_numpy(dtype=float)
@@ -65,6 +67,7 @@ def round_progress(
         "archs_visited": int(per_model["arch"].nunique()),
         "ilp_solved": int(solved.sum()),
         "ilp_avoided": int((~solved).sum()),
+        "ilp_deepened": int(deepened.sum()),
         "best_throughput_seq_s": best,
     }
 
@@ -84,6 +87,7 @@ def progress_line(doc: dict) -> str:
         f"phaze search: round {doc['round'] + 1}/{doc['rounds_total']}: "
         f"{doc['searches_running']} searches running, {doc['searches_stopped']}/{doc['searches']} "
         f"stopped; {doc['archs_visited']} archs visited; ILP for {doc['ilp_solved']} "
-        f"(model, microbatch, arch), {doc['ilp_avoided']} settled by bounds; jobs {cpu} CPU-s; "
+        f"(model, microbatch, arch) ({doc.get('ilp_deepened', 0)} deepened), "
+        f"{doc['ilp_avoided']} settled by bounds; jobs {cpu} CPU-s; "
         f"best seq/s: {best or '-'}"
     )

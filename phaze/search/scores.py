@@ -13,7 +13,15 @@ can be known at three tiers:
 * ``lo`` — placement on list-schedule makespans (a real schedule): an achievable throughput;
 * ``ilp`` — placement on the ILP's makespans (what solving every ILP would report);
 * ``ilp_ub`` — placement on the ILP's proven lower bounds: a second throughput upper bound, so
-  ``hi`` is the smaller of the two once the ILP ran.
+  ``hi`` is the smaller of the two once the ILP ran;
+* ``deep``, ``deep_ub`` — the same on a deeper ILP (a larger node limit, config
+  ``search.deepen_node_limit``), run only for the archs whose interval [``ach``, ``hi``] still
+  reaches above the incumbent once the ILP tier is in (see below). More nodes never lengthen the
+  schedule nor lower the bound, so each tier's interval nests in the previous one's.
+
+The *final* tier (``deep`` when deepening is configured, else ``ilp``) is the reference: the
+answer and stop point are those of solving every architecture at that tier, and a component is
+``exact`` once its final-tier value (or bounds that meet) is known.
 
 *certificate*: a search's ``certified_gap`` = (largest ``hi`` over the architectures it visited)
 / (the winner's score) − 1, floored at 0: no visited architecture, pruned or solved, can beat the
@@ -33,6 +41,11 @@ neither beat the answer nor change the running best ``R_j`` the stop test reads 
 :mod:`phaze.search.stop`). The arch attaining ``B`` is itself either selected (``hi > B``) or
 already exact (``hi == lo``), so the reported best is always an ILP (or bound-tight) value: the
 answer and the stop point equal those of solving every ILP.
+
+Deepening applies the same rule once more inside the round: with the ILP tier's values in,
+``B`` and ``hi`` are tighter, and only the archs still above ``B`` (and not exact) get the deep
+tier. An arch left out has ``hi ≤ B``, so its deep value cannot beat the answer or move the
+running best either: the answer and stop point equal those of solving every arch deeply.
 """
 
 from __future__ import annotations
@@ -49,7 +62,10 @@ from phaze.search.stop import stop_bucket
 COMPONENT_KEY = ["model", "hbm_bytes", "microbatch", "devices", "arch"]
 PER_MODEL_KEY = ["model", "hbm_bytes", "microbatch", "devices"]
 COMMON_KEY = ["hbm_bytes", "devices"]
-TIERS = ("ub", "lo", "ilp", "ilp_ub")
+TIERS = ("ub", "lo", "ilp", "ilp_ub", "deep", "deep_ub")
+#: tiers that hold a schedule's value (achievable) and the final tiers the ``exact`` flag reads
+ACHIEVABLE = ("lo", "ilp", "deep")
+FINAL_TIERS = ("ilp", "deep")
 
 
 _DEFAULT = schema_defaults()["search"]
@@ -63,6 +79,7 @@ class SearchSettings:
     stop_rule: str = _DEFAULT["stop_rule"]
     mode: str = _DEFAULT["mode"]  # early_stop | exhaustive
     prune: bool = _DEFAULT["prune"]
+    deepen_node_limit: int = _DEFAULT["deepen_node_limit"]  # 0: no deep tier
 
     @classmethod
     def from_config(cls, search_cfg: dict) -> SearchSettings:
@@ -72,10 +89,16 @@ class SearchSettings:
             stop_rule=search_cfg["stop_rule"],
             mode=search_cfg["mode"],
             prune=search_cfg["prune"],
+            deepen_node_limit=search_cfg["deepen_node_limit"],
         )
         if s.mode not in ("early_stop", "exhaustive"):
             raise PhazeError(f"search.mode must be early_stop or exhaustive, got {s.mode!r}")
         return s
+
+    @property
+    def final_tier(self) -> str:
+        """The tier whose values are the reference (``exact``): ``deep`` when deepening."""
+        return "deep" if self.deepen_node_limit > 0 else "ilp"
 
     @property
     def pruning(self) -> bool:
@@ -83,11 +106,14 @@ class SearchSettings:
         return self.prune and self.stop_rule == "running_best"
 
 
-def components(place: pd.DataFrame) -> pd.DataFrame:
+def components(place: pd.DataFrame, final: str = "ilp") -> pd.DataFrame:
     """Wide table, one row per component: ``hi``, ``lo``, ``ilp`` throughputs (NaN = unknown or
-    infeasible), ``ach`` = best achievable known, ``exact`` = value known exactly.
+    infeasible), ``ach`` = best achievable known, ``exact`` = value known at the ``final`` tier
+    (``ilp``, or ``deep`` when the search deepens).
 
     ``place`` is the concatenation of place tables with an added ``tier`` column."""
+    if final not in FINAL_TIERS:
+        raise AssertionError(f"final tier must be one of {FINAL_TIERS}, got {final!r}")
     missing = [c for c in COMPONENT_KEY + ["tier", "throughput_seq_s"] if c not in place.columns]
     if missing:
         raise PhazeError(f"placement results lack columns {missing}")
@@ -103,19 +129,20 @@ def components(place: pd.DataFrame) -> pd.DataFrame:
     wide = wide.reindex(columns=list(TIERS))
     wide.columns.name = None
     wide = wide.reset_index()
-    wide["hi"] = np.fmin(wide.pop("ub"), wide.pop("ilp_ub"))
-    wide["ach"] = np.fmax(wide["ilp"], wide["lo"])
-    wide["has_ilp"] = wide["ilp"].notna()
-    # Exactly known: an ILP value, bounds that meet, or infeasible (NaN upper bound: memory does
-    # not depend on latencies, so no schedule can make it fit).
+    wide["hi"] = np.fmin(np.fmin(wide.pop("ub"), wide.pop("ilp_ub")), wide.pop("deep_ub"))
+    wide["ach"] = wide[list(ACHIEVABLE)].max(axis=1, skipna=True)
+    wide["has_ilp"] = wide["ilp"].notna() | wide["deep"].notna()
+    wide["has_deep"] = wide["deep"].notna()
+    # Exactly known: a final-tier value, bounds that meet, or infeasible (NaN upper bound: memory
+    # does not depend on latencies, so no schedule can make it fit).
     wide["exact"] = (
-        wide["ilp"].notna() | (wide["hi"] <= wide["ach"]).fillna(False) | wide["hi"].isna()
+        wide[final].notna() | (wide["hi"] <= wide["ach"]).fillna(False) | wide["hi"].isna()
     )
     return wide
 
 
 def per_model_scores(comp: pd.DataFrame) -> pd.DataFrame:
-    out = comp[PER_MODEL_KEY + ["arch", "hi", "ach", "exact", "has_ilp"]].copy()
+    out = comp[PER_MODEL_KEY + ["arch", "hi", "ach", "exact", "has_ilp", "has_deep"]].copy()
     out.insert(0, "strategy", "phaze-per-model")
     return out
 
@@ -125,7 +152,11 @@ def common_scores(comp: pd.DataFrame, models: list[str]) -> pd.DataFrame:
     over microbatch; NaN unless every model has a feasible value."""
     g = comp.groupby(["hbm_bytes", "devices", "arch", "model"], sort=False)
     per_model = g.agg(
-        hi=("hi", "max"), ach=("ach", "max"), exact=("exact", "all"), has_ilp=("has_ilp", "all")
+        hi=("hi", "max"),
+        ach=("ach", "max"),
+        exact=("exact", "all"),
+        has_ilp=("has_ilp", "all"),
+        has_deep=("has_deep", "all"),
     ).reset_index()
     rows = []
     for (hbm, dev, arch), grp in per_model.groupby(["hbm_bytes", "devices", "arch"], sort=False):
@@ -141,10 +172,12 @@ def common_scores(comp: pd.DataFrame, models: list[str]) -> pd.DataFrame:
                 ach,
                 bool(grp["exact"].fillna(False).all()),
                 bool(grp["has_ilp"].fillna(False).all()),
+                bool(grp["has_deep"].fillna(False).all()),
             )
         )
     out = pd.DataFrame(
-        rows, columns=["hbm_bytes", "devices", "arch", "hi", "ach", "exact", "has_ilp"]
+        rows,
+        columns=["hbm_bytes", "devices", "arch", "hi", "ach", "exact", "has_ilp", "has_deep"],
     )
     out["exact"] |= (out["hi"] <= out["ach"]).fillna(False) | out["hi"].isna()
     out.insert(0, "strategy", "phaze-common")
@@ -157,7 +190,7 @@ SEARCH_KEY = ["strategy", "model", "hbm_bytes", "microbatch", "devices"]
 
 def all_scores(comp: pd.DataFrame, models: list[str]) -> pd.DataFrame:
     scores = pd.concat([per_model_scores(comp), common_scores(comp, models)], ignore_index=True)
-    return scores[SEARCH_KEY + ["arch", "hi", "ach", "exact", "has_ilp"]]
+    return scores[SEARCH_KEY + ["arch", "hi", "ach", "exact", "has_ilp", "has_deep"]]
 
 
 def _with_plan(scores: pd.DataFrame, plan: pd.DataFrame) -> pd.DataFrame:

@@ -7,6 +7,7 @@ import pandas as pd
 
 from phaze.search.baselines import best_row
 from phaze.search.scores import (
+    ACHIEVABLE,
     COMPONENT_KEY,
     SEARCH_KEY,
     SearchSettings,
@@ -62,10 +63,12 @@ def _feasible(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def detail_rows(place: pd.DataFrame) -> pd.DataFrame:
-    """The best-known placement per component: the ILP tier where solved, else the list tier."""
-    p = _feasible(place[place["tier"].isin(["ilp", "lo"])])
-    # the better of the two real schedules (the ILP's is never worse by construction; ties: ILP)
-    p = p.assign(_t=p["throughput_seq_s"].fillna(-np.inf), _rank=(p["tier"] != "ilp").astype(int))
+    """The best-known placement per component: the deepest ILP tier solved, else the list tier."""
+    p = _feasible(place[place["tier"].isin(ACHIEVABLE)])
+    # the best of the real schedules (a deeper ILP's is never worse by construction; ties: the
+    # deeper tier)
+    rank = {t: i for i, t in enumerate(reversed(ACHIEVABLE))}
+    p = p.assign(_t=p["throughput_seq_s"].fillna(-np.inf), _rank=p["tier"].map(rank))
     p = p.sort_values(["_t", "_rank"], ascending=[False, True]).drop_duplicates(COMPONENT_KEY)
     p = p.drop(columns=["_t", "_rank"])
     return p
@@ -112,7 +115,7 @@ def summarize(
     upstream_baseline_preset: str | None = "tpuv4-upstream",
 ) -> dict[str, pd.DataFrame]:
     """Build ``best``, ``comparison`` and ``explored`` from every placement result."""
-    comp = components(place)
+    comp = components(place, settings.final_tier)
     scores = all_scores(comp, models)
     states = search_states(scores, plan, last_round, settings)
     ans = answers(scores, plan, states, settings)

@@ -14,10 +14,12 @@ Layout under ``results/`` (``{tag}`` = ``b{microbatch}_s{seq}_tp{tp}``):
     arch/space.parquet, arch/chunks.parquet                 rules arch, search_plan
     estimate/{model}/{tag}/{chunk}.parquet | space | blind  rules estimate, estimate_space/_blind
     schedule/{model}/{tag}/bounds/c{chunk}.parquet          rule schedule_bounds
-    schedule/{model}/{tag}/ilp/r{round}_c{chunk}.parquet    rule schedule_ilp
+    schedule/{model}/{tag}/{stage}/r{round}_c{chunk}.parquet rule schedule_ilp ({stage}: ilp | deep)
     schedule/{model}/{tag}/blind.parquet | {chunk}.parquet  rules schedule_blind, schedule
-    place/{model}/h{hbm}_b{mbs}/r{round}_{ub|lo|ilp}.parquet | blind | {chunk}
-    search/r{round}/ilp/{model}_b{mbs}.parquet, state.json  checkpoints search_prune, search_state
+    place/{model}/h{hbm}_b{mbs}/r{round}_{tier}.parquet | blind | {chunk}
+        ({tier}: ub | lo | ilp | ilp_ub | deep | deep_ub)
+    search/r{round}/{stage}/{model}_b{mbs}.parquet          checkpoint search_prune
+    search/r{round}/state.json                              checkpoint search_state
     summary/{best,comparison,explored}.parquet, search_stats.json
 """
 
@@ -49,7 +51,11 @@ BOUND_TIERS = (("ub", "lower_bound_s"), ("lo", "makespan_s"))
 # the ILP tier: placement on the ILP's makespans (achievable) and on its proven lower bounds (a
 # throughput upper bound, tighter than the bound tier's: what the search's certificate reads)
 ILP_TIERS = (("ilp", "makespan_s"), ("ilp_ub", "lower_bound_s"))
+# the deep tier (search.deepen_node_limit > 0): the same, on a deeper ILP of fewer archs
+DEEP_TIERS = (("deep", "makespan_s"), ("deep_ub", "lower_bound_s"))
 BLIND_TIERS = (("ilp", "makespan_s"),)
+#: the ILP stages of a round, in order: each one's selection reads the placements of the last
+STAGE_TIERS = {"ilp": ILP_TIERS, "deep": DEEP_TIERS}
 
 
 def gib_str(h: float) -> str:
@@ -111,6 +117,8 @@ class Sweep:
             n: f"{results}/summary/{n}.parquet" for n in ("best", "comparison", "explored")
         }
         self.blind_mbs = min(self.microbatches)
+        # the ILP stages of every round: ilp, and deep when the search deepens
+        self.stages = ["ilp"] + (["deep"] if self.search["deepen_node_limit"] > 0 else [])
 
     # --- axes and paths ------------------------------------------------------------------------
     def tps(self, model: str) -> list[int]:
@@ -252,21 +260,33 @@ class Sweep:
         return r
 
     def ilp_selection_file(self, wc) -> str:
-        d = self.checkpoints.search_prune.get(round=int(wc.round)).output[0]
+        """The chunk table of the archs the ILP stage ``wc.stage`` (ilp | deep) solves."""
+        d = self.checkpoints.search_prune.get(round=int(wc.round), stage=wc.stage).output[0]
         return f"{d}/{wc.model}_b{wc.mbs}.parquet"
 
-    def _selection(self, r, m, b) -> pd.DataFrame:
-        path = self.ilp_selection_file(_Wildcards(round=r, model=m, mbs=b))
+    def _selection(self, r, m, b, stage) -> pd.DataFrame:
+        path = self.ilp_selection_file(_Wildcards(round=r, model=m, mbs=b, stage=stage))
         return _read_parquet(path, os.path.getmtime(path), ("arch", "chunk"))
 
-    def ilp_chunks(self, r, m, b) -> list[int]:
-        """Chunks of round r whose ILP selection for (m, b) is non-empty."""
-        return sorted(int(c) for c in self._selection(r, m, b)["chunk"].unique())
+    def ilp_chunks(self, r, m, b, stage="ilp") -> list[int]:
+        """Chunks of round r whose selection for (m, b) at ILP stage ``stage`` is non-empty."""
+        return sorted(int(c) for c in self._selection(r, m, b, stage)["chunk"].unique())
 
     def ilp_archs(self, wc) -> str:
         """The archs pruning selected in one chunk, comma-joined (rule schedule_ilp's param)."""
-        sel = self._selection(wc.round, wc.model, wc.mbs)
+        sel = self._selection(wc.round, wc.model, wc.mbs, wc.stage)
         return ",".join(sorted(sel.loc[sel["chunk"] == int(wc.chunk), "arch"]))
+
+    def blind_params(self) -> str:
+        """rule schedule_blind's config: that of the search's last ILP stage."""
+        return self.ilp_params(_Wildcards(stage=self.stages[-1]))
+
+    def ilp_params(self, wc) -> str:
+        """What an ILP-stage job reads of the config: the schedule section, and for the deep
+        stage the search's deep limits (the schedule CLI's ``--tier deep``)."""
+        if wc.stage == "ilp":
+            return self.section("schedule")
+        return self.section("schedule", "search.deepen_node_limit", "search.deepen_time_limit_s")
 
     # --- placement records: each file with what it holds ---------------------------------------
     def _place_record(self, m, h, b, r, tier, name) -> dict:
@@ -286,19 +306,29 @@ class Sweep:
             for tier, _ in BOUND_TIERS
         ]
 
-    def ilp_place_records(self, r) -> list[dict]:
+    def ilp_place_records(self, r, stage="ilp") -> list[dict]:
         return [
             self._place_record(m, h, b, r, tier, f"r{r}_{tier}")
             for m, b in self.pairs_of_round(r)
-            if self.ilp_chunks(r, m, b)
+            if self.ilp_chunks(r, m, b, stage)
             for h in self.hbm_gib
-            for tier, _ in ILP_TIERS
+            for tier, _ in STAGE_TIERS[stage]
         ]
+
+    def round_place_records(self, r, upto_stage: str | None = None) -> list[dict]:
+        """Round r's placement records: the bound tiers, then each ILP stage up to and
+        including ``upto_stage`` (None: every stage)."""
+        out = self.bound_place_records(r)
+        for stage in self.stages:
+            out += self.ilp_place_records(r, stage)
+            if stage == upto_stage:
+                break
+        return out
 
     def place_records_upto(self, r) -> list[dict]:
         out = []
         for q in range(int(r) + 1):
-            out += self.bound_place_records(q) + self.ilp_place_records(q)
+            out += self.round_place_records(q)
         return out
 
     def blind_place_records(self) -> list[dict]:
@@ -319,7 +349,7 @@ class Sweep:
         out = []
         for q in range(int(r) + 1):
             for m, b in self.pairs_of_round(q):
-                chosen = self.ilp_chunks(q, m, b)
+                chosen = {stage: self.ilp_chunks(q, m, b, stage) for stage in self.stages}
                 for t in self.tps(m):
                     d = self.schedule_dir(m, b, t)
                     out += [
@@ -327,8 +357,9 @@ class Sweep:
                         for c in self.round_chunks(q)
                     ]
                     out += [
-                        _schedule_record(f"{d}/ilp/r{q}_c{c}.parquet", m, b, t, "ilp")
-                        for c in chosen
+                        _schedule_record(f"{d}/{stage}/r{q}_c{c}.parquet", m, b, t, stage)
+                        for stage, chunks in chosen.items()
+                        for c in chunks
                     ]
         out += [
             _schedule_record(f"{self.schedule_dir(m, b, t)}/blind.parquet", m, b, t, "blind")
@@ -340,8 +371,14 @@ class Sweep:
 
     # --- search checkpoints and summary: inputs and manifests ----------------------------------
     def prune_manifest(self, wc) -> dict:
+        """The ilp stage reads round r's bound tiers; the deep stage also its ilp tiers."""
         r = int(wc.round)
-        return {"place": self.place_records_upto(r - 1) + self.bound_place_records(r)}
+        before = {"ilp": None, "deep": "ilp"}[wc.stage]
+        if before is None:
+            current = self.bound_place_records(r)
+        else:
+            current = self.round_place_records(r, upto_stage=before)
+        return {"place": self.place_records_upto(r - 1) + current}
 
     def state_manifest(self, wc) -> dict:
         return {"place": self.place_records_upto(wc.round)}
@@ -393,9 +430,9 @@ class Sweep:
             if kind == "bounds":
                 chunks = self.round_chunks(wc.round)
                 scheds.append([f"{d}/bounds/c{c}.parquet" for c in chunks])
-            elif kind == "ilp":
-                chunks = self.ilp_chunks(wc.round, m, b)
-                scheds.append([f"{d}/ilp/r{wc.round}_c{c}.parquet" for c in chunks])
+            elif kind == "ilp":  # the ILP stage of the wildcards (ilp | deep)
+                chunks = self.ilp_chunks(wc.round, m, b, wc.stage)
+                scheds.append([f"{d}/{wc.stage}/r{wc.round}_c{c}.parquet" for c in chunks])
             elif kind == "blind":
                 chunks = ["blind"]
                 scheds.append([f"{d}/blind.parquet"])
@@ -452,9 +489,11 @@ class Sweep:
         round: the placements are fast, interpreter start-up is not)."""
         import shlex
 
-        tiers = {"bounds": BOUND_TIERS, "ilp": ILP_TIERS}.get(kind, BLIND_TIERS)
-
         def commands(wc) -> list[str]:
+            if kind == "ilp":
+                tiers = STAGE_TIERS[wc.stage]
+            else:
+                tiers = BOUND_TIERS if kind == "bounds" else BLIND_TIERS
             base = self._place_args(wc, kind)
             cmds = []
             for h in self.hbm_gib:
