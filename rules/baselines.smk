@@ -94,7 +94,7 @@ rule schedule_blind:
         tier=W.stages[-1],
         trace=W.trace_dir_of,
     shell:
-        "python3 -m phaze schedule --tier {params.tier} --trace {params.trace:q}"
+        "python3 -m phaze schedule --tier {params.tier:q} --trace {params.trace:q}"
         " --latency {input.latency:q} --space {input.space:q} --chunks {input.choice:q}"
         ' --chunk 0 --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
 

@@ -103,7 +103,7 @@ checkpoint search_prune:
         )
         shell(
             "python3 -m phaze search prune --plan {input.plan:q} --round {wildcards.round}"
-            " --stage {wildcards.stage} --manifest {manifest:q}"
+            " --stage {wildcards.stage:q} --manifest {manifest:q}"
             ' --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
         )
 
@@ -132,7 +132,7 @@ rule schedule_ilp:
         # (say, after a placement edit) does not re-run the ILPs
         archs=W.ilp_archs,
     shell:
-        "python3 -m phaze schedule --tier {wildcards.stage} --trace {params.trace:q}"
+        "python3 -m phaze schedule --tier {wildcards.stage:q} --trace {params.trace:q}"
         " --latency {input.latency:q} --space {input.space:q} --archs {params.archs:q}"
         ' --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
 
