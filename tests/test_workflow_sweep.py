@@ -120,7 +120,11 @@ def test_manifests_list_exactly_the_jobs_inputs_with_their_metadata(sweep, tmp_p
     for e in prune1:
         d = sweep.place_dir(e["model"], 32 if "h32_" in e["path"] else 80.5, e["microbatch"])
         assert e["path"] == f"{d}/r{e['round']}_{e['tier']}.parquet"
-    assert sweep.prune_inputs(wc(round="1", stage="ilp")) == [e["path"] for e in prune1]
+    # the previous round's state comes first in time: a re-run checkpoint orders the later ones
+    assert sweep.prune_inputs(wc(round="1", stage="ilp")) == [e["path"] for e in prune1] + [
+        "results/search/r0/state.json"
+    ]
+    assert sweep.state_inputs(wc(round="1"))[-1] == "results/search/r1/ilp"
     state1 = sweep.state_manifest(wc(round="1"))["place"]
     assert state1[: len(prune1)] == prune1 and len(state1) == len(prune1) + 1 * 2 * 2
     summary = sweep.summary_manifest()
@@ -168,6 +172,11 @@ def test_the_deep_stage_reads_the_ilp_tier_and_feeds_the_state(sweep, tmp_path):
             tmp_path / "r0" / "deep" / f"{m}_b{b}.parquet"
         )
     prune0 = deep.prune_manifest(wc(round="0", stage="deep"))["place"]
+    assert deep.prune_inputs(wc(round="0", stage="deep"))[-1] == "results/search/r0/ilp"
+    assert deep.state_inputs(wc(round="0"))[-2:] == [
+        "results/search/r0/ilp",
+        "results/search/r0/deep",
+    ]
     assert {(e["round"], e["tier"]) for e in prune0} == {
         (0, "ub"),
         (0, "lo"),

@@ -40,6 +40,17 @@ def _one_devices(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["devices"] == df["devices"].max()]
 
 
+def _panels(n: int, per_row: int = 4):
+    """A figure with one panel per model, ``per_row`` to a row; the unused panels hidden."""
+    n = max(1, n)
+    rows, cols = -(-n // per_row), min(n, per_row)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.4 * rows), squeeze=False)
+    flat = list(axes.ravel())
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
 def speedup_means(values) -> tuple[float, float]:
     """(geometric mean, arithmetic mean) of the finite speedups; NaN, NaN when there are none."""
     v = np.asarray(values, dtype=float)
@@ -54,12 +65,15 @@ def speedup_bars(comparison: pd.DataFrame, hbm_bytes: int):
     cmp = _one_devices(comparison[comparison["hbm_bytes"] == hbm_bytes])
     models = sorted(cmp["model"].unique())
     groups = [*models, "geo. mean", "arith. mean"]
-    fig, axes = plt.subplots(
-        1, len(BASELINES), figsize=(max(4.2, 0.55 * len(groups)) * len(BASELINES), 3.6)
-    )
+    # many models: the four baselines in two rows of two
+    cols = len(BASELINES) if len(groups) <= 6 else 2
+    rows = -(-len(BASELINES) // cols)
+    width = max(4.2, 0.6 * len(groups))
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, 3.8 * rows), squeeze=False)
+    axes = axes.ravel()
     x = np.arange(len(groups))
     w = 0.38
-    for ax, (base, title) in zip(np.atleast_1d(axes), BASELINES):
+    for ax, (base, title) in zip(axes, BASELINES):
         col = f"speedup_vs_{base}"
         for i, (strategy, label, color) in enumerate(PHAZE):
             vals = [
@@ -82,7 +96,7 @@ def speedup_bars(comparison: pd.DataFrame, hbm_bytes: int):
         ax.set_xticks(x, groups, rotation=30, ha="right", fontsize=7)
         ax.set_title(f"vs {title}", fontsize=9)
         ax.set_ylabel("throughput speedup")
-    np.atleast_1d(axes)[0].legend(fontsize=8)
+    axes[0].legend(fontsize=8)
     fig.suptitle(
         f"Speedup per model, HBM {hbm_bytes / GIB:g} GiB, "
         f"{int(cmp['devices'].max()) if len(cmp) else 0} accelerators",
@@ -96,10 +110,8 @@ def convergence(explored: pd.DataFrame, hbm_bytes: int):
     ex = _one_devices(explored[explored["hbm_bytes"] == hbm_bytes])
     ex = ex[ex["strategy"] == "phaze-per-model"]
     models = sorted(ex["model"].unique())
-    fig, axes = plt.subplots(
-        1, max(1, len(models)), figsize=(4.5 * max(1, len(models)), 3.4), squeeze=False
-    )
-    for ax, model in zip(axes[0], models):
+    fig, axes = _panels(len(models))
+    for ax, model in zip(axes, models):
         sub = ex[ex["model"] == model]
         for b, grp in sub.groupby("microbatch"):
             per_bucket = (
@@ -148,10 +160,8 @@ def area_throughput(explored: pd.DataFrame, best: pd.DataFrame, hbm_bytes: int):
     ex = _one_devices(explored[explored["hbm_bytes"] == hbm_bytes])
     ex = ex[ex["strategy"] == "phaze-per-model"]
     models = sorted(ex["model"].unique())
-    fig, axes = plt.subplots(
-        1, max(1, len(models)), figsize=(4.5 * max(1, len(models)), 3.4), squeeze=False
-    )
-    for ax, model in zip(axes[0], models):
+    fig, axes = _panels(len(models))
+    for ax, model in zip(axes, models):
         per_arch = (
             ex[ex["model"] == model]
             .groupby("arch")
@@ -252,10 +262,8 @@ def pipeline_stages(best: pd.DataFrame, hbm_bytes: int):
         ]
     )
     rows = rows.sort_values("model")
-    fig, axes = plt.subplots(
-        1, max(1, len(rows)), figsize=(4.5 * max(1, len(rows)), 3.4), squeeze=False
-    )
-    for ax, r in zip(axes[0], rows.itertuples(index=False)):
+    fig, axes = _panels(len(rows))
+    for ax, r in zip(axes, rows.itertuples(index=False)):
         stages = json.loads(r.stages or "[]")
         mem = np.array(json.loads(r.stage_mem_bytes or "[]"), dtype=float) / GIB
         idx = np.arange(len(stages))

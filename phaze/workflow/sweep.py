@@ -395,11 +395,21 @@ class Sweep:
             "schedules": self.schedule_records_upto(r),
         }
 
+    def _checkpoint_files(self, r, stages) -> list[str]:
+        """The outputs of round r's search checkpoints a later step must wait for: when a
+        config edit re-runs an earlier checkpoint, the steps after it must not start while it
+        runs (their run: blocks read it)."""
+        return [f"{self.results}/search/r{r}/{stage}" for stage in stages]
+
     def prune_inputs(self, wc) -> list[str]:
-        return _paths(self.prune_manifest(wc))
+        r = int(wc.round)
+        order = [f"{self.results}/search/r{r - 1}/state.json"] if r > 0 else []
+        if wc.stage != "ilp":  # the deep stage follows the round's ilp selection
+            order += self._checkpoint_files(r, self.stages[: self.stages.index(wc.stage)])
+        return _paths(self.prune_manifest(wc)) + order
 
     def state_inputs(self, wc) -> list[str]:
-        return _paths(self.state_manifest(wc))
+        return _paths(self.state_manifest(wc)) + self._checkpoint_files(int(wc.round), self.stages)
 
     def summary_inputs(self, wc) -> dict:
         return {
