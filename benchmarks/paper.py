@@ -101,12 +101,14 @@ def rule_of(path: Path) -> str:
     return stage
 
 
-def job_cpu(results: Path, since: float = 0.0) -> tuple[Counter, Counter]:
-    """(CPU seconds, jobs) per rule from the benchmark files written after ``since``."""
+def job_cpu(
+    results: Path, since: float = 0.0, until: float = float("inf")
+) -> tuple[Counter, Counter]:
+    """(CPU seconds, jobs) per rule from the benchmark files written in [since, until)."""
     cpu, jobs = Counter(), Counter()
     root = results / "benchmarks"
     for f in sorted(root.rglob("*.tsv")):
-        if f.stat().st_mtime < since:
+        if not since <= f.stat().st_mtime < until:
             continue
         rule = rule_of(f.relative_to(root))
         cpu[rule] += float(pd.read_csv(f, sep="\t").iloc[-1]["cpu_time"])
@@ -133,6 +135,31 @@ def gnu_time(path: Path) -> dict:
         "max_rss_kib": int(field("Maximum resident set size (kbytes)")),
         "exit_status": int(field("Exit status")),
     }
+
+
+def invocations(results: Path, specs: list[str]) -> list[dict]:
+    """One entry per Snakemake invocation of a run that was interrupted and resumed:
+    ``START,END,WHAT`` (epoch seconds; WHAT = the invocation's /usr/bin/time -v report, or the
+    Snakemake process's own CPU seconds measured otherwise, e.g. with ps). The jobs whose
+    benchmark files were written in [START, END) belong to it."""
+    out = []
+    for spec in specs:
+        start, end, what = spec.split(",", 2)
+        cpu, _jobs = job_cpu(results, float(start), float(end))
+        jobs = sum(cpu.values())
+        entry = {"start": float(start), "end": float(end), "cpu_s_jobs": round(jobs, 2)}
+        if Path(what).is_file():
+            t = gnu_time(Path(what))
+            entry.update(
+                wall_s=round(t["wall_s"], 1),
+                cpu_s_snakemake=round(t["cpu_s"] - jobs, 2),
+                snakemake_exit_status=t["exit_status"],
+            )
+        else:
+            entry.update(wall_s=round(float(end) - float(start), 1), cpu_s_snakemake=float(what))
+        entry["cpu_s_total"] = round(entry["cpu_s_jobs"] + entry["cpu_s_snakemake"], 2)
+        out.append(entry)
+    return out
 
 
 def searches(explored: pd.DataFrame, best: pd.DataFrame) -> list[dict]:
@@ -228,6 +255,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=REPO / "results")
     ap.add_argument("--time", type=Path, help="the run's /usr/bin/time -v report")
+    ap.add_argument(
+        "--invocation",
+        action="append",
+        default=[],
+        metavar="START,END,TIME_OR_CPU_S",
+        help="a resumed run: one per Snakemake invocation (instead of --time; see invocations())",
+    )
     ap.add_argument("--since", type=float, default=0.0, help="count benchmark files after this")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "paper")
     ap.add_argument("--name", default="", help="suffix of the output names (a variant's run)")
@@ -257,7 +291,15 @@ def main() -> int:
         "jobs_per_rule": {k: jobs[k] for k in sorted(jobs)},
         "cpu_s_jobs": round(cpu_jobs, 2),
     }
-    if args.time:
+    if args.invocation:
+        inv = invocations(args.results, args.invocation)
+        run.update(
+            invocations=inv,
+            cpu_s_snakemake=round(sum(i["cpu_s_snakemake"] for i in inv), 2),
+            cpu_s_total=round(sum(i["cpu_s_total"] for i in inv), 2),
+            wall_s=round(sum(i["wall_s"] for i in inv), 1),
+        )
+    elif args.time:
         t = gnu_time(args.time)
         run.update(
             cpu_s_snakemake=round(t["cpu_s"] - cpu_jobs, 2),
