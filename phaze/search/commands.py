@@ -81,7 +81,7 @@ def _load_round_inputs(args):
 def prune(args: argparse.Namespace) -> int:
     cfg, settings, plan_df, place, rounds = _load_round_inputs(args)
     r = args.round
-    stage = getattr(args, "stage", "ilp")
+    stage = args.stage
     if stage == "deep" and settings.final_tier != "deep":
         raise PhazeError("prune --stage deep needs search.deepen_node_limit > 0 in the config")
     # States after the previous round, recomputed from the same files (deterministic).

@@ -87,7 +87,7 @@ def progress_line(doc: dict) -> str:
         f"phaze search: round {doc['round'] + 1}/{doc['rounds_total']}: "
         f"{doc['searches_running']} searches running, {doc['searches_stopped']}/{doc['searches']} "
         f"stopped; {doc['archs_visited']} archs visited; ILP for {doc['ilp_solved']} "
-        f"(model, microbatch, arch) ({doc.get('ilp_deepened', 0)} deepened), "
+        f"(model, microbatch, arch) ({doc['ilp_deepened']} deepened), "
         f"{doc['ilp_avoided']} settled by bounds; jobs {cpu} CPU-s; "
         f"best seq/s: {best or '-'}"
     )

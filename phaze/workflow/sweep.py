@@ -315,20 +315,21 @@ class Sweep:
             for tier, _ in STAGE_TIERS[stage]
         ]
 
-    def round_place_records(self, r, upto_stage: str | None = None) -> list[dict]:
-        """Round r's placement records: the bound tiers, then each ILP stage up to and
-        including ``upto_stage`` (None: every stage)."""
+    def stages_before(self, stage: str) -> list[str]:
+        """The ILP stages of a round that run before ``stage`` (its selection reads them)."""
+        return self.stages[: self.stages.index(stage)]
+
+    def round_place_records(self, r, stages: list[str]) -> list[dict]:
+        """Round r's placement records: the bound tiers, then those of the ILP ``stages``."""
         out = self.bound_place_records(r)
-        for stage in self.stages:
+        for stage in stages:
             out += self.ilp_place_records(r, stage)
-            if stage == upto_stage:
-                break
         return out
 
     def place_records_upto(self, r) -> list[dict]:
         out = []
         for q in range(int(r) + 1):
-            out += self.round_place_records(q)
+            out += self.round_place_records(q, self.stages)
         return out
 
     def blind_place_records(self) -> list[dict]:
@@ -373,11 +374,7 @@ class Sweep:
     def prune_manifest(self, wc) -> dict:
         """The ilp stage reads round r's bound tiers; the deep stage also its ilp tiers."""
         r = int(wc.round)
-        before = {"ilp": None, "deep": "ilp"}[wc.stage]
-        if before is None:
-            current = self.bound_place_records(r)
-        else:
-            current = self.round_place_records(r, upto_stage=before)
+        current = self.round_place_records(r, self.stages_before(wc.stage))
         return {"place": self.place_records_upto(r - 1) + current}
 
     def state_manifest(self, wc) -> dict:
@@ -404,8 +401,8 @@ class Sweep:
     def prune_inputs(self, wc) -> list[str]:
         r = int(wc.round)
         order = [f"{self.results}/search/r{r - 1}/state.json"] if r > 0 else []
-        if wc.stage != "ilp":  # the deep stage follows the round's ilp selection
-            order += self._checkpoint_files(r, self.stages[: self.stages.index(wc.stage)])
+        # the deep stage follows the round's ilp selection
+        order += self._checkpoint_files(r, self.stages_before(wc.stage))
         return _paths(self.prune_manifest(wc)) + order
 
     def state_inputs(self, wc) -> list[str]:
