@@ -24,30 +24,30 @@ import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from paper import rule_of  # the rule of each benchmark file: one mapping for both scripts
 
 
 def _cpu(results: Path) -> Counter:
-    """CPU seconds per stage/tier from the benchmark files."""
+    """CPU seconds per stage/tier from the benchmark files (rules named by paper.py's rule_of;
+    the deep stage counts with the ILP tier, as its jobs are ILP solves at deeper limits)."""
     cpu = Counter()
-    for f in (results / "benchmarks").rglob("*.tsv"):
-        parts = f.relative_to(results / "benchmarks").parts
-        stage, name = parts[0], f.stem
-        if stage == "schedule":
-            key = "schedule_" + (
-                "ilp" if "ilp" in parts else "blind" if name == "blind" else "bounds"
-            )
-        elif stage == "place":
-            key = "place_" + (
-                "ilp" if name.endswith("_ilp") else "blind" if name.endswith("blind") else "bounds"
-            )
-        elif stage == "estimate":
-            key = "estimate_" + (
-                "space" if name == "space" else "blind" if name == "blind" else "chunks"
-            )
-        else:
-            key = stage
+    root = results / "benchmarks"
+    for f in root.rglob("*.tsv"):
+        rule = rule_of(f.relative_to(root))
+        key = _TIER_OF_RULE.get(rule, rule if rule.startswith(_TIERED) else rule.split("_")[0])
         cpu[key] += float(pd.read_csv(f, sep="\t").iloc[-1]["cpu_time"])
     return cpu
+
+
+#: the keys of the per-unit costs below, for the rules whose name is not already one
+_TIER_OF_RULE = {
+    "schedule": "schedule_bounds",
+    "place": "place_bounds",
+    "estimate": "estimate_chunks",
+}
+_TIERED = ("schedule_", "place_", "estimate_")
 
 
 def _units(results: Path) -> Counter:
@@ -55,14 +55,24 @@ def _units(results: Path) -> Counter:
     for f in (results / "schedule").rglob("*.parquet"):
         archs = pd.read_parquet(f, columns=["arch"])["arch"].nunique()
         tier = (
-            "ilp" if f.parent.name == "ilp" else "blind" if f.name == "blind.parquet" else "bounds"
+            "ilp"
+            if f.parent.name in ("ilp", "deep")
+            else "blind"
+            if f.name == "blind.parquet"
+            else "bounds"
         )
         u[f"schedule_{tier}"] += archs
         if tier == "bounds":
             u["estimate_chunks"] += archs  # same arch x trace units
     for f in (results / "place").rglob("*.parquet"):
         rows = len(pd.read_parquet(f, columns=["arch"]))
-        tier = "ilp" if f.stem.endswith("_ilp") else "blind" if f.stem == "blind" else "bounds"
+        tier = (
+            "ilp"
+            if f.stem.endswith(("_ilp", "_deep"))
+            else "blind"
+            if f.stem == "blind"
+            else "bounds"
+        )
         u[f"place_{tier}"] += rows  # arch x setting (x cluster size); bounds = ub + lo files
     u["trace"] = sum(1 for _ in (results / "trace").rglob("layers.parquet"))
     return u

@@ -67,3 +67,27 @@ def test_gnu_time_report(tmp_path):
     assert t["cpu_s"] == 7200.0
     assert t["wall_s"] == 3723.5
     assert t["exit_status"] == 0
+
+
+def test_search_benchmark_charges_every_rule_file_to_its_tier(tmp_path, monkeypatch):
+    """benchmarks/search.py reads the same rule mapping: the deep stage's jobs count with the ILP
+    tier (they were charged to the bound tier when the mapping was its own)."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("search_bench", REPO / "benchmarks" / "search.py")
+    search = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(search)
+    root = tmp_path / "benchmarks"
+    expected = {}
+    for i, (rule, path) in enumerate(_rule_benchmarks(), start=1):
+        f = root / path
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(f"s\tcpu_time\n1\t{i}\n")
+        key = search._TIER_OF_RULE.get(
+            rule, rule if rule.startswith(search._TIERED) else rule.split("_")[0]
+        )
+        expected[key] = expected.get(key, 0) + i
+    cpu = search._cpu(tmp_path)
+    assert dict(cpu) == expected
+    # SAMPLE's stage is "deep": its schedule and place jobs are ILP-tier costs
+    assert cpu["schedule_ilp"] > 0 and cpu["place_ilp"] > 0
+    assert "schedule_deep" not in cpu and cpu["schedule_bounds"] > 0
