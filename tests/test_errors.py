@@ -81,6 +81,14 @@ def test_validate_with_a_nan_or_repeated_reference_row(tmp_path, capsys):
         (ref.assign(achieved_tflops_per_gpu=[137.0, float("nan")]), "must be finite and > 0"),
         (pd.concat([ref.iloc[:1], ref.iloc[:1]]), "repeats the run of row 1"),
         (ref.assign(gpus=[32, 0]), "gpus must be >= 1"),
+        (ref.drop(columns="achieved_tflops_per_gpu"), "needs exactly one of the columns"),
+        (ref.assign(mfu_percent=[40.0, 41.0]), "needs exactly one of the columns"),
+        (
+            ref.drop(columns="achieved_tflops_per_gpu").assign(mfu_percent=[40.0, 120.0]),
+            "mfu_percent must be <= 100",
+        ),
+        (ref.assign(recompute=["full", "partial"]), "recompute must be full, selective or none"),
+        (ref.assign(sequence_parallel=["0", "yes"]), "sequence_parallel must be 0 or 1"),
     ):
         bad.to_csv(tmp_path / "ref.csv", index=False, na_rep="nan")
         assert main(["validate", "--reference", str(tmp_path / "ref.csv")]) == 2

@@ -1,8 +1,10 @@
 """Evaluate a given strategy: per-layer GPU work from the shared trace + cost model, sequence
 parallelism, recomputation modes, DDP modes, the CLIs, and the Megatron validation targets."""
 
+import dataclasses
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,7 @@ from tests.step_cases import TINY_SEQ, tiny_gpt, write_tiny_gpt2_config
 
 SEQ = TINY_SEQ
 CFG = validate_config({})
+REPO = Path(__file__).resolve().parents[1]
 A100 = load_preset("a100-80gb")
 
 
@@ -225,6 +228,48 @@ def test_validate_meets_the_targets_without_a_flat_efficiency():
     assert all(r["fits_memory"] for r in report["rows"])
     predicted = [r["predicted_tflops_per_gpu"] for r in report["rows"]]
     assert max(predicted) - min(predicted) > 15  # the published rows span 135-163
+
+
+def test_reference_with_mfu_selective_recompute_and_sequence_parallelism(tmp_path):
+    """A reference row giving mfu_percent, recompute and sequence_parallel (the packaged
+    Korthikanti et al. 2022 table's 22B run): the published time is the model FLOPs over
+    gpus x 312 TFLOP/s x MFU, and the prediction is evaluate's time of exactly that strategy."""
+    from phaze.fidelity.validate import (
+        SEQ,
+        VOCAB,
+        gpt_spec,
+        model_flops,
+        published_strategy,
+        read_reference,
+        validate,
+    )
+
+    packaged = REPO / "phaze" / "fidelity" / "data" / "megatron_korthikanti2022.csv"
+    rows = read_reference(packaged)
+    assert [r["params_billion"] for r in rows] == [22, 175, 530, 1000]
+    assert all(r["recompute"] == "selective" and r["sequence_parallel"] for r in rows)
+    lines = [ln for ln in packaged.read_text().splitlines() if not ln.startswith("#")]
+    (tmp_path / "ref.csv").write_text("\n".join(lines[:2]) + "\n")  # header + the 22B run
+    (row,) = read_reference(tmp_path / "ref.csv")
+    strategy = published_strategy(row)
+    assert (strategy.recompute, strategy.sequence_parallel) == ("selective", True)
+    report = validate(CFG, tmp_path / "ref.csv")
+    (r,) = report["rows"]
+    flops = model_flops(4, SEQ, 48, 6144, VOCAB)
+    assert math.isclose(flops, 72 * 4 * 2048 * 48 * 6144**2 * (1 + 2048 / 36864 + 51200 / 3538944))
+    assert math.isclose(r["published_time_s"], flops / (8 * 312e12 * 0.415))
+    want = evaluate_strategy(gpt_spec(row), strategy, load_preset("a100-80gb"), seq=SEQ, config=CFG)
+    assert math.isclose(r["predicted_time_s"], want["iteration_time_s"])
+    # selective recomputation is not full recomputation: the row's own setting is used
+    full = evaluate_strategy(
+        gpt_spec(row),
+        dataclasses.replace(strategy, recompute="full"),
+        load_preset("a100-80gb"),
+        seq=SEQ,
+        config=CFG,
+    )
+    assert full["iteration_time_s"] > r["predicted_time_s"] * 1.05
+    assert r["recompute"] == "selective" and r["sequence_parallel"] is True
 
 
 def test_spearman_handles_ties():

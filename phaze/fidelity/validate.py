@@ -5,6 +5,11 @@ Each row is a GPT model trained on DGX A100 80 GB nodes with the authors' publis
 The published iteration time is F / (gpus × achieved FLOP/s), with F from their Eq. (3):
 F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)). We predict the iteration time with ``evaluate`` on
 the ``a100-80gb`` preset and compare. Nothing in the model is fitted to these rows.
+
+A reference table may instead give ``mfu_percent`` (model FLOPs utilisation, Korthikanti et al.
+2022: model FLOPs 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)) per iteration, no recomputation, over the
+GPU's 312 TFLOP/s), and per row ``recompute`` (full, selective, none; default full) and
+``sequence_parallel`` (0 or 1; default 0), for runs with the later Megatron-LM features.
 """
 
 from __future__ import annotations
@@ -32,8 +37,13 @@ REQUIRED = (
     "microbatch",
     "interleave",
     "ddp",
-    "achieved_tflops_per_gpu",
 )
+#: the published figure: exactly one of these columns (see the module docstring)
+METRICS = ("achieved_tflops_per_gpu", "mfu_percent")
+#: optional per-run settings and their defaults (Table 1's)
+OPTIONAL = {"recompute": "full", "sequence_parallel": "0"}
+#: the A100's dense fp16 peak, the denominator of a published MFU (Korthikanti et al. 2022)
+PEAK_FLOPS = 312e12
 
 
 def read_reference(path: Path | str = REFERENCE) -> list[dict]:
@@ -47,29 +57,46 @@ def read_reference(path: Path | str = REFERENCE) -> list[dict]:
     missing = [c for c in REQUIRED if c not in rows[0]]
     if missing:
         raise PhazeError(f"{path}: missing columns {missing}")
+    metrics = [c for c in METRICS if c in rows[0]]
+    if len(metrics) != 1:
+        raise PhazeError(f"{path}: needs exactly one of the columns {list(METRICS)}")
+    metric = metrics[0]
+    numbers = (*REQUIRED, metric)
     out, seen = [], {}
     for i, r in enumerate(rows, 1):
         where = f"{path}: row {i}"
-        if None in r or any(r[k] is None for k in REQUIRED):
+        if None in r or any(r[k] is None for k in numbers):
             raise PhazeError(
                 f"{where}: has {len(r) - (None in r)} fields, the header has more or fewer"
             )
         row = {}
-        for k in REQUIRED:
+        for k in numbers:
             if k == "ddp":
                 continue
             try:
                 v = float(r[k])
             except ValueError:
                 raise PhazeError(f"{where}: {k} must be a number, got {r[k]!r}") from None
-            if k in ("params_billion", "achieved_tflops_per_gpu"):
+            if k == "mfu_percent" and v > 100.0:
+                raise PhazeError(f"{where}: mfu_percent must be <= 100, got {r[k]!r}")
+            if k in ("params_billion", "achieved_tflops_per_gpu", "mfu_percent"):
                 row[k] = checks.number(v, f"{where}: {k}", 0.0, strict=True)
             else:
                 row[k] = checks.integer(v, f"{where}: {k}", 1)
         if r["ddp"] not in ("torch", "local"):
             raise PhazeError(f"{where}: ddp must be torch or local, got {r['ddp']!r}")
         row["ddp"] = r["ddp"]
-        run = tuple(row[k] for k in REQUIRED if k != "achieved_tflops_per_gpu")
+        recompute = (r.get("recompute") or OPTIONAL["recompute"]).strip()
+        if recompute not in ("full", "selective", "none"):
+            raise PhazeError(
+                f"{where}: recompute must be full, selective or none, got {recompute!r}"
+            )
+        row["recompute"] = recompute
+        sp = (r.get("sequence_parallel") or OPTIONAL["sequence_parallel"]).strip()
+        if sp not in ("0", "1"):
+            raise PhazeError(f"{where}: sequence_parallel must be 0 or 1, got {sp!r}")
+        row["sequence_parallel"] = sp == "1"
+        run = tuple(row[k] for k in (*REQUIRED, "recompute", "sequence_parallel"))
         if run in seen:
             raise PhazeError(f"{where} repeats the run of row {seen[run]}")
         seen[run] = i
@@ -86,6 +113,18 @@ def eq3_flops(global_batch: int, seq: int, layers: int, hidden: int, vocab: int)
         * layers
         * hidden**2
         * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
+    )
+
+
+def model_flops(global_batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
+    """Korthikanti et al. 2022: model FLOPs per iteration (three passes, no recomputation)."""
+    return (
+        72.0
+        * global_batch
+        * seq
+        * layers
+        * hidden**2
+        * (1 + seq / (6 * hidden) + vocab / (12 * layers * hidden))
     )
 
 
@@ -107,9 +146,10 @@ def gpt_spec(row: dict):
 
 
 def published_strategy(row: dict):
-    """The strategy a Table 1 row was trained with: its tp, pp, microbatch and interleaving on
-    every GPU, full recomputation, no sequence parallelism, and the gradient reduction of its
-    DDP implementation (PyTorch's overlaps it with backward, Megatron's own runs after it)."""
+    """The strategy a reference row was trained with: its tp, pp, microbatch and interleaving on
+    every GPU, its recomputation and sequence parallelism (Table 1: full, none), and the gradient
+    reduction of its DDP implementation (PyTorch's overlaps it with backward, Megatron's own runs
+    after it)."""
     from phaze.step.strategy import Strategy
 
     return Strategy(
@@ -119,8 +159,8 @@ def published_strategy(row: dict):
         microbatch=row["microbatch"],
         global_batch=row["global_batch"],
         interleave=row["interleave"],
-        recompute="full",
-        sequence_parallel=False,
+        recompute=row.get("recompute", "full"),
+        sequence_parallel=bool(row.get("sequence_parallel", False)),
         ddp="overlap" if row["ddp"] == "torch" else "after",
     )
 
@@ -161,8 +201,14 @@ def validate(config: dict, reference: Path | str = REFERENCE) -> dict:
         spec = gpt_spec(ref)
         strategy = published_strategy(ref)
         result = evaluate_strategy(spec, strategy, preset, seq=SEQ, config=config, name=PRESET)
-        flops = eq3_flops(ref["global_batch"], SEQ, ref["layers"], ref["hidden_size"], VOCAB)
-        published_s = flops / (ref["gpus"] * ref["achieved_tflops_per_gpu"] * 1e12)
+        shape = (ref["global_batch"], SEQ, ref["layers"], ref["hidden_size"], VOCAB)
+        if "mfu_percent" in ref:
+            flops = model_flops(*shape)
+            published_tflops = ref["mfu_percent"] / 100.0 * PEAK_FLOPS / 1e12
+        else:
+            flops = eq3_flops(*shape)
+            published_tflops = ref["achieved_tflops_per_gpu"]
+        published_s = flops / (ref["gpus"] * published_tflops * 1e12)
         predicted_s = result["iteration_time_s"]
         rows.append(
             {
@@ -174,10 +220,12 @@ def validate(config: dict, reference: Path | str = REFERENCE) -> dict:
                 "microbatch": ref["microbatch"],
                 "interleave": ref["interleave"],
                 "ddp": ref["ddp"],
+                "recompute": ref["recompute"],
+                "sequence_parallel": ref["sequence_parallel"],
                 "published_time_s": published_s,
                 "predicted_time_s": predicted_s,
                 "error": predicted_s / published_s - 1.0,
-                "published_tflops_per_gpu": ref["achieved_tflops_per_gpu"],
+                "published_tflops_per_gpu": published_tflops,
                 "predicted_tflops_per_gpu": flops / (ref["gpus"] * predicted_s) / 1e12,
                 "breakdown": result["breakdown"],
                 "peak_memory_bytes": result["peak_memory_bytes"],
@@ -200,6 +248,7 @@ def validate(config: dict, reference: Path | str = REFERENCE) -> dict:
 def format_table(report: dict) -> str:
     head = (
         f"{'model':>7} {'t':>2} {'p':>3} {'d':>3} {'gpus':>5} {'b':>3} {'V':>2} {'ddp':>5} "
+        f"{'recompute':>12} "
         f"{'published_s':>11} {'predicted_s':>11} {'error':>7} {'pub_TF':>6} {'pred_TF':>7}  "
         f"largest non-compute terms (s)"
     )
@@ -211,6 +260,7 @@ def format_table(report: dict) -> str:
         lines.append(
             f"{r['params_billion']:>6g}B {r['tp']:>2} {r['pp']:>3} {r['dp']:>3} {r['gpus']:>5} "
             f"{r['microbatch']:>3} {r['interleave']:>2} {r['ddp']:>5} "
+            f"{r['recompute'] + ('+sp' if r['sequence_parallel'] else ''):>12} "
             f"{r['published_time_s']:>11.3f} {r['predicted_time_s']:>11.3f} "
             f"{r['error'] * 100:>+6.1f}% {r['published_tflops_per_gpu']:>6.0f} "
             f"{r['predicted_tflops_per_gpu']:>7.1f}  {terms}"
