@@ -344,6 +344,28 @@ def test_replay_never_starts_later(seed):
     assert verify(inst, assign_cores(inst, r), 1e-12) == []
 
 
+def test_replay_survives_a_tolerance_sized_intra_op_op_sharing_a_start():
+    """A solver answer feasible only up to its tolerance: an intra-op op 1e-8 long "starts"
+    with a 100x longer single-core op (as SCIP returned on llama2-7b t=2 backward at 8 x 2
+    cores, scaled). Replayed long-op-first, the tiny op and its successor wait for the long op;
+    the replay must find the order that costs only the tiny op's length."""
+    ops = [
+        {"id": 0, "core": "vc", "latency_1core_s": 1.0, "latency_allcores_s": 1.0},
+        {"id": 1, "core": "vc", "latency_1core_s": 2e-8, "latency_allcores_s": 1e-8},
+        {"id": 2, "core": "tc", "latency_1core_s": 2.0, "latency_allcores_s": 1.0},
+        {"id": 3, "core": "vc", "latency_1core_s": 0.5, "latency_allcores_s": 0.4},
+    ]
+    inst = make_instance(2, 2, ops, [(1, 2), (0, 3)])
+    start, y = [0.0, 0.0, 1e-8, 1.0], [0, 1, 0, 0]  # op 1 intra-op, overlapping op 0 by 1e-8
+    claimed = max(start[i] + (inst.la[i] if y[i] else inst.l1[i]) for i in range(inst.n))
+    r = replay(inst, start, y)
+    assert verify(inst, assign_cores(inst, r), 1e-12) == []
+    assert r.makespan(inst) <= claimed + 1e-7  # not + 1.0 (op 2 after op 0)
+    # the plain start-time order with index ties is the failure this guards against
+    plain = serial_sgs(inst, [0, 1, 2, 3], y)
+    assert plain.makespan(inst) > claimed + 0.5
+
+
 def test_verify_catches_violations():
     ops = [
         {"id": 0, "core": "tc", "latency_1core_s": 1.0, "latency_allcores_s": 0.5},

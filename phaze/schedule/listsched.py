@@ -236,20 +236,7 @@ def _tails(inst: Instance, dur: list[float]) -> list[float]:
 
 def priority_order(inst: Instance, prio: list[float]) -> list[int]:
     """Precedence-feasible list: repeatedly the eligible op with the highest priority."""
-    import heapq
-
-    indeg = [len(p) for p in inst.preds]
-    heap = [(-prio[i], i) for i in range(inst.n) if indeg[i] == 0]
-    heapq.heapify(heap)
-    order = []
-    while heap:
-        _, i = heapq.heappop(heap)
-        order.append(i)
-        for j in inst.succs[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                heapq.heappush(heap, (-prio[j], j))
-    return order
+    return keyed_order(inst, [-p for p in prio])
 
 
 def _orders(inst: Instance, y: list[int]) -> list[list[int]]:
@@ -508,8 +495,44 @@ def replay(inst: Instance, start: list[float], y: list[int]) -> Schedule:
 
     If the solver's times are resource-feasible, every op starts no later than the solver said
     (by induction: the ops placed before op i run, at any instant after i's solver start, only
-    where they also ran in the solver's schedule), so the replayed makespan is <= the solver's T.
+    where they also ran in the solver's schedule), so the replayed makespan is <= the solver's T;
+    that holds for any order among equal start times. A solver answer is feasible only up to its
+    tolerances, though: an intra-op op shorter than the feasibility tolerance may "start" with a
+    long op, and placing the long op first then delays it and everything after it by the long
+    op's whole length. So equal starts are also tried shortest-ending first, and the order of the
+    ops' midpoints, and the shortest replay is kept (each is a valid schedule).
     """
+    dur = [inst.la[i] if y[i] else inst.l1[i] for i in range(inst.n)]
     # a heap-driven order keeps it precedence-feasible even if solver tolerances blur equal times
-    order = priority_order(inst, [-t for t in start])
-    return serial_sgs(inst, order, y)
+    keys = (
+        [(start[i], i) for i in range(inst.n)],
+        [(start[i], start[i] + dur[i], i) for i in range(inst.n)],
+        [(start[i] + 0.5 * dur[i], i) for i in range(inst.n)],
+    )
+    claimed = max((start[i] + dur[i] for i in range(inst.n)), default=0.0)
+    best = None
+    for key in keys:
+        sched = serial_sgs(inst, keyed_order(inst, key), y)
+        if best is None or sched.makespan(inst) < best.makespan(inst):
+            best = sched
+        if best.makespan(inst) <= claimed * (1 + 1e-12):
+            break  # as short as the solver's own times: the usual case, one pass
+    return best
+
+
+def keyed_order(inst: Instance, key: list) -> list[int]:
+    """Precedence-feasible list: repeatedly the eligible op with the smallest ``key``."""
+    import heapq
+
+    indeg = [len(p) for p in inst.preds]
+    heap = [(key[i], i) for i in range(inst.n) if indeg[i] == 0]
+    heapq.heapify(heap)
+    order = []
+    while heap:
+        _, i = heapq.heappop(heap)
+        order.append(i)
+        for j in inst.succs[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                heapq.heappush(heap, (key[j], j))
+    return order
