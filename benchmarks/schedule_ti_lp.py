@@ -1,6 +1,6 @@
 """Measure a time-indexed LP lower bound on schedule instances (an experiment; not used by the
 solver: on the benchmark's hard backward blocks it was weaker than the bound the solver already
-proves, and each LP took seconds to minutes, see the report of issue 13).
+proves, and each LP took seconds to minutes: benchmarks/README.md, Schedule).
 
 Grid of width delta = UB / periods; every duration, head and tail rounded DOWN to whole periods.
 A schedule of makespan T maps (start s -> floor(s / delta)) to a discrete schedule that keeps
