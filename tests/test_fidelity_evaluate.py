@@ -258,13 +258,13 @@ def test_reference_with_mfu_selective_recompute_and_sequence_parallelism(tmp_pat
     flops = model_flops(4, SEQ, 48, 6144, VOCAB)
     assert math.isclose(flops, 72 * 4 * 2048 * 48 * 6144**2 * (1 + 2048 / 36864 + 51200 / 3538944))
     assert math.isclose(r["published_time_s"], flops / (8 * 312e12 * 0.415))
-    want = evaluate_strategy(gpt_spec(row), strategy, load_preset("a100-80gb"), seq=SEQ, config=CFG)
+    want = evaluate_strategy(gpt_spec(row), strategy, A100, seq=SEQ, config=CFG)
     assert math.isclose(r["predicted_time_s"], want["iteration_time_s"])
     # selective recomputation is not full recomputation: the row's own setting is used
     full = evaluate_strategy(
         gpt_spec(row),
         dataclasses.replace(strategy, recompute="full"),
-        load_preset("a100-80gb"),
+        A100,
         seq=SEQ,
         config=CFG,
     )

@@ -104,28 +104,24 @@ def read_reference(path: Path | str = REFERENCE) -> list[dict]:
     return out
 
 
+def _gpt_flops(global_batch, seq, layers, hidden, vocab, block_passes: int) -> float:
+    """Matmul FLOPs per iteration of a GPT: ``block_passes`` passes over the blocks (one pass of
+    one block = 24·B·s·h²·(1 + s/(6h)): the linear layers and attention) and three over the
+    logits (2·B·s·h·V each: forward, two backward GEMMs)."""
+    b, s, h = global_batch, seq, hidden
+    return block_passes * 24.0 * b * s * layers * h**2 * (1 + s / (6 * h)) + 6.0 * b * s * h * vocab
+
+
 def eq3_flops(global_batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
-    """Narayanan et al. 2021, Eq. (3): FLOPs per iteration, recomputation pass included."""
-    return (
-        96.0
-        * global_batch
-        * seq
-        * layers
-        * hidden**2
-        * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
-    )
+    """Narayanan et al. 2021, Eq. (3): 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) per iteration, the
+    recomputation pass included (four passes over the blocks)."""
+    return _gpt_flops(global_batch, seq, layers, hidden, vocab, block_passes=4)
 
 
 def model_flops(global_batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
-    """Korthikanti et al. 2022: model FLOPs per iteration (three passes, no recomputation)."""
-    return (
-        72.0
-        * global_batch
-        * seq
-        * layers
-        * hidden**2
-        * (1 + seq / (6 * hidden) + vocab / (12 * layers * hidden))
-    )
+    """Korthikanti et al. 2022: model FLOPs 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)) per iteration
+    (three passes over the blocks, no recomputation)."""
+    return _gpt_flops(global_batch, seq, layers, hidden, vocab, block_passes=3)
 
 
 def gpt_spec(row: dict):
@@ -159,8 +155,8 @@ def published_strategy(row: dict):
         microbatch=row["microbatch"],
         global_batch=row["global_batch"],
         interleave=row["interleave"],
-        recompute=row.get("recompute", "full"),
-        sequence_parallel=bool(row.get("sequence_parallel", False)),
+        recompute=row["recompute"],
+        sequence_parallel=row["sequence_parallel"],
         ddp="overlap" if row["ddp"] == "torch" else "after",
     )
 
