@@ -503,16 +503,17 @@ def replay(inst: Instance, start: list[float], y: list[int]) -> Schedule:
     ops' midpoints, and the shortest replay is kept (each is a valid schedule).
     """
     dur = [inst.la[i] if y[i] else inst.l1[i] for i in range(inst.n)]
-    # a heap-driven order keeps it precedence-feasible even if solver tolerances blur equal times
+    # a heap-driven order keeps it precedence-feasible even if solver tolerances blur equal times;
+    # the later keys are built only if the first replay is longer than the solver's own times
     keys = (
-        [(start[i], i) for i in range(inst.n)],
-        [(start[i], start[i] + dur[i], i) for i in range(inst.n)],
-        [(start[i] + 0.5 * dur[i], i) for i in range(inst.n)],
+        lambda i: (start[i], i),
+        lambda i: (start[i], start[i] + dur[i], i),
+        lambda i: (start[i] + 0.5 * dur[i], i),
     )
     claimed = max((start[i] + dur[i] for i in range(inst.n)), default=0.0)
     best = None
     for key in keys:
-        sched = serial_sgs(inst, keyed_order(inst, key), y)
+        sched = serial_sgs(inst, keyed_order(inst, [key(i) for i in range(inst.n)]), y)
         if best is None or sched.makespan(inst) < best.makespan(inst):
             best = sched
         if best.makespan(inst) <= claimed * (1 + 1e-12):
