@@ -35,19 +35,23 @@ def _cpu(results: Path) -> Counter:
     cpu = Counter()
     root = results / "benchmarks"
     for f in root.rglob("*.tsv"):
-        rule = rule_of(f.relative_to(root))
-        key = _TIER_OF_RULE.get(rule, rule if rule.startswith(_TIERED) else rule.split("_")[0])
-        cpu[key] += float(pd.read_csv(f, sep="\t").iloc[-1]["cpu_time"])
+        cpu[tier_of(rule_of(f.relative_to(root)))] += float(
+            pd.read_csv(f, sep="\t").iloc[-1]["cpu_time"]
+        )
     return cpu
 
 
-#: the keys of the per-unit costs below, for the rules whose name is not already one
-_TIER_OF_RULE = {
-    "schedule": "schedule_bounds",
-    "place": "place_bounds",
-    "estimate": "estimate_chunks",
-}
-_TIERED = ("schedule_", "place_", "estimate_")
+def tier_of(rule: str) -> str:
+    """The key of a rule's per-unit cost below: a tiered rule's own name (schedule_ilp, ...), the
+    untiered schedule / place / estimate rules' tier, else the stage (search, trace, ...)."""
+    untiered = {
+        "schedule": "schedule_bounds",
+        "place": "place_bounds",
+        "estimate": "estimate_chunks",
+    }
+    if rule in untiered:
+        return untiered[rule]
+    return rule if rule.startswith(("schedule_", "place_", "estimate_")) else rule.split("_")[0]
 
 
 def _units(results: Path) -> Counter:

@@ -82,10 +82,7 @@ def test_search_benchmark_charges_every_rule_file_to_its_tier(tmp_path, monkeypa
         f = root / path
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(f"s\tcpu_time\n1\t{i}\n")
-        key = search._TIER_OF_RULE.get(
-            rule, rule if rule.startswith(search._TIERED) else rule.split("_")[0]
-        )
-        expected[key] = expected.get(key, 0) + i
+        expected[search.tier_of(rule)] = expected.get(search.tier_of(rule), 0) + i
     cpu = search._cpu(tmp_path)
     assert dict(cpu) == expected
     # SAMPLE's stage is "deep": its schedule and place jobs are ILP-tier costs
