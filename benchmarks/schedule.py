@@ -177,6 +177,7 @@ def run_instances(args) -> pd.DataFrame:
                                 "cpu_s": cpu,
                                 "scip_nodes": r.nodes,
                                 "scip_lp_iterations": r.lp_iterations,
+                                "bnb_nodes": r.bnb_nodes,
                                 "cache_hit": r.cache_hit,
                             }
                         )
@@ -186,7 +187,7 @@ def run_instances(args) -> pd.DataFrame:
                             f"makespan {x['makespan_s'] * 1e6:10.2f} us  lb {x['lower_bound_s'] * 1e6:10.2f} us  "
                             f"list {x['list_s'] * 1e6:10.2f} us  gap {x['gap'] * 100:6.2f} %  "
                             f"{x['status']:10s} {x['method']:5s} {wall:6.2f} s (cpu {cpu:6.2f} s, "
-                            f"{r.nodes} nodes, {r.lp_iterations} LP it.)"
+                            f"{r.nodes} nodes, {r.lp_iterations} LP it., {r.bnb_nodes} bnb nodes)"
                             f"{'  (cache hit)' if r.cache_hit else ''}",
                             flush=True,
                         )
@@ -233,7 +234,7 @@ def summarize(df: pd.DataFrame, gap: float) -> None:
             f"{np.median(s):6.3f} s  p95 {np.percentile(s, 95):6.3f} s  max {s.max():6.2f} s  "
             f"| cpu median {np.median(c):6.3f} s  p95 {np.percentile(c, 95):6.3f} s  "
             f"| SCIP nodes {int(sub['scip_nodes'].sum())}, LP it. "
-            f"{int(sub['scip_lp_iterations'].sum())} "
+            f"{int(sub['scip_lp_iterations'].sum())}, bnb nodes {int(sub['bnb_nodes'].sum())} "
             f"| list excess mean {((sub['list_s'] / sub['makespan_s'] - 1) * 100).mean():5.2f} %"
         )
 

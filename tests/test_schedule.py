@@ -483,7 +483,9 @@ def test_watchdog_falls_back_to_list_schedule():
     # a budget far below the worker's start-up time (it imports Pyomo) but enough for the list
     # search and the bounds: the watchdog must fire, kill, and fall back
     with Scheduler(
-        Options(gap=0.0, time_limit_s=0.05, watchdog_s=0.001, decompose=False, cache=False)
+        Options(
+            gap=0.0, time_limit_s=0.05, watchdog_s=0.001, decompose=False, cache=False, bnb=False
+        )
     ) as sch:
         r = sch.solve(inst)
         assert r.status == "watchdog" and r.method == "list"

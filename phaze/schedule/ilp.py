@@ -504,6 +504,10 @@ _MODE_BOUND_SHARE = 0.3
 # time the full model needed, 6 rows above 1 % against 4 before; 0.3 and 0.2 gave 4.
 _KICK_SHARE = 0.2
 
+# Share of its time limit the mode bound may take in a call that stops after the kicks (the
+# scheduler runs its branch and bound between that call and the full model; see solve.py).
+_MODE_BOUND_SHARE_ALONE = 0.6
+
 
 def _scip(m, time_limit, gap, threads, node_limit, seed, warm: bool, work=None):
     """Solve a Pyomo model with SCIP (scip_direct): (results, SCIP's status string); adds the
@@ -551,13 +555,16 @@ def solve_once(
     end: float | None = None,
     mode_bound: bool = True,
     kicks: int = KICKS,
+    full: bool = True,
 ) -> IlpOutcome:
     """One ILP solve within ``time_limit_s`` (and before the monotonic time ``end``, if given:
     the caller's deadline, which also covers the worker's start-up). First (``mode_bound``) the
     mode-aware bound MIP: if it proves the warm start within ``gap``, the full model is skipped
     (status gap_limit / optimal, the warm start returned as the solution). If not, ``kicks``
     mode kicks (``kick_modes``) try to shorten the warm start, which is again returned if it is
-    then within ``gap`` of the bound; else the full model starts from it."""
+    then within ``gap`` of the bound; else (``full``) the full model starts from it. Without
+    ``full`` the call ends after the kicks: status ``open``, the (kicked) warm start returned
+    with the bound, and the mode bound and the kicks split the whole time limit (60 / 40 %)."""
     import pyomo.environ as pyo
 
     t0 = time.perf_counter()
@@ -588,7 +595,8 @@ def solve_once(
         )
 
     if mode_bound and ilp_fits(inst, stop - time.monotonic()):
-        budget = _MODE_BOUND_SHARE * (stop - time.monotonic())
+        share = _MODE_BOUND_SHARE if full else _MODE_BOUND_SHARE_ALONE
+        budget = share * (stop - time.monotonic())
         res, _st = _scip(
             mode_bound_model(inst, ub, lb, incumbent_y=warm.y),
             budget,
@@ -604,13 +612,18 @@ def solve_once(
             return warm_outcome()
         lb = max(lb, bound)
     if kicks:
-        kicked = kick_modes(inst, warm, kicks, seed, Deadline.at(stop).share(_KICK_SHARE))
+        kick_deadline = Deadline.at(stop).share(_KICK_SHARE) if full else Deadline.at(stop)
+        kicked = kick_modes(inst, warm, kicks, seed, kick_deadline)
         if kicked.makespan(inst) < ub:
             warm, ub = kicked, kicked.makespan(inst)
             # a shorter upper bound forces more ops intra-op in the cheap bounds
             lb = max(lb, lower_bound(inst, ub, Deadline.at(stop))[0])
             if proven():
                 return warm_outcome()
+    if not full:
+        out = warm_outcome()
+        out.status = "open"
+        return out
     while True:
         if not ilp_fits(inst, stop - time.monotonic()):
             status = "time_limit"
@@ -667,7 +680,8 @@ def _worker_main(read_fd: int, write_fd: int) -> None:
         if task is None:
             return
         try:
-            tx.send(("ok", solve_once(*task[:-1], end=task[-1])))
+            *args, stages, end = task
+            tx.send(("ok", solve_once(*args, end=end, **stages)))
         except Exception:  # noqa: BLE001 - reported to the parent, which raises
             tx.send(("error", traceback.format_exc()))
 
@@ -720,12 +734,14 @@ class SolverWorker:
         threads: int,
         watchdog_s: float,
         node_limit: int = 0,
+        **stages,
     ) -> IlpOutcome:
+        """``solve_once`` in the worker; ``stages`` are its ``mode_bound``, ``kicks``, ``full``."""
         self._ensure()
         t0 = time.perf_counter()
         end = time.monotonic() + time_limit_s  # the worker's clock (CLOCK_MONOTONIC) is ours
         try:
-            self._tx.send((inst, warm, lb, time_limit_s, gap, threads, node_limit, 0, end))
+            self._tx.send((inst, warm, lb, time_limit_s, gap, threads, node_limit, 0, stages, end))
             # SCIP stops itself at time_limit_s; the watchdog allows watchdog_s more (model
             # building, the worker's first imports) before it declares the solve hung
             if self._rx.poll(time_limit_s + watchdog_s):

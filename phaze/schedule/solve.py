@@ -32,11 +32,13 @@ from dataclasses import dataclass
 
 from phaze.config import schema_defaults
 from phaze.errors import PhazeError
+from phaze.schedule.bnb import BNB_UNLIMITED, branch_and_bound
 from phaze.schedule.bounds import lower_bound
 from phaze.schedule.budget import NO_DEADLINE, Deadline
 from phaze.schedule.ilp import SolverWorker, ilp_fits
 from phaze.schedule.instance import Instance
 from phaze.schedule.listsched import (
+    KICKS,
     Schedule,
     assign_cores,
     best_list_schedule,
@@ -44,8 +46,19 @@ from phaze.schedule.listsched import (
     replay,
     verify,
 )
+from phaze.schedule.lns import large_neighbourhood_search
 
 _DEFAULT = schema_defaults()["schedule"]
+
+# The solver pipeline's shares of a segment's time left at each step (a step returns what it
+# does not use): a short branch and bound (at most _BNB_PROBE_NODES nodes), the worker's mode
+# bound and kicks, the large-neighbourhood search, the branch and bound from the best schedule,
+# the full ILP with the rest.
+_BNB_PROBE_SHARE = 0.02
+_BNB_PROBE_NODES = 5_000
+_SOLVER_SHARE = 0.6
+_LNS_SHARE = 0.4
+_BNB_SHARE = 0.6
 
 # Severity order used when segments with different statuses are combined.
 _SEVERITY = {
@@ -73,7 +86,9 @@ class Options:
     watchdog_s: float = _DEFAULT["watchdog_s"]
     decompose: bool = _DEFAULT["decompose"]
     local_search: bool = True
+    bnb: bool = True  # run bnb.py's branch and bound before the solver worker (off: ablations)
     node_limit: int = _DEFAULT["node_limit"]  # SCIP branch-and-bound nodes per solve; 0 = none
+    bnb_node_limit: int = _DEFAULT["bnb_node_limit"]  # nodes of bnb.py's search; 0 = none
 
     @classmethod
     def from_config(cls, schedule: dict, tier: str) -> Options:
@@ -87,6 +102,7 @@ class Options:
             watchdog_s=float(schedule["watchdog_s"]),
             decompose=bool(schedule["decompose"]),
             node_limit=int(schedule["node_limit"]),
+            bnb_node_limit=int(schedule["bnb_node_limit"]),
         )
 
 
@@ -102,6 +118,7 @@ class Result:
     cache_hit: bool = False
     nodes: int = 0  # SCIP branch-and-bound nodes spent on it (all segments; 0 for a cache hit)
     lp_iterations: int = 0  # SCIP simplex iterations spent on it
+    bnb_nodes: int = 0  # nodes of phaze's own branch and bound (bnb.py) spent on it
 
     @property
     def gap(self) -> float:
@@ -214,7 +231,7 @@ class Scheduler:
         y = [0] * inst.n
         t = 0.0
         lb = ub = 0.0
-        nodes = iters = 0
+        nodes = iters = bnb_nodes = 0
         statuses, methods = [], []
         whole = self._deadline
         for b in range(len(arts) + 1):
@@ -234,6 +251,7 @@ class Scheduler:
                 ub += r.upper_bound_s
                 nodes += r.nodes
                 iters += r.lp_iterations
+                bnb_nodes += r.bnb_nodes
                 statuses.append(r.status)
                 methods.append(r.method)
             if b < len(arts):
@@ -249,9 +267,18 @@ class Scheduler:
         _check(inst, sched, t)
         t = sched.makespan(inst)
         status = max(statuses, key=_SEVERITY.__getitem__) if statuses else "chain"
-        method = "ilp" if "ilp" in methods else ("list" if "list" in methods else "chain")
+        method = next((m for m in ("ilp", "bnb", "list") if m in methods), "chain")
         return Result(
-            t, min(lb, t), ub, status, method, 0.0, sched, nodes=nodes, lp_iterations=iters
+            t,
+            min(lb, t),
+            ub,
+            status,
+            method,
+            0.0,
+            sched,
+            nodes=nodes,
+            lp_iterations=iters,
+            bnb_nodes=bnb_nodes,
         )
 
     # ---- one segment ----------------------------------------------------------------------
@@ -284,66 +311,147 @@ class Scheduler:
         if ub - lb <= self.opts.gap * ub:
             # the list schedule already meets the gap target: SCIP would stop at once
             return Result(ub, lb, ub, "gap_limit", "list", 0.0, best)
-        remaining = deadline.remaining()
-        if not ilp_fits(inst, remaining):
-            # not even the model would be built and handed to SCIP in the time left
-            return Result(ub, lb, ub, "time_limit", "list", 0.0, best)
-
-        if self._worker is None:
-            self._worker = SolverWorker()
-        self.ilp_solves += 1
-        out = self._worker.solve(
-            inst,
-            best,
-            lb,
-            remaining,
-            self.opts.gap,
-            self.opts.threads,
-            self.opts.watchdog_s,
-            self.opts.node_limit,
-        )
-        lb = max(lb, out.bound_s)
-        final, method = best, "list"
-        if out.start is not None:
-            rep = assign_cores(inst, replay(inst, out.start, out.y))
-            rms = rep.makespan(inst)
-            tol = 1e-6 * ub * (inst.n + 1)
-            if rms > out.objective_s + tol and not _feasible_within(inst, out.start, out.y, tol):
-                raise RuntimeError(
-                    f"replayed ILP schedule ({rms:.9g} s) is longer than the solver's "
-                    f"makespan ({out.objective_s:.9g} s): scheduling bug"
-                )
-            # (an answer feasible only within the solver's tolerances that no replay order
-            # recovers still replays to a valid schedule; it is kept only if it is shorter)
-            _check(inst, rep, rms)
-            if rms < ub:
-                final, method = rep, out.method
-        ms = final.makespan(inst)
+        # the solver pipeline: a short branch and bound, the mode bound and the mode kicks, the
+        # large-neighbourhood search, the branch and bound from the best schedule, then the full
+        # ILP (each skipped once the gap is proven)
+        run = _Run(best, ub, lb, ub, self.opts.bnb_node_limit or BNB_UNLIMITED)
+        if self.opts.bnb:
+            self._bnb(inst, run, deadline.share(_BNB_PROBE_SHARE), _BNB_PROBE_NODES)
+        if not self._proven(run):
+            self._worker_stage(inst, run, deadline.share(_SOLVER_SHARE), full=False)
+        if self.opts.bnb and not self._proven(run):
+            self._lns(inst, run, deadline.share(_LNS_SHARE))
+        if self.opts.bnb and not self._proven(run):
+            self._bnb(inst, run, deadline.share(_BNB_SHARE), BNB_UNLIMITED)
+        if not self._proven(run) and run.status not in _WORKER_LOST:
+            self._worker_stage(inst, run, deadline, full=True)
+        ms, lb = run.ub, run.lb
         if lb > ms * (1 + 1e-6):
             raise RuntimeError(
                 f"lower bound {lb:.9g} s exceeds a valid schedule's makespan {ms:.9g} s: "
                 "scheduling bug"
             )
         lb = min(lb, ms)
-        status = out.status
+        status = run.status
         if ms - lb <= 1e-6 * ms:  # proven up to SCIP's own numerical tolerances
             status = "optimal"
-        elif status in ("optimal",) and ms - lb > self.opts.gap * ms:
+        elif self._proven(run):
             status = "gap_limit"
-        # remember this solution as a seed for the next architecture with the same structure
-        order = priority_order(inst, [-t for t in final.start])
-        self.seeds[skey] = ([(order, list(final.y))] + seeds)[:3]
+        self._remember(skey, seeds, inst, run.best)
         return Result(
             ms,
             lb,
-            ub,
+            run.list_ub,
             status,
-            method,
-            out.solve_s,
-            final,
-            nodes=out.nodes,
-            lp_iterations=out.lp_iterations,
+            run.method,
+            run.solve_s,
+            run.best,
+            nodes=run.nodes,
+            lp_iterations=run.lp_iterations,
+            bnb_nodes=run.bnb_nodes,
         )
+
+    def _proven(self, run: _Run) -> bool:
+        return run.ub - run.lb <= self.opts.gap * run.ub
+
+    def _bnb(self, inst: Instance, run: _Run, deadline: Deadline, nodes: int) -> None:
+        """The branch and bound (bnb.py) from the best schedule so far, within ``deadline`` and
+        ``nodes`` (and what is left of the solve's node limit)."""
+        work = min(nodes, run.bnb_left)
+        if work <= 0:
+            return
+        found = branch_and_bound(inst, run.best, self.opts.gap, deadline, work)
+        run.bnb_nodes += found.nodes
+        run.bnb_left -= found.nodes
+        if found.schedule is not None:
+            run.improve(inst, assign_cores(inst, found.schedule), "bnb")
+        if found.complete:
+            run.lb = max(run.lb, min(found.lower_bound_s, run.ub))
+
+    def _lns(self, inst: Instance, run: _Run, deadline: Deadline) -> None:
+        """Shorten the best schedule by re-solving windows of it (lns.py)."""
+        if run.bnb_left <= 0:
+            return
+        sched, spent = large_neighbourhood_search(inst, run.best, deadline, run.bnb_left)
+        run.bnb_nodes += spent
+        run.bnb_left -= spent
+        run.improve(inst, assign_cores(inst, sched), "bnb")
+
+    def _worker_stage(self, inst: Instance, run: _Run, deadline: Deadline, full: bool) -> None:
+        """One call of the solver worker: the mode bound and the mode kicks (``full`` False), or
+        the full ILP warm-started from the best schedule so far (``full`` True)."""
+        remaining = deadline.remaining()
+        if not ilp_fits(inst, remaining):
+            # not even the model would be built and handed to SCIP in the time left
+            return
+        if self._worker is None:
+            self._worker = SolverWorker()
+        self.ilp_solves += 1
+        stages = {"mode_bound": not full, "kicks": 0 if full else KICKS, "full": full}
+        out = self._worker.solve(
+            inst,
+            run.best,
+            run.lb,
+            remaining,
+            self.opts.gap,
+            self.opts.threads,
+            self.opts.watchdog_s,
+            self.opts.node_limit,
+            **stages,
+        )
+        run.lb = max(run.lb, out.bound_s)
+        run.nodes += out.nodes
+        run.lp_iterations += out.lp_iterations
+        run.solve_s += out.solve_s
+        if out.status != "open":
+            run.status = out.status
+        if out.start is None:
+            return
+        ub = run.ub
+        rep = assign_cores(inst, replay(inst, out.start, out.y))
+        rms = rep.makespan(inst)
+        tol = 1e-6 * ub * (inst.n + 1)
+        if rms > out.objective_s + tol and not _feasible_within(inst, out.start, out.y, tol):
+            raise RuntimeError(
+                f"replayed ILP schedule ({rms:.9g} s) is longer than the solver's "
+                f"makespan ({out.objective_s:.9g} s): scheduling bug"
+            )
+        # (an answer feasible only within the solver's tolerances that no replay order recovers
+        # still replays to a valid schedule; it is kept only if it is shorter)
+        run.improve(inst, rep, out.method)
+
+    def _remember(self, skey: str, seeds: list, inst: Instance, sched: Schedule) -> None:
+        """Keep a solution as a seed for the next architecture with the same structure."""
+        order = priority_order(inst, [-t for t in sched.start])
+        self.seeds[skey] = ([(order, list(sched.y))] + seeds)[:3]
+
+
+# Worker outcomes after which the pipeline does not call the worker again for the segment (a
+# fresh worker pays the Pyomo import; the watchdog already spent the time).
+_WORKER_LOST = ("watchdog", "solver_died")
+
+
+@dataclass
+class _Run:
+    """The state of one segment's solver pipeline: the best schedule and the bounds so far."""
+
+    best: Schedule
+    ub: float
+    lb: float
+    list_ub: float
+    bnb_left: int  # nodes left of the branch and bound's limit
+    method: str = "list"
+    status: str = "time_limit"  # if no stage proves the gap
+    solve_s: float = 0.0  # time inside the solver worker
+    nodes: int = 0
+    lp_iterations: int = 0
+    bnb_nodes: int = 0
+
+    def improve(self, inst: Instance, sched: Schedule, method: str) -> None:
+        ms = sched.makespan(inst)
+        _check(inst, sched, ms)
+        if ms < self.ub:
+            self.best, self.ub, self.method = sched, ms, method
 
 
 def clamp_cores(inst: Instance) -> Instance:
