@@ -10,20 +10,15 @@ import pytest
 
 from phaze.schedule.bnb import branch_and_bound
 from phaze.schedule.budget import Deadline
-from phaze.schedule.listsched import Schedule, best_list_schedule, serial_sgs, verify
-from phaze.schedule.lns import large_neighbourhood_search, restrict
+from phaze.schedule.listsched import best_list_schedule, serial_sgs, verify
+from phaze.schedule.lns import (
+    into_restriction,
+    large_neighbourhood_search,
+    out_of_restriction,
+    restrict,
+)
 from tests.test_schedule import _bf, random_instance
 from tests.test_schedule_bnb import _backward_like
-
-
-def _in(r, inst, sched: Schedule) -> Schedule:
-    """``sched`` (indices of ``inst``) in the index space of the restricted instance ``r``."""
-    pos = {r.ids[j]: j for j in range(r.n)}
-    s = Schedule([0.0] * r.n, [0] * r.n)
-    for i in range(inst.n):
-        s.start[pos[i]] = sched.start[i]
-        s.y[pos[i]] = sched.y[i]
-    return s
 
 
 def test_a_restriction_keeps_the_incumbent_and_its_schedules_are_real():
@@ -33,17 +28,14 @@ def test_a_restriction_keeps_the_incumbent_and_its_schedules_are_real():
         sched = best_list_schedule(inst)
         window = set(rng.sample(range(inst.n), rng.randint(0, inst.n)))
         r = restrict(inst, sched, window)
-        inc = _in(r, inst, sched)
+        inc = into_restriction(r, sched)
         # the incumbent is a schedule of the restriction, with the same makespan
         assert verify(r, inc, 1e-12) == []
         assert inc.makespan(r) == pytest.approx(sched.makespan(inst))
         # the restriction's optimum, mapped back, is valid and no better than the real optimum
         out = branch_and_bound(r, inc, 0.0)
         best = out.schedule or inc
-        pos = {r.ids[j]: j for j in range(r.n)}
-        back = Schedule(
-            [best.start[pos[i]] for i in range(inst.n)], [best.y[pos[i]] for i in range(inst.n)]
-        )
+        back = out_of_restriction(r, best)
         assert verify(inst, back, 1e-12) == []
         assert back.makespan(inst) >= _bf(inst) * (1 - 1e-9)
         # a window of every op is the whole problem

@@ -91,21 +91,28 @@ def large_neighbourhood_search(
     return best, spent
 
 
+def into_restriction(r: Instance, sched: Schedule) -> Schedule:
+    """``sched`` (indexed as the original instance) indexed as its restriction ``r``, whose op
+    ids are the original indices."""
+    return Schedule([sched.start[i] for i in r.ids], [sched.y[i] for i in r.ids])
+
+
+def out_of_restriction(r: Instance, sched: Schedule) -> Schedule:
+    """A schedule of the restriction ``r`` indexed as the original instance."""
+    pos = {i: j for j, i in enumerate(r.ids)}
+    return Schedule(
+        [sched.start[pos[i]] for i in range(r.n)], [sched.y[pos[i]] for i in range(r.n)]
+    )
+
+
 def _repair(inst, best, window, deadline, nodes) -> tuple[Schedule | None, int]:
     """A schedule strictly shorter than ``best`` that moves only ``window``, or None."""
     r = restrict(inst, best, window)
-    pos = {r.ids[j]: j for j in range(r.n)}  # inst index -> r index
-    inc = Schedule([0.0] * r.n, [0] * r.n)
-    for i in range(inst.n):
-        inc.start[pos[i]] = best.start[i]
-        inc.y[pos[i]] = best.y[i]
-    out = branch_and_bound(r, inc, 0.0, deadline, nodes)
+    out = branch_and_bound(r, into_restriction(r, best), 0.0, deadline, nodes)
     if out.schedule is None:
         return None, out.nodes
-    s = Schedule(
-        [out.schedule.start[pos[i]] for i in range(inst.n)],
-        [out.schedule.y[pos[i]] for i in range(inst.n)],
-    )
-    if verify(inst, s, 1e-9 * best.makespan(inst)) or s.makespan(inst) >= best.makespan(inst):
+    s = out_of_restriction(r, out.schedule)
+    ms = best.makespan(inst)
+    if verify(inst, s, 1e-9 * ms) or s.makespan(inst) >= ms:
         return None, out.nodes
     return s, out.nodes

@@ -86,7 +86,7 @@ class Options:
     watchdog_s: float = _DEFAULT["watchdog_s"]
     decompose: bool = _DEFAULT["decompose"]
     local_search: bool = True
-    bnb: bool = True  # run bnb.py's branch and bound before the solver worker (off: ablations)
+    bnb: bool = True  # run bnb.py's branch and bound and lns.py's search (off: ablations)
     node_limit: int = _DEFAULT["node_limit"]  # SCIP branch-and-bound nodes per solve; 0 = none
     bnb_node_limit: int = _DEFAULT["bnb_node_limit"]  # nodes of bnb.py's search; 0 = none
 
@@ -375,7 +375,8 @@ class Scheduler:
         sched, spent = large_neighbourhood_search(inst, run.best, deadline, run.bnb_left)
         run.bnb_nodes += spent
         run.bnb_left -= spent
-        run.improve(inst, assign_cores(inst, sched), "bnb")
+        if sched is not run.best:  # (it returns the schedule it was given if nothing is shorter)
+            run.improve(inst, assign_cores(inst, sched), "bnb")
 
     def _worker_stage(self, inst: Instance, run: _Run, deadline: Deadline, full: bool) -> None:
         """One call of the solver worker: the mode bound and the mode kicks (``full`` False), or
