@@ -26,9 +26,10 @@ sys.path.insert(0, str(ROOT))
 
 from phaze.schedule.bnb import branch_and_bound
 from phaze.schedule.budget import Deadline
-from phaze.schedule.instance import make_instance
 from phaze.schedule.listsched import best_list_schedule, kick_modes
 from phaze.schedule.lns import large_neighbourhood_search
+from phaze.schedule.solve import Options
+from phaze.schedule.tables import instance_from_json
 
 
 def main() -> int:
@@ -43,9 +44,8 @@ def main() -> int:
         files = [f for f in files if any(m in f.name for m in args.match)]
     proven = 0
     for f in files:
-        d = json.loads(f.read_text())
-        inst = make_instance(d["n_tc"], d["n_vc"], d["ops"], d.get("edges", []))
-        gap = float(d.get("gap", 0.01))
+        inst, overrides = instance_from_json(json.loads(f.read_text()))
+        gap = overrides.get("gap", Options().gap)
         start = best_list_schedule(inst)
         ms = start.makespan(inst)
         t0 = time.perf_counter()

@@ -33,7 +33,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from phaze.schedule.bounds import core_limits, energy_heads_tails
-from phaze.schedule.instance import Instance, make_instance
+from phaze.schedule.instance import Instance
+from phaze.schedule.tables import instance_from_json
 
 
 def _floor(v: float) -> int:
@@ -251,8 +252,7 @@ def main() -> int:
     ap.add_argument("--round", choices=["floor", "nearest"], default="floor")
     ap.add_argument("--lp-time-limit-s", type=float, default=60.0)
     args = ap.parse_args()
-    d = json.loads(args.instance.read_text())
-    inst = make_instance(d["n_tc"], d["n_vc"], d["ops"], d.get("edges", []))
+    inst = instance_from_json(json.loads(args.instance.read_text()))[0]
     rnd = (lambda v: math.floor(v + 0.5)) if args.round == "nearest" else None
     ub, lb = args.ub * 1e-6, args.lb * 1e-6
     t0 = time.perf_counter()
