@@ -39,7 +39,7 @@ def truth_table(rng, n_archs, n_hbm=1, infeasible_frac=0.1, space_slack=0.2) -> 
             dv = v + rng.uniform(0, 1) * (t - v) if rng.random() < 0.7 else v
             dhi = t + rng.uniform(0, 1) * (min(hi, ihi) - t) if rng.random() < 0.7 else ihi
         sb = hi * (1 + rng.uniform(0, space_slack)) if rng.random() < 0.8 else hi
-        vals = dict(v=v, lo=lo, hi=hi, ihi=ihi, t=t, dv=dv, dhi=dhi, sb=sb)
+        vals = {"v": v, "lo": lo, "hi": hi, "ihi": ihi, "t": t, "dv": dv, "dhi": dhi, "sb": sb}
         if infeasible:  # memory does not depend on latencies: infeasible at every tier
             vals = dict.fromkeys(vals, np.nan)
         rows.append(

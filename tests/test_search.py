@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from search_sim import MBS, MODELS, brute, random_plan, simulate, truth_table
 
 from phaze.errors import PhazeError
-from search_sim import MBS, MODELS, brute, random_plan, simulate, truth_table
 from phaze.search.plan import bucket_of, make_plan
 from phaze.search.scores import (
     COMPONENT_KEY,

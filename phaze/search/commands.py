@@ -273,7 +273,7 @@ def summarize(args: argparse.Namespace) -> int:
         "rounds_computed": last + 1,
         "archs_in_space": int((plan_df["bucket"] >= 0).sum()),
         "archs_refined": int(ex["arch"].nunique()),
-        "components_in_space": int(len(bounds)),
+        "components_in_space": len(bounds),
         "searches": out["searches"],
         # the largest certificate over the answers of the configured mode, over the whole space
         "certified_gap_max": _max_or_none(mine, "certified_gap"),
