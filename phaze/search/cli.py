@@ -1,6 +1,8 @@
 """`python -m phaze search <action>`: the search's steps, as the workflow runs them.
 
 * ``plan``      space.parquet → chunks.parquet (area bucket, walk round, chunk per arch)
+* ``bounds``    the traces of one model and microbatch → a proven throughput upper bound of every
+                architecture of the space (the space bound), per HBM size and cluster size
 * ``select``    the space bounds and the placements of the rounds so far → round r's components
                 to refine (select.parquet) and the search's state before it (state.json)
 * ``prune``     round r's placements → which of its components the ILP stage solves (one chunk
@@ -62,6 +64,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 help="ilp: after the bound tier; deep: after the ilp tier, the components still "
                 "worth a deeper ILP (config search.deepen_node_limit)",
             )
+
+    p = sub.add_parser(
+        "bounds",
+        help="a proven throughput upper bound of every architecture of the space (the space "
+        "bound), for one model and microbatch, every HBM size and cluster size",
+    )
+    p.add_argument("--model", required=True, help="model key (as in the trace directories)")
+    p.add_argument("--microbatch", type=int, required=True)
+    p.add_argument("--tp", type=int, nargs="+", required=True, help="tensor-parallel widths")
+    p.add_argument(
+        "--trace-dirs", nargs="+", required=True, help="one trace directory per width of --tp"
+    )
+    p.add_argument("--space", required=True, help="space.parquet")
+    add_config_argument(p)
+    p.add_argument("--out", required=True, help="bounds table (parquet)")
 
     p = sub.add_parser("blind", help="placement-blind baseline: min single-accelerator latency")
     p.add_argument("--model", required=True)
