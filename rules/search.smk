@@ -57,7 +57,7 @@ rule space_bounds:
         runtime=20,
     params:
         code=code_version(
-            "search/bounds.py",
+            "search/space_bounds.py",
             "estimate",
             "schedule",
             "place",
@@ -95,10 +95,11 @@ checkpoint search_select:
         manifest = W.write_manifest(
             f"{log}.manifest.json", W.select_manifest(wildcards), input
         )
+        previous = f"--previous-state {input.previous}" if "previous" in input.keys() else ""
         shell(
             "python3 -m phaze search select --plan {input.plan:q} --round {wildcards.round}"
-            ' --manifest {manifest:q} --config "$PHAZE_CONFIG" --benchmarks {params.bench:q}'
-            " --out-dir {params.out:q} > {log:q} 2>&1"
+            ' {previous} --manifest {manifest:q} --config "$PHAZE_CONFIG"'
+            " --benchmarks {params.bench:q} --out-dir {params.out:q} > {log:q} 2>&1"
         )
         # the round's progress line, on the terminal of the Snakemake process
         shell("grep -m 1 '^phaze search: round' {log:q} || true")
@@ -199,7 +200,8 @@ checkpoint search_prune:
         )
         shell(
             "python3 -m phaze search prune --plan {input.plan:q} --round {wildcards.round}"
-            " --stage {wildcards.stage:q} --select {input.select:q} --manifest {manifest:q}"
+            " --stage {wildcards.stage:q} --select {input.select:q} --state {input.state:q}"
+            " --manifest {manifest:q}"
             ' --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
         )
 
@@ -273,6 +275,7 @@ rule search_summary:
         )
         shell(
             "python3 -m phaze search summarize --plan {input.plan:q} --space {input.space:q}"
-            ' --manifest {manifest:q} --config "$PHAZE_CONFIG" --out-dir {params.out:q}'
+            " --state {input.state:q} --manifest {manifest:q}"
+            ' --config "$PHAZE_CONFIG" --out-dir {params.out:q}'
             " > {log:q} 2>&1"
         )

@@ -363,6 +363,8 @@ def test_cli_plan_and_errors(tmp_path, capsys, space_table):
                 str(tmp_path / "space.parquet"),
                 "--manifest",
                 str(empty),
+                "--state",
+                str(tmp_path / "state.json"),
                 "--out-dir",
                 str(tmp_path),
             ]

@@ -166,9 +166,11 @@ def test_manifests_list_exactly_the_jobs_inputs_with_their_metadata(sweep, tmp_p
     # later ones
     s1 = sweep.select_inputs(wc(round="1"))
     assert s1["files"] == [e["path"] for kind in select1.values() for e in kind]
-    assert s1["order"] == ["results/search/r0/select.parquet", "results/search/r0/ilp"]
+    assert s1["previous"] == "results/search/r0/state.json"
+    assert s1["order"] == ["results/search/r0/ilp"]
     p1 = sweep.prune_inputs(wc(round="1", stage="ilp"))
     assert p1["select"] == "results/search/r1/select.parquet" and p1["order"] == []
+    assert p1["state"] == "results/search/r1/state.json"
     summary = sweep.summary_manifest()
     assert summary["place"] == prune1 + [
         e for e in summary["place"] if (e["round"], e["tier"]) in ((1, "ilp"), (1, "ilp_ub"))

@@ -47,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         add_config_argument(p)
         if name == "select":
             p.add_argument(
+                "--previous-state",
+                help="round r-1's state.json (where the area walk stands); none for round 0",
+            )
+            p.add_argument(
                 "--out-dir", required=True, help="directory for select.parquet and state.json"
             )
             p.add_argument(
@@ -56,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             )
         else:
             p.add_argument("--select", required=True, help="the round's select.parquet")
+            p.add_argument("--state", required=True, help="the round's state.json")
             p.add_argument("--out", required=True, help="output directory")
             p.add_argument(
                 "--stage",
@@ -100,8 +105,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "commands", nargs="+", help="each a quoted `phaze` command line, e.g. 'place ...'"
     )
 
-    p = sub.add_parser("summarize", help="best / comparison / explored tables")
+    p = sub.add_parser("summarize", help="best / comparison / explored / front / certified")
     p.add_argument("--plan", required=True)
+    p.add_argument("--state", required=True, help="the final round's state.json (nothing to do)")
     p.add_argument("--space", required=True)
     p.add_argument(
         "--manifest",

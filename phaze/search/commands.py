@@ -17,7 +17,6 @@ from phaze.search.plan import make_plan, n_rounds
 from phaze.search.progress import jobs_cpu_seconds, progress_line, round_progress
 from phaze.search.rounds import COMPONENT_COLUMNS, select, solve_selection, walk_prior_states
 from phaze.search.scores import LEVEL, SearchSettings, components
-from phaze.search.walk import walk_states
 
 
 def _config(args) -> dict:
@@ -88,8 +87,20 @@ class RoundInputs:
             )
         return components(place, self.settings.final_tier, self.space)
 
-    def walk_prior(self, comp_before: pd.DataFrame):
-        return walk_prior_states(comp_before, self.plan, self.round, self.settings, self.models)
+
+def walk_position(state_path: str | None) -> tuple[int | None, int]:
+    """(visit, completed) of a round's state.json: the plan round the area walk visits in that
+    round (None: none) and the plan rounds it completed before; (None, −1) before round 0."""
+    if state_path is None:
+        return None, -1
+    try:
+        doc = json.loads(Path(state_path).read_text())
+        visit, completed = doc["walk_visit"], int(doc["walk_completed"])
+    except FileNotFoundError:
+        raise PhazeError(f"search state not found: {state_path}") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise PhazeError(f"{state_path} is not a search state: {exc}") from None
+    return (None if visit is None else int(visit)), completed
 
 
 def _chunked(sel: pd.DataFrame, chunk_archs: int) -> pd.DataFrame:
@@ -109,18 +120,25 @@ def select_round(args: argparse.Namespace) -> int:
     to do)."""
     ri = RoundInputs(args)
     r = ri.round
+    if (r > 0) != (args.previous_state is not None):
+        raise PhazeError("select needs --previous-state (round r-1's state.json) exactly when r > 0")
+    visit, completed = walk_position(args.previous_state)
+    completed = visit if visit is not None else completed
     comp = ri.components(r)
-    prior = ri.walk_prior(comp)
-    sel, pic = select(comp, ri.plan, r, ri.settings, ri.models, prior, ri.pinned)
+    sel, pic = select(comp, ri.plan, r, ri.settings, ri.models, completed, ri.pinned)
     sel = _chunked(sel, ri.cfg["chunk_archs"])
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_table(sel, out / "select.parquet", "select")
-    walk = prior if prior is not None else walk_states(pic["scores"], ri.plan, -1, ri.settings)
+    walk = pic["walk_states"]
     progress = round_progress(comp, pic, walk, sel, r, ri.settings)
     doc = {
         "round": r,
         "continue": bool(len(sel)),
+        # the area walk: the plan round it visits in this round (null: none) and those it
+        # completed before (the next round's select and this round's prune read them)
+        "walk_visit": pic["walk_visit"],
+        "walk_completed": int(pic["walk_completed"]),
         "progress": progress,
         "walk": json.loads(walk.to_json(orient="records")),
         "global": json.loads(pic["global_states"].to_json(orient="records"))
@@ -142,7 +160,8 @@ def prune(args: argparse.Namespace) -> int:
     if stage == "deep" and ri.settings.final_tier != "deep":
         raise PhazeError("prune --stage deep needs search.deepen_node_limit > 0 in the config")
     sel = read_table(args.select, "select")
-    prior = ri.walk_prior(ri.components(r))
+    visit, completed = walk_position(args.state)
+    prior = walk_prior_states(ri.components(r), ri.plan, completed, ri.settings, ri.models)
     tiers = ("ub", "lo") if stage == "ilp" else ("ub", "lo", "ilp", "ilp_ub")
     comp = ri.components(r, tiers)
     cand = sel
@@ -150,7 +169,7 @@ def prune(args: argparse.Namespace) -> int:
         done = comp.loc[comp["level"] >= LEVEL["ilp"], COMPONENT_COLUMNS]
         cand = sel.merge(done.drop_duplicates(), on=COMPONENT_COLUMNS)
     chosen = solve_selection(
-        comp, ri.plan, r, ri.settings, ri.models, prior, cand, stage, ri.pinned
+        comp, ri.plan, ri.settings, ri.models, visit, prior, cand, stage, ri.pinned
     )
     chosen = chosen.merge(sel[COMPONENT_COLUMNS + ["chunk"]], on=COMPONENT_COLUMNS)
     out = Path(args.out)
@@ -165,6 +184,23 @@ def prune(args: argparse.Namespace) -> int:
     print(
         f"phaze search prune: round {r}: {what} for {len(chosen)} of {len(cand)} "
         f"(model, microbatch, arch) of the round -> {out}"
+    )
+    return 0
+
+
+def bounds(args: argparse.Namespace) -> int:
+    """The space bound of one model and microbatch: every architecture, HBM size, cluster size."""
+    from phaze.search.space_bounds import bounds_table
+
+    config = _config(args)
+    if len(args.tp) != len(args.trace_dirs):
+        raise PhazeError("--tp and --trace-dirs need one trace directory per width")
+    df = bounds_table(args, config)
+    write_table(df, args.out, "bounds")
+    top = df["throughput_upper_seq_s"].max()
+    print(
+        f"phaze search bounds: {args.model} b{args.microbatch}: {df['arch'].nunique()} archs, "
+        f"largest bound {top:.6g} seq/s -> {args.out}"
     )
     return 0
 
@@ -250,6 +286,9 @@ def summarize(args: argparse.Namespace) -> int:
     models = sorted(bounds["model"].astype(str).unique()) or sorted(
         place["model"].astype(str).unique()
     )
+    visit, completed = walk_position(args.state)
+    if visit is not None:
+        raise PhazeError(f"{args.state}: the search is not done (its walk visits round {visit})")
     out = build(
         plan_df,
         space,
@@ -259,7 +298,7 @@ def summarize(args: argparse.Namespace) -> int:
         blind,
         models,
         settings,
-        last,
+        completed,
         cfg["baseline_preset"],
         cfg["upstream_baseline_preset"],
     )

@@ -223,11 +223,15 @@ def model_values(comp: pd.DataFrame) -> pd.DataFrame:
 
 
 def model_references(comp: pd.DataFrame) -> dict[tuple, float]:
-    """(model, HBM, devices) -> the best achievable throughput known: the reference of the
-    ``relative`` score (any positive reference gives the same ranking and certificates)."""
-    ok = comp[comp["ach"].notna()]
-    best = ok.groupby(["model", "hbm_bytes", "devices"])["ach"].max()
-    return {k: float(v) for k, v in best.items() if v > 0}
+    """(model, HBM, devices) -> the best achievable throughput known, or before any, the largest
+    finite upper bound: the reference of the ``relative`` score (any positive reference gives the
+    same ranking and certificates)."""
+    key = ["model", "hbm_bytes", "devices"]
+    hi = comp["hi"].where(np.isfinite(comp["hi"].to_numpy(dtype=float)))
+    refs = {k: float(v) for k, v in hi.groupby([comp[c] for c in key]).max().items() if v > 0}
+    best = comp["ach"].groupby([comp[c] for c in key]).max()
+    refs.update({k: float(v) for k, v in best.items() if v > 0})
+    return refs
 
 
 def aggregate(values: pd.DataFrame, models: list[str], kind: str, refs: dict) -> pd.DataFrame:

@@ -460,17 +460,18 @@ class Sweep:
 
     def select_inputs(self, wc) -> dict:
         r = int(wc.round)
-        order = []
+        out = {"plan": self.plan, "files": _paths(self.select_manifest(wc))}
         if r > 0:
-            order = [f"{self.results}/search/r{r - 1}/select.parquet"]
-            order += self._checkpoint_files(r - 1, self.stages)
-        return {"plan": self.plan, "files": _paths(self.select_manifest(wc)), "order": order}
+            out["previous"] = f"{self.results}/search/r{r - 1}/state.json"
+            out["order"] = self._checkpoint_files(r - 1, self.stages)
+        return out
 
     def prune_inputs(self, wc) -> dict:
         r = int(wc.round)
         return {
             "plan": self.plan,
             "select": f"{self.results}/search/r{r}/select.parquet",
+            "state": f"{self.results}/search/r{r}/state.json",
             "files": _paths(self.prune_manifest(wc)),
             # the deep stage follows the round's ilp selection
             "order": self._checkpoint_files(r, self.stages_before(wc.stage)),
