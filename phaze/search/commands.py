@@ -121,7 +121,9 @@ def select_round(args: argparse.Namespace) -> int:
     ri = RoundInputs(args)
     r = ri.round
     if (r > 0) != (args.previous_state is not None):
-        raise PhazeError("select needs --previous-state (round r-1's state.json) exactly when r > 0")
+        raise PhazeError(
+            "select needs --previous-state (round r-1's state.json) exactly when r > 0"
+        )
     visit, completed = walk_position(args.previous_state)
     completed = visit if visit is not None else completed
     comp = ri.components(r)
@@ -336,6 +338,12 @@ def summarize(args: argparse.Namespace) -> int:
         **_ilp_counts(doc["schedules"], config["schedule"]["gap"]),
     }
     write_json_atomic(d / "search_stats.json", stats)
+    for rec in out["no_answer"]:
+        what = rec["model"] if rec["model"] != "*" else f"Phaze-Common ({rec['common_score']})"
+        print(
+            f"phaze search summarize: no answer for {what} at {rec['hbm_bytes'] / 2**30:g} GiB "
+            f"on {rec['devices']} devices ({rec['mode']}): no placement fits any architecture"
+        )
     print(json.dumps(stats, indent=1))
     return 0
 
