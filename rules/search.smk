@@ -91,18 +91,20 @@ checkpoint search_select:
         cfg=W.search_params(),
         bench=BENCH,
         out=lambda wc, output: os.path.dirname(output.select),
+        previous=lambda wc, input: (
+            ["--previous-state", input.previous] if "previous" in input.keys() else []
+        ),
     run:
         manifest = W.write_manifest(
             f"{log}.manifest.json", W.select_manifest(wildcards), input
         )
-        previous = f"--previous-state {input.previous}" if "previous" in input.keys() else ""
+        # the round's progress line goes to the terminal of the Snakemake process too
         shell(
             "python3 -m phaze search select --plan {input.plan:q} --round {wildcards.round}"
-            ' {previous} --manifest {manifest:q} --config "$PHAZE_CONFIG"'
+            ' {params.previous:q} --manifest {manifest:q} --config "$PHAZE_CONFIG"'
             " --benchmarks {params.bench:q} --out-dir {params.out:q} > {log:q} 2>&1"
+            " && (grep -m 1 '^phaze search: round' {log:q} || true)"
         )
-        # the round's progress line, on the terminal of the Snakemake process
-        shell("grep -m 1 '^phaze search: round' {log:q} || true")
 
 
 rule estimate_round:

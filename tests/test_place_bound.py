@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from phaze.place.bound import LOWER, WINDOW, SpaceChain, time_lower_bounds
+from phaze.place.bound import LOWER, SpaceChain, time_lower_bounds
 from phaze.place.megatron import optimize
 from phaze.step.layers import ChainCost
 from tests.test_step_dp import draw
@@ -37,7 +37,7 @@ def _space(chains, rng, n_archs):
             k: getattr(getattr(base, k.split("_")[0]), k.split("_")[1] + "_s") * scale[k]
             for k in LOWER
         }
-        window = {k: lower[k] * rng.uniform(1.0, 2.0, n_archs) for k in WINDOW}
+        window = {k: lower[k] * rng.uniform(1.0, 2.0, n_archs) for k in LOWER}
         attention = base.block.attention_fwd_s * rng.uniform(0.0, 1.0, n_archs)
         attention = np.minimum(attention, lower["block_fwd"])
         skel = {sp: _zero(c) for (tt, bb, sp), c in chains.items() if (tt, bb) == (t, b)}
@@ -68,7 +68,7 @@ def test_never_above_the_exact_search(seed):
     chains, net, consts, devices, global_batch, hbm, axes = draw(seed)
     rng = np.random.default_rng(seed + 7)
     space, exact = _space(chains, rng, 5)
-    got = time_lower_bounds(space, net, consts, devices, global_batch, hbm, axes)
+    got = time_lower_bounds(space, net, consts, devices, global_batch, [hbm], axes)[0]
     for a, ch in enumerate(exact):
         want = optimize(ch, net, consts, devices, global_batch, hbm, axes)
         if want.strategy is None:
@@ -88,7 +88,7 @@ def test_exact_with_one_stage_and_no_overlap():
         axes = replace(axes, ddp=("after",), interleave=(1,))
         rng = np.random.default_rng(seed)
         space, exact = _space(chains, rng, 3)
-        got = time_lower_bounds(space, net, consts, 1, global_batch, math.inf, axes)
+        got = time_lower_bounds(space, net, consts, 1, global_batch, [math.inf], axes)[0]
         for a, ch in enumerate(exact):
             want = optimize(ch, net, consts, 1, global_batch, math.inf, axes)
             assert got[a] == pytest.approx(want.time_s, rel=1e-9), (seed, a)
@@ -102,7 +102,7 @@ def test_tight_at_the_best_configuration_on_the_cases():
         chains, net, consts, devices, global_batch, hbm, axes = draw(seed)
         rng = np.random.default_rng(seed + 11)
         space, exact = _space(chains, rng, 4)
-        got = time_lower_bounds(space, net, consts, devices, global_batch, hbm, axes)
+        got = time_lower_bounds(space, net, consts, devices, global_batch, [hbm], axes)[0]
         for a, ch in enumerate(exact):
             want = optimize(ch, net, consts, devices, global_batch, hbm, axes)
             if want.strategy is None:

@@ -206,6 +206,19 @@ def test_summary_tables_and_plots_are_nontrivial(run_dir):
         both["search_score"] * (1 + both["certified_gap"])
         >= both["search_score_early"] * (1 - 1e-12)
     ).all()
+    # the space bound is a bound: no placement the run computed, on any schedule, beats it
+    space_bounds = pd.concat(
+        [pd.read_parquet(f) for f in (res / "search" / "space").rglob("*.parquet")]
+    )
+    placed = pd.concat(
+        [pd.read_parquet(f) for f in (res / "place").rglob("r*_*.parquet") if "_ub" not in f.name]
+    )
+    key = ["arch", "model", "microbatch", "hbm_bytes", "devices"]
+    both = placed.merge(space_bounds, on=key)
+    assert (
+        len(both)
+        and (both["throughput_seq_s"] <= both["throughput_upper_seq_s"] * (1 + 1e-9)).all()
+    ), both.loc[both["throughput_seq_s"] > both["throughput_upper_seq_s"], key]
     front = pd.read_parquet(res / "summary" / "front.parquet")
     certified = pd.read_parquet(res / "summary" / "certified.parquet")
     assert len(front) and (front["certified_gap"] >= 0).all()

@@ -50,10 +50,10 @@ from phaze.place.megatron import Axes, allowed_blocks, configurations
 from phaze.step.layers import ChainCost
 from phaze.step.model import StageTerms, StepConstants
 
-#: the per-architecture arrays of one (t, b): layer lower bounds, window upper bounds
+#: the per-architecture arrays of one (t, b): each layer pass's lower bound and the makespan of
+#: a real schedule of it (an upper bound of the optimum: the DDP window, and an achievable time)
 LOWER = ("first_fwd", "first_bwd", "block_fwd", "block_bwd", "last_fwd", "last_bwd")
-WINDOW = ("first_bwd", "block_fwd", "block_bwd", "last_bwd")
-BISECTION_STEPS = 60
+BISECTION_STEPS = 48
 BIG = 1e18
 
 
@@ -61,7 +61,7 @@ BIG = 1e18
 class SpaceChain:
     """One (t, b) of every architecture: the skeleton chains per sequence-parallel setting, and
     arrays over architectures: ``lower`` (each layer pass's lower bound, keys `LOWER`),
-    ``window`` (serial upper bounds, keys `WINDOW`), ``attention`` (core attention's forward)."""
+    ``window`` (serial upper bounds, same keys), ``attention`` (core attention's forward)."""
 
     skeleton: dict[bool, ChainCost]
     lower: dict[str, np.ndarray]
@@ -228,6 +228,9 @@ def config_time_bound(
             out = x if out is None else np.maximum(out, x)
         return out + np.zeros(A)
 
+    # the level lies between the largest of the ranks' least values (every rank holds an
+    # allowed count; its function is quasi-convex, so its least value on [lo, cap] is at an end
+    # or below both: the class's lower end at 0 is a floor) and the largest of their greatest
     top = np.zeros(A)
     for (_, _, _, klo, caps), pcs in classes:
         top = np.maximum(top, np.maximum(value(pcs, klo), value(pcs, caps[-1])))
@@ -261,10 +264,27 @@ def config_time_bound(
     return S / v + bottom
 
 
+def _tail_floor(terms: StageTerms, allowed: np.ndarray, v: int, ddp: str) -> float:
+    """A lower bound on X = max_j tail_j over every split, whatever the architecture: every rank
+    holds some allowed count, and one holds at least ⌈K/p⌉ units; the tail is at least its part
+    that no overlap hides — the last bucket (at most the reduction) and what follows — or the
+    whole reduction without overlap."""
+    p, K = allowed.shape[0], allowed.shape[1] - 1
+    n = np.broadcast_to(np.arange(K + 1) * v, allowed.shape).astype(float)
+    floor = terms.after_reduction(n) + terms.optimizer(n)
+    floor = floor + (terms.reduction(n) if ddp == "after" else terms.last_bucket(n))
+    floor = np.where(allowed, floor, np.inf)
+    every = float(floor.min(axis=1).max())
+    heavy = -(-K // p)
+    busiest = float(floor[:, heavy:].min()) if heavy <= K else np.inf
+    return max(every, busiest if np.isfinite(busiest) else every)
+
+
 def _cheap_bound(
-    terms: StageTerms, v: int, m: int, chain: SpaceChain, recompute: str, L: int
+    terms: StageTerms, v: int, m: int, chain: SpaceChain, recompute: str, L: int, tail: float
 ) -> np.ndarray:
-    """M ≥ S/p, X ≥ 0: a bound of every split, cheap to take for every architecture."""
+    """M ≥ S/p, X ≥ ``tail`` (`_tail_floor`): a bound of every split, cheap to take for every
+    architecture."""
     low = chain.lower
     redo = {"none": 0.0, "selective": chain.attention, "full": low["block_fwd"]}[recompute]
     S = (
@@ -276,7 +296,48 @@ def _cheap_bound(
         + low["last_bwd"]
         + (low["block_fwd"] + low["block_bwd"] + redo) * L
     )
-    return (m - 1.0 / v) * S / terms.p + S / v
+    return (m - 1.0 / v) * S / terms.p + S / v + tail
+
+
+def _jobs(chains, net, consts, devices, global_batch, hbm_bytes, axes) -> list[tuple]:
+    """Every configuration to bound, most promising first: (configuration, its terms, allowed
+    splits, the capacities with those allowed splits, its chain, its cheap bound per arch)."""
+    skeletons = {
+        (t, b, sp): chain for (t, b), sc in chains.items() for sp, chain in sc.skeleton.items()
+    }
+    configs = configurations(skeletons, net, consts, devices, global_batch, axes, Counter())
+    jobs = []
+    for cfg in configs:
+        if cfg.ddp == "after" and "overlap" in axes.ddp:
+            continue  # never faster than overlap for the same split (module docstring)
+        terms = cfg.terms()
+        chain = chains[(cfg.placed.layout.tp, cfg.placed.chain.microbatch)]
+        sched = cfg.schedule
+        by_allowed: dict[bytes, tuple] = {}
+        for h, hbm in enumerate(hbm_bytes):
+            got = allowed_blocks(terms, sched, cfg.placed.chain.blocks, float(hbm))
+            if got is None:
+                continue
+            key = got[1].tobytes() + repr(got[1].shape).encode()
+            if key in by_allowed:
+                by_allowed[key][1].append(h)
+            else:
+                by_allowed[key] = (got[1], [h])
+        for allowed, hs in by_allowed.values():
+            tail = _tail_floor(terms, allowed, sched.chunks, cfg.ddp)
+            cheap = _cheap_bound(
+                terms,
+                sched.chunks,
+                sched.microbatches,
+                chain,
+                cfg.recompute,
+                cfg.placed.chain.blocks,
+                tail,
+            )
+            jobs.append((cfg, terms, allowed, hs, chain, cheap))
+    # a low bound early prunes the rest
+    jobs.sort(key=lambda j: float(np.median(j[5])))
+    return jobs
 
 
 def time_lower_bounds(
@@ -285,40 +346,19 @@ def time_lower_bounds(
     consts: StepConstants,
     devices: int,
     global_batch: int,
-    hbm_bytes: float,
+    hbm_bytes: list[float],
     axes: Axes,
-    time_cap: np.ndarray | float = math.inf,
 ) -> np.ndarray:
-    """Per architecture, a lower bound on the step time of every placement the exact search
-    (`phaze.place.megatron.optimize`) allows, on every layer time at or above its lower bound:
-    inf where nothing fits. ``time_cap``: where the bound is certainly at least the cap, the cap
-    may be returned instead (the result is then min(bound, cap) — still a lower bound of what
-    matters to a caller that only asks whether it reaches the cap)."""
-    skeletons = {
-        (t, b, sp): chain for (t, b), sc in chains.items() for sp, chain in sc.skeleton.items()
-    }
+    """Per HBM capacity and architecture (shape (len(hbm_bytes), archs)), a lower bound on the
+    step time of every placement the exact search (`phaze.place.megatron.optimize`) allows, on
+    every layer time at or above its lower bound: inf where nothing fits. A configuration whose
+    allowed splits are the same at several capacities is bounded once for all of them."""
     A = next(iter(chains.values())).n_archs
-    best = np.minimum(np.full(A, np.inf), time_cap)
-    skipped = Counter()
-    configs = configurations(skeletons, net, consts, devices, global_batch, axes, skipped)
-    jobs = []
-    for cfg in configs:
-        if cfg.ddp == "after" and "overlap" in axes.ddp:
-            continue  # never faster than overlap for the same split (module docstring)
-        terms = cfg.terms()
-        got = allowed_blocks(terms, cfg.schedule, cfg.placed.chain.blocks, hbm_bytes)
-        if got is None:
-            continue
-        chain = chains[(cfg.placed.layout.tp, cfg.placed.chain.microbatch)]
-        sched = cfg.schedule
-        cheap = _cheap_bound(
-            terms, sched.chunks, sched.microbatches, chain, cfg.recompute, cfg.placed.chain.blocks
-        )
-        jobs.append((cfg, terms, got[1], chain, cheap))
-    # most promising first: a low bound early prunes the rest
-    jobs.sort(key=lambda j: float(np.median(j[4])))
-    for cfg, terms, allowed, chain, cheap in jobs:
-        idx = np.flatnonzero(cheap < best)
+    best = np.full((len(hbm_bytes), A), np.inf)
+    for cfg, terms, allowed, hs, chain, cheap in _jobs(
+        chains, net, consts, devices, global_batch, hbm_bytes, axes
+    ):
+        idx = np.flatnonzero((cheap[None, :] < best[hs]).any(axis=0))
         if not len(idx):
             continue
         sub = chain.take(idx) if len(idx) < A else chain
@@ -326,7 +366,8 @@ def time_lower_bounds(
         t = config_time_bound(
             terms, allowed, sched.chunks, sched.microbatches, sub, cfg.recompute, cfg.ddp
         )
-        best[idx] = np.minimum(best[idx], t)
+        for h in hs:
+            best[h, idx] = np.minimum(best[h, idx], t)
     return best
 
 

@@ -268,9 +268,13 @@ def chosen_archs(detail: pd.DataFrame, area: pd.Series, k: int) -> pd.DataFrame:
             picked.append(top.assign(reason="gap"))
         f = grp[grp["open_front"] & ~grp["open_gap"]]
         if len(f):
-            idx = _optimistic_front(f["arch"].map(area).to_numpy(float), f["hi"].to_numpy(float))
-            cand = f.iloc[idx].sort_values(["ratio", "arch"], ascending=[False, True]).head(k)
-            picked.append(cand.assign(reason="front"))
+            a = f["arch"].map(area).to_numpy(float)
+            idx = _optimistic_front(a, f["hi"].to_numpy(float))
+            # the largest hi / F first; where no refined arch is as small (F undefined), the
+            # smallest area first: it sets the front's level for every larger one
+            cand = f.iloc[idx].assign(_area=a[idx])
+            cand = cand.sort_values(["ratio", "_area", "arch"], ascending=[False, True, True])
+            picked.append(cand.head(k).drop(columns="_area").assign(reason="front"))
     cols = GLOBAL_KEY + ["arch", "reason"]
     if not picked:
         return pd.DataFrame(columns=cols)

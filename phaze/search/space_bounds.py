@@ -24,7 +24,6 @@ from phaze.estimate.stage import latency_arrays
 from phaze.io.tables import read_table
 from phaze.place.bound import (
     LOWER,
-    WINDOW,
     SpaceChain,
     time_lower_bounds,
     upstream_time_lower_bounds,
@@ -76,7 +75,7 @@ class Trace:
             return got[which] if got is not None else zero
 
         lower = {k: get(k.split("_")[0], k.split("_")[1], 0) for k in LOWER}
-        window = {k: get(k.split("_")[0], k.split("_")[1], 1) for k in WINDOW}
+        window = {k: get(k.split("_")[0], k.split("_")[1], 1) for k in LOWER}
         sig = self.tables.rows["block"]["signature"]
         skeleton = {
             sp: self.tables.skeleton(sp) for sp in ((False, True) if self.tp > 1 else (False,))
@@ -124,13 +123,12 @@ def bounds_table(args, config: dict) -> pd.DataFrame:
         bounds = {tr.tp: tr.bounds(block, config) for tr in traces}
         for preset, idx in _groups(block):
             for i, devices in enumerate(place["devices"]):
-                for h, hbm in enumerate(hbm_all):
-                    time = _times(
-                        settings, traces, bounds, idx, len(block), preset, devices, hbm, config
-                    )
-                    with np.errstate(divide="ignore"):
-                        thr = np.where(np.isfinite(time), settings.global_batch / time, np.nan)
-                    out[i, h, start + idx] = thr
+                time = _times(
+                    settings, traces, bounds, idx, len(block), preset, devices, hbm_all, config
+                )
+                with np.errstate(divide="ignore"):
+                    thr = np.where(np.isfinite(time), settings.global_batch / time, np.nan)
+                out[i][:, start + idx] = thr
     rows = [
         pd.DataFrame(
             {
@@ -148,9 +146,9 @@ def bounds_table(args, config: dict) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True)
 
 
-def _times(settings, traces, bounds, idx, size, preset, devices, hbm, config) -> np.ndarray:
-    """The step-time lower bound of the architectures ``idx`` of a block of ``size`` (one group
-    of shared constants and network)."""
+def _times(settings, traces, bounds, idx, size, preset, devices, hbm_all, config) -> np.ndarray:
+    """The step-time lower bounds, shape (len(hbm_all), len(idx)), of the architectures ``idx``
+    of a block of ``size`` (one group of shared constants and network)."""
     cm = arch_costmodel(config["costmodel"], preset)
     bw, lat = link_parameters(config["costmodel"], preset)
     if settings.place_model == "upstream":
@@ -163,9 +161,10 @@ def _times(settings, traces, bounds, idx, size, preset, devices, hbm, config) ->
         )
         n_layers = len(traces[0].layers)
         flat_bw = None if net is not None else bw
-        return upstream_time_lower_bounds(
+        time = upstream_time_lower_bounds(
             totals, params, n_layers, d_values, devices, M, flat_bw, lat
         )
+        return np.broadcast_to(time, (len(hbm_all), len(time)))  # memory limits dropped
     chains = {
         (tr.tp, settings.microbatch): tr.space_chain(*bounds[tr.tp], size).take(idx)
         for tr in traces
@@ -174,5 +173,5 @@ def _times(settings, traces, bounds, idx, size, preset, devices, hbm, config) ->
     placed_net, _label = network_for(settings, preset, config["costmodel"], devices)
     net = step_network(placed_net, bw, lat, devices)
     return time_lower_bounds(
-        chains, net, consts, devices, settings.global_batch, float(hbm), settings.axes
+        chains, net, consts, devices, settings.global_batch, hbm_all, settings.axes
     )
