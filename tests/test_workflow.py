@@ -27,7 +27,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 # The flags of scripts/run.sh (the README's run command); test_run_command_flags checks they match.
-RUN_FLAGS = ["--cores", "2", "--rerun-incomplete", "--printshellcmds"]
+RUN_FLAGS = ["--cores", "2", "--scheduler", "greedy", "--rerun-incomplete", "--printshellcmds"]
 CONFIG = ["--configfile", "config/test.yaml"]
 pytestmark = pytest.mark.slow
 
@@ -106,13 +106,14 @@ def test_run_command_flags():
 @pytest.mark.parametrize(
     ("args", "cores"),
     [
-        ([], ["--cores", "2"]),
-        (["--configfile", "config/paper.yaml"], ["--cores", "2"]),
+        ([], ["--cores", "2", "--scheduler", "greedy"]),
+        (["--configfile", "config/paper.yaml"], ["--cores", "2", "--scheduler", "greedy"]),
         (["--profile", "profiles/slurm"], []),
         (["--profile=profiles/local"], []),
-        (["-j", "32"], []),
-        (["-j32"], []),
-        (["--cores", "8"], []),
+        (["-j", "32"], ["--scheduler", "greedy"]),
+        (["-j32"], ["--scheduler", "greedy"]),
+        (["--cores", "8"], ["--scheduler", "greedy"]),
+        (["--scheduler", "ilp"], ["--cores", "2"]),
     ],
 )
 def test_run_command_leaves_parallelism_to_a_profile(tmp_path, args, cores):
