@@ -58,6 +58,7 @@ rule space_bounds:
     params:
         code=code_version(
             "search/space_bounds.py",
+            "search/dominance.py",
             "estimate",
             "schedule",
             "place",

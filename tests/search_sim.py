@@ -15,6 +15,7 @@ import itertools
 import numpy as np
 import pandas as pd
 
+from phaze.search.dominance import edges_of
 from phaze.search.plan import make_plan
 from phaze.search.rounds import select, solve_selection
 from phaze.search.scores import COMPONENT_KEY, SearchSettings, components
@@ -80,7 +81,40 @@ def place_rows(truth: pd.DataFrame, tier: str) -> pd.DataFrame:
 def space_rows(truth: pd.DataFrame) -> pd.DataFrame:
     df = truth[COMPONENT_KEY].copy()
     df["throughput_upper_seq_s"] = truth["sb"].to_numpy()
+    if "dominated_by" in truth.columns:
+        df["dominated_by"] = truth["dominated_by"].to_numpy()
     return df
+
+
+def with_dominance(truth: pd.DataFrame, rng, p_edge: float = 0.3) -> pd.DataFrame:
+    """``truth`` with dominance steps (column ``dominated_by``): random steps from each arch to
+    archs of larger id, per model and microbatch (a step of one may be missing in another), and
+    every value that would contradict them lowered: the true optimum ``t`` to the smallest ``t``
+    over the archs dominating it (through chains), the achieved values (``v``, ``lo``, ``dv``)
+    below it. The upper bounds stay as drawn (each still at least its own ``t``). Memory does not
+    depend on latencies: where nothing fits a dominating arch, nothing fits the arch either."""
+    n = truth["arch"].nunique()
+    out = []
+    for _, grp in truth.groupby(["model", "microbatch"], sort=False):
+        ups = {x: [y for y in range(x + 1, n) if rng.random() < p_edge] for x in range(n)}
+        text = {f"a{x}": ",".join(f"a{y}" for y in ys) for x, ys in ups.items()}
+        for _, g in grp.groupby(["hbm_bytes", "devices"], sort=False):
+            g = g.sort_values("arch", key=lambda a: a.str[1:].astype(int)).copy()
+            t = g["t"].to_numpy(float).copy()
+            for x in range(n - 1, -1, -1):  # larger ids first: their t is final
+                for y in ups[x]:
+                    t[x] = np.minimum(t[x], t[y])  # NaN (nothing fits) passes down
+            gone = np.isnan(t)
+            cols = ["v", "lo", "hi", "ihi", "dv", "dhi", "sb"]
+            g.loc[gone, cols] = np.nan
+            v = np.fmin(g["v"].to_numpy(float), t)
+            g["t"] = t
+            g["v"] = v
+            g["lo"] = np.fmin(g["lo"].to_numpy(float), v)
+            g["dv"] = np.clip(g["dv"].to_numpy(float), v, t)
+            g["dominated_by"] = g["arch"].map(text)
+            out.append(g)
+    return pd.concat(out).sort_index()
 
 
 def _pick(truth: pd.DataFrame, sel: pd.DataFrame) -> pd.DataFrame:
@@ -117,7 +151,7 @@ def simulate(
 
     def comp_of():
         place = pd.concat(known) if known else place_rows(truth.iloc[:0], "lo")
-        return components(place, final, sb)
+        return components(place, final, sb, edges_of(sb))
 
     n_bound = n_ilp = n_deep = 0
     completed = -1

@@ -24,6 +24,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+from phaze.search.dominance import edges_of
+
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 # The flags of scripts/run.sh (the README's run command); test_run_command_flags checks they match.
@@ -220,6 +222,15 @@ def test_summary_tables_and_plots_are_nontrivial(run_dir):
         len(both)
         and (both["throughput_seq_s"] <= both["throughput_upper_seq_s"] * (1 + 1e-9)).all()
     ), both.loc[both["throughput_seq_s"] > both["throughput_upper_seq_s"], key]
+    # ... nor the space bound of any architecture recorded as dominating it
+    ups = edges_of(space_bounds)
+    assert len(ups), "the test space has dominance steps"
+    sb = space_bounds.rename(columns={"arch": "up", "throughput_upper_seq_s": "up_bound"})
+    dom = placed.merge(ups, on=["model", "microbatch", "arch"]).merge(
+        sb[["up", "model", "microbatch", "hbm_bytes", "devices", "up_bound"]],
+        on=["up", "model", "microbatch", "hbm_bytes", "devices"],
+    )
+    assert len(dom) and (dom["throughput_seq_s"] <= dom["up_bound"] * (1 + 1e-9)).all()
     front = pd.read_parquet(res / "summary" / "front.parquet")
     certified = pd.read_parquet(res / "summary" / "certified.parquet")
     assert len(front) and (front["certified_gap"] >= 0).all()

@@ -265,6 +265,9 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("hbm_bytes", i64),
         ("devices", i64),
         ("throughput_upper_seq_s", f64),
+        # the archs one step larger on one resource that dominate this one for the model and
+        # microbatch (comma-joined; phaze/search/dominance.py)
+        ("dominated_by", s),
     ),
     # one search round's components to refine: (model, microbatch, arch), its job chunk, and
     # which search asked (walk | gap | front | baseline, comma-joined)

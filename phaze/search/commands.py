@@ -12,6 +12,7 @@ import pandas as pd
 from phaze.config import load_config
 from phaze.errors import PhazeError
 from phaze.io import read_table, write_json_atomic, write_table
+from phaze.search.dominance import edges_of
 from phaze.search.files import load_manifest, load_place, load_space
 from phaze.search.plan import make_plan, n_rounds
 from phaze.search.progress import jobs_cpu_seconds, progress_line, round_progress
@@ -65,6 +66,7 @@ class RoundInputs:
         if not doc["space"]:
             raise PhazeError(f"round {args.round}: no space bounds in {args.manifest}")
         self.space = load_space(doc["space"])
+        self.edges = edges_of(self.space)
         self.models = sorted(self.space["model"].astype(str).unique())
         self.place = load_place(doc["place"])
         rounds = {e["path"]: e["round"] for e in doc["place"]}
@@ -85,7 +87,7 @@ class RoundInputs:
                 columns=["model", "hbm_bytes", "microbatch", "devices", "arch", "tier"]
                 + ["throughput_seq_s"]
             )
-        return components(place, self.settings.final_tier, self.space)
+        return components(place, self.settings.final_tier, self.space, self.edges)
 
 
 def walk_position(state_path: str | None) -> tuple[int | None, int]:

@@ -72,6 +72,7 @@ def load_space(entries: list[dict]) -> pd.DataFrame:
                 "hbm_bytes",
                 "devices",
                 "throughput_upper_seq_s",
+                "dominated_by",
             ]
         )
     return pd.concat(frames, ignore_index=True)

@@ -147,7 +147,7 @@ def global_states(
     for key, grp in values.groupby(GLOBAL_KEY, sort=True):
         grp = grp.reset_index(drop=True)
         s = search_state(grp, area, settings)
-        d = grp[GLOBAL_KEY + ["arch", "hi", "ach", "level", "exact"]].copy()
+        d = grp[GLOBAL_KEY + ["arch", "hi", "ach", "level", "exact", "led"]].copy()
         d["threshold"] = s["threshold"]
         d["above_gap"] = s["above_gap"]
         d["above_front"] = s["above_front"]
@@ -256,17 +256,27 @@ def open_components(
     return pd.concat(out, ignore_index=True).reset_index(drop=True)
 
 
+def _leaders(g: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``g`` whose bound is their own, if any; else all of ``g``. A ``led`` arch's
+    bound is a dominating arch's: refining that one tightens both, so it goes first (it is open
+    too: its bound is as high), and a led arch is refined itself only once no arch with its own
+    bound is left open."""
+    own = g[~g["led"].to_numpy(bool)]
+    return own if len(own) else g
+
+
 def chosen_archs(detail: pd.DataFrame, area: pd.Series, k: int) -> pd.DataFrame:
     """Per search, the open archs to refine this round: the ``k`` with the largest ``hi`` among
     those open for the certificate, and the ``k`` with the largest hi / F on the optimistic
-    front of those open for the front only. Columns: search key, arch, reason."""
+    front of those open for the front only (archs whose bound is their own first:
+    :func:`_leaders`). Columns: search key, arch, reason."""
     picked = []
     for _, grp in detail.groupby(GLOBAL_KEY, sort=False):
-        g = grp[grp["open_gap"]]
+        g = _leaders(grp[grp["open_gap"]])
         if len(g):
             top = g.sort_values(["hi", "arch"], ascending=[False, True]).head(k)
             picked.append(top.assign(reason="gap"))
-        f = grp[grp["open_front"] & ~grp["open_gap"]]
+        f = _leaders(grp[grp["open_front"] & ~grp["open_gap"]])
         if len(f):
             a = f["arch"].map(area).to_numpy(float)
             idx = _optimistic_front(a, f["hi"].to_numpy(float))

@@ -46,6 +46,7 @@ import pandas as pd
 
 from phaze.config import schema_defaults
 from phaze.errors import PhazeError
+from phaze.search.dominance import check_closed, close_bounds
 
 COMPONENT_KEY = ["model", "hbm_bytes", "microbatch", "devices", "arch"]
 TIERS = ("space", "ub", "lo", "ilp", "ilp_ub", "deep", "deep_ub")
@@ -128,14 +129,20 @@ class SearchSettings:
 
 
 def components(
-    place: pd.DataFrame, final: str = "ilp", space: pd.DataFrame | None = None
+    place: pd.DataFrame,
+    final: str = "ilp",
+    space: pd.DataFrame | None = None,
+    edges: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Wide table, one row per component: per tier its throughput (NaN = unknown or infeasible),
-    ``hi``, ``ach``, ``level``, ``exact``.
+    ``hi``, ``ach``, ``level``, ``exact``, ``led``.
 
     ``place`` is the concatenation of placement tables with an added ``tier`` column; ``space``
     (optional) the space bounds (``COMPONENT_KEY`` + ``throughput_upper_seq_s``), which may hold
-    every architecture of the space: components known only there get level 0."""
+    every architecture of the space: components known only there get level 0. ``edges``
+    (optional, :func:`phaze.search.dominance.edges_of`): the dominance steps; ``hi`` is then the
+    smallest bound of the component and of every architecture dominating it, and ``led`` says
+    that it came from such an architecture (refining that one tightens this one)."""
     if final not in FINAL_TIERS:
         raise AssertionError(f"final tier must be one of {FINAL_TIERS}, got {final!r}")
     missing = [c for c in COMPONENT_KEY + ["tier", "throughput_seq_s"] if c not in place.columns]
@@ -180,8 +187,15 @@ def components(
     hi = np.where(has & ~np.isnan(upper), upper, np.inf).min(axis=1)
     hi = np.where(infeasible, np.nan, hi)
     wide = wide.drop(columns=[f"_has_{t}" for t in UPPER])
-    wide["hi"] = hi
     wide["ach"] = wide[list(ACHIEVABLE)].max(axis=1, skipna=True)
+    own = hi
+    if edges is not None and len(edges):
+        hi = close_bounds(wide, edges, own)
+        lowered = hi < own
+        check_closed(wide[lowered], hi[lowered], wide["ach"].to_numpy(float)[lowered])
+    wide["hi"] = hi
+    with np.errstate(invalid="ignore"):
+        wide["led"] = hi < own
     wide["has_ilp"] = wide["level"] >= LEVEL["ilp"]
     wide["has_deep"] = wide["level"] >= LEVEL["deep"]
     # exactly known: a final-tier value, bounds that meet, or infeasible (NaN upper bound)
@@ -197,7 +211,7 @@ def components(
 #: one walk search (area-ordered, upstream's): per model × HBM × microbatch × devices, and
 #: Phaze-Common per HBM × devices × score
 SEARCH_KEY = ["strategy", "common_score", "model", "hbm_bytes", "microbatch", "devices"]
-VALUE_COLUMNS = ["hi", "ach", "exact", "has_ilp", "has_deep", "level"]
+VALUE_COLUMNS = ["hi", "ach", "exact", "has_ilp", "has_deep", "level", "led"]
 
 
 def per_model_scores(comp: pd.DataFrame) -> pd.DataFrame:
@@ -210,8 +224,13 @@ def per_model_scores(comp: pd.DataFrame) -> pd.DataFrame:
 
 def model_values(comp: pd.DataFrame) -> pd.DataFrame:
     """Per (model, HBM, devices, arch): the best over microbatch — ``hi`` / ``ach`` the largest
-    (NaN-aware), ``exact`` when every microbatch is, ``level`` the least refined microbatch."""
-    g = comp.groupby(["model", "hbm_bytes", "devices", "arch"], sort=False, observed=True)
+    (NaN-aware), ``exact`` when every microbatch is, ``level`` the least refined microbatch,
+    ``led`` when a microbatch with the largest ``hi`` has it from a dominating architecture."""
+    key = ["model", "hbm_bytes", "devices", "arch"]
+    top = comp.groupby(key, sort=False, observed=True)["hi"].transform("max")
+    led = comp["led"] if "led" in comp.columns else pd.Series(False, index=comp.index)
+    comp = comp.assign(_led=led.astype(bool) & (comp["hi"] == top))
+    g = comp.groupby(key, sort=False, observed=True)
     return g.agg(
         hi=("hi", "max"),
         ach=("ach", "max"),
@@ -219,6 +238,7 @@ def model_values(comp: pd.DataFrame) -> pd.DataFrame:
         has_ilp=("has_ilp", "all"),
         has_deep=("has_deep", "all"),
         level=("level", "min"),
+        led=("_led", "any"),
     ).reset_index()
 
 
@@ -265,6 +285,7 @@ def aggregate(values: pd.DataFrame, models: list[str], kind: str, refs: dict) ->
         has_ilp=("has_ilp", "all"),
         has_deep=("has_deep", "all"),
         level=("level", "min"),
+        led=("led", "all"),
     ).reset_index()
     full = out["n"].to_numpy() == n
     for col, cnt in (("hi", "n_hi"), ("ach", "n_ach")):
@@ -281,6 +302,8 @@ def aggregate(values: pd.DataFrame, models: list[str], kind: str, refs: dict) ->
             ok |= unbounded
         out[col] = np.where(ok, x, np.nan)
     out["exact"] = out["exact"] & full
+    # led: every model's bound comes from a dominating architecture
+    out["led"] = out["led"] & full
     out["exact"] |= (out["hi"] <= out["ach"]).fillna(False) | out["hi"].isna()
     return out.drop(columns=["n_hi", "n_ach", "n"])
 

@@ -41,6 +41,7 @@ from phaze.place.tables import (
     upstream_network,
 )
 from phaze.schedule.space import attention_seconds, layer_bounds, layer_plans
+from phaze.search.dominance import candidate_steps, families, joined, verified
 from phaze.step.model import StepConstants
 
 #: architectures per block: (archs × ops) latency arrays of ~100 ops stay a few tens of MB
@@ -59,12 +60,13 @@ class Trace:
         self.tables = ChainTables(self.layers, self.ops, tp, microbatch, weight_bytes, f"{d}")
 
     def bounds(self, space: pd.DataFrame, config: dict):
-        """({(signature, pass): (lower, serial)}, {block signature: attention}) over ``space``."""
+        """({(signature, pass): (lower, serial)}, {block signature: attention}, [latency arrays
+        (archs × ops) on one core and on all cores]) over ``space``."""
         lat = latency_arrays(self.ops, space, config["costmodel"], config["place"])
         l1, la = lat["latency_1core_s"], lat["latency_allcores_s"]
         n_tc, n_vc = space["n_tc"].to_numpy(float), space["n_vc"].to_numpy(float)
         out = {(p.signature, p.pass_): layer_bounds(p, l1, la, n_tc, n_vc) for p in self.plans}
-        return out, attention_seconds(self.ops, l1, la)
+        return out, attention_seconds(self.ops, l1, la), [l1, la]
 
     def space_chain(self, bounds: dict, attention: dict, n: int) -> SpaceChain:
         zero = np.zeros(n)
@@ -102,6 +104,39 @@ def _groups(space: pd.DataFrame):
         yield (preset or None), grp.index.to_numpy()
 
 
+def _blocks(space: pd.DataFrame) -> list[np.ndarray]:
+    """Row positions of ``space`` in blocks of at most ``BLOCK_ARCHS`` archs made of whole
+    dominance families (a family larger than a block is split: its steps across the split are
+    then not recorded, which loses tightness, never validity)."""
+    fam = families(space)
+    order = np.argsort(fam, kind="stable")
+    cuts = np.flatnonzero(np.r_[True, fam[order][1:] != fam[order][:-1]])
+    groups = np.split(order, cuts[1:])
+    out, cur = [], []
+    for g in groups:
+        for piece in np.array_split(g, -(-len(g) // BLOCK_ARCHS)):
+            if sum(map(len, cur)) + len(piece) > BLOCK_ARCHS:
+                out.append(np.concatenate(cur))
+                cur = []
+            cur.append(piece)
+    if cur:
+        out.append(np.concatenate(cur))
+    return out
+
+
+def _dominated_by(block: pd.DataFrame, latencies: list[np.ndarray]) -> list[list[str]]:
+    """Per arch of ``block``: the archs one step larger on one axis whose every latency of every
+    traced width is no larger (:mod:`phaze.search.dominance`)."""
+    x, y = candidate_steps(block)
+    counts = {c: block[c].to_numpy(float) for c in ("n_tc", "n_vc")}
+    ok = verified(x, y, latencies, counts)
+    ups: list[list[str]] = [[] for _ in range(len(block))]
+    arch = block["arch"].to_numpy()
+    for i, j in zip(x[ok], y[ok]):
+        ups[i].append(arch[j])
+    return ups
+
+
 def bounds_table(args, config: dict) -> pd.DataFrame:
     """The ``bounds`` table of one model and microbatch (module docstring)."""
     if len(args.tp) != len(args.trace_dirs):
@@ -118,9 +153,13 @@ def bounds_table(args, config: dict) -> pd.DataFrame:
     if len({tr.tables.blocks for tr in traces}) != 1:
         raise PhazeError(f"{model}: the traces of the widths have different block counts")
     out = np.full((len(place["devices"]), len(hbm_all), len(space)), np.nan)
-    for start in range(0, len(space), BLOCK_ARCHS):
-        block = space.iloc[start : start + BLOCK_ARCHS].reset_index(drop=True)
+    ups: list[str] = [""] * len(space)
+    for rows in _blocks(space):
+        block = space.iloc[rows].reset_index(drop=True)
         bounds = {tr.tp: tr.bounds(block, config) for tr in traces}
+        latencies = [lat for tr in traces for lat in bounds[tr.tp][2]]
+        for r, u in zip(rows, joined(_dominated_by(block, latencies))):
+            ups[r] = u
         for preset, idx in _groups(block):
             for i, devices in enumerate(place["devices"]):
                 time = _times(
@@ -128,7 +167,7 @@ def bounds_table(args, config: dict) -> pd.DataFrame:
                 )
                 with np.errstate(divide="ignore"):
                     thr = np.where(np.isfinite(time), settings.global_batch / time, np.nan)
-                out[i][:, start + idx] = thr
+                out[i][:, rows[idx]] = thr
     rows = [
         pd.DataFrame(
             {
@@ -138,6 +177,7 @@ def bounds_table(args, config: dict) -> pd.DataFrame:
                 "hbm_bytes": int(hbm),
                 "devices": int(devices),
                 "throughput_upper_seq_s": out[i, h],
+                "dominated_by": ups,
             }
         )
         for i, devices in enumerate(place["devices"])
@@ -166,7 +206,7 @@ def _times(settings, traces, bounds, idx, size, preset, devices, hbm_all, config
         )
         return np.broadcast_to(time, (len(hbm_all), len(time)))  # memory limits dropped
     chains = {
-        (tr.tp, settings.microbatch): tr.space_chain(*bounds[tr.tp], size).take(idx)
+        (tr.tp, settings.microbatch): tr.space_chain(*bounds[tr.tp][:2], size).take(idx)
         for tr in traces
     }
     consts = StepConstants.from_config(settings.step, float(achievable_hbm_Bps(cm)))

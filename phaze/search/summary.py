@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from phaze.search.baselines import best_row
+from phaze.search.dominance import edges_of
 from phaze.search.global_search import (
     COMMON,
     GLOBAL_KEY,
@@ -182,7 +183,7 @@ def summarize(
     upstream_baseline_preset: str | None = "tpuv4-upstream",
 ) -> dict:
     """Build the summary tables from every placement result and the space bounds."""
-    comp = components(place, settings.final_tier, bounds)
+    comp = components(place, settings.final_tier, bounds, edges_of(bounds))
     per_model = model_values(comp)
     scores = all_scores(comp, models, values=per_model)
     states = walk_states(scores, plan, last_round, settings)
