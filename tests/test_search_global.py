@@ -65,7 +65,7 @@ def _refs(comp):
     n_archs=st.integers(2, 16),
     k=st.integers(1, 4),
     gap=st.sampled_from([0.0, 0.0, 0.02, 0.1]),
-    front_gap=st.sampled_from([0.0, 0.05, 0.5]),
+    front_gap=st.sampled_from([0.0, 0.05, 0.5, None]),
     deepen=st.booleans(),
 )
 def test_global_equals_every_arch_at_the_final_tier(seed, n_archs, k, gap, front_gap, deepen):
@@ -125,6 +125,22 @@ def test_global_equals_every_arch_at_the_final_tier(seed, n_archs, k, gap, front
     assert run.n_bound <= len(truth) * (run.rounds + 1)
 
 
+def test_a_front_not_refined_for_costs_no_more_and_keeps_the_answer():
+    rng = np.random.default_rng(11)
+    truth = truth_table(rng, 30)
+    plan = random_plan(rng, 30, round_buckets=2)
+    runs = {}
+    for fg in (0.0, None):
+        s = SearchSettings(mode="global", gap=0.0, front_gap=fg, round_archs=2, patience=2)
+        runs[fg] = (simulate(truth, plan, s), s)
+    (full, s0), (lean, s1) = runs[0.0], runs[None]
+    assert lean.n_bound < full.n_bound
+    _, a, _ = _states(full.comp, plan, s0)
+    _, b, _ = _states(lean.comp, plan, s1)
+    pd.testing.assert_series_equal(a["score"], b["score"])
+    assert (b["front_gap"] >= a["front_gap"]).all() and (b["open_front"] == 0).all()
+
+
 def test_the_search_refines_less_than_everything_when_bounds_are_tight():
     rng = np.random.default_rng(1)
     n = 60
@@ -173,6 +189,9 @@ def test_settings_reject_bad_gaps_and_modes():
             SearchSettings(gap=bad)
         with pytest.raises(PhazeError, match="search.front_gap"):
             SearchSettings(front_gap=bad)
+    with pytest.raises(PhazeError, match="search.gap"):
+        SearchSettings(gap=None)
+    SearchSettings(front_gap=None)  # the front reported, not refined for
     with pytest.raises(PhazeError, match="search.mode"):
         SearchSettings(mode="nope")
     with pytest.raises(PhazeError, match="common_score"):

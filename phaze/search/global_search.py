@@ -18,8 +18,8 @@ area (or less) by more than that. Each front point carries its own certificate, 
 of area at most its own.
 
 *Refinement*, best-first: an arch is *open* when ``hi > W·(1 + search.gap)`` (the certificate) or
-``hi > F(area)·(1 + search.front_gap)`` (the front) and it can still be refined (a component not
-yet at the final tier). Each round refines, per search, the ``search.round_archs`` open archs
+``hi > F(area)·(1 + search.front_gap)`` (the front; ``front_gap: null``: never) and it can still
+be refined (a component not yet at the final tier). Each round refines, per search, the ``search.round_archs`` open archs
 with the largest ``hi`` (certificate) and the same number from the optimistic front of the archs
 open for the front (those with the largest ``hi / F`` that no other open arch dominates); a
 component of an open arch is refined when its own bound can matter: above the search's threshold
@@ -126,7 +126,10 @@ def search_state(grp: pd.DataFrame, area: pd.Series, settings: SearchSettings) -
     out["front"] = front_points(a, ach)
     out["front_gap"] = max(0.0, float(ratio.max()) - 1.0) if len(ratio) else np.nan
     w_thr = w * (1 + settings.gap) if np.isfinite(w) else -np.inf
-    f_thr = np.where(F > -np.inf, F * (1 + settings.front_gap), -np.inf)
+    if settings.front_gap is None:  # the front is reported, not refined for
+        f_thr = np.full(len(F), np.inf)
+    else:
+        f_thr = np.where(F > -np.inf, F * (1 + settings.front_gap), -np.inf)
     feasible = ~np.isnan(hi)
     out["above_gap"] = feasible & (hi > w_thr)
     out["above_front"] = feasible & (hi > f_thr)
@@ -239,7 +242,7 @@ def open_components(
         out.append(j.assign(comp_model=j["model"])[cols])
     cm = above[above["strategy"] == COMMON]
     if len(cm) and len(live):
-        factor = np.where(cm["above_gap"], 1 + settings.gap, 1 + settings.front_gap)
+        factor = np.where(cm["above_gap"], 1 + settings.gap, 1 + (settings.front_gap or 0.0))
         cm = cm.assign(factor=factor)[GLOBAL_KEY + ["arch", "factor"]]
         best = comp.groupby(["model", "hbm_bytes", "devices", "arch"], observed=True)["ach"].max()
         j = live[["model", "hbm_bytes", "devices", "arch", "microbatch", "hi"]].rename(

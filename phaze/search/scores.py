@@ -73,7 +73,7 @@ class SearchSettings:
     prune: bool = _DEFAULT["prune"]
     deepen_node_limit: int = _DEFAULT["deepen_node_limit"]  # 0: no deep tier
     gap: float = _DEFAULT["gap"]
-    front_gap: float = _DEFAULT["front_gap"]
+    front_gap: float | None = _DEFAULT["front_gap"]  # None: the front is not refined for
     round_archs: int = _DEFAULT["round_archs"]
     common_score: str = _DEFAULT["common_score"]
 
@@ -82,7 +82,9 @@ class SearchSettings:
             raise PhazeError(f"search.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         for name in ("gap", "front_gap"):
             v = getattr(self, name)
-            if not 0 <= v < 1:
+            if v is None and name == "front_gap":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1:
                 raise PhazeError(f"search.{name} must be in [0, 1), got {v}")
         if self.common_score not in COMMON_SCORES:
             raise PhazeError(
