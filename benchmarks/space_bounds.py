@@ -88,7 +88,7 @@ def exact_check(trace_dirs, tps, model, b, space, config, bounds, top, sample, s
     for i, _arch in enumerate(sub["arch"]):
         chains = {}
         for tr in traces:
-            bounds_t, attention = per_t[tr.tp]
+            bounds_t, attention, _latencies = per_t[tr.tp]
             lk = {("x", s, p): float(v[0][i]) for (s, p), v in bounds_t.items()}
             wk = {("x", s, p): float(v[1][i]) for (s, p), v in bounds_t.items()}
             att = {("x", s): float(v[i]) for s, v in attention.items()}
