@@ -61,8 +61,8 @@ rule all:
 localrules:
     all,
     search_plan,
+    search_select,
     search_prune,
-    search_state,
 
 
 include: "rules/common.smk"

@@ -80,6 +80,8 @@ def rule_of(path: Path) -> str:
             parts[-2], "schedule_blind" if stem == "blind" else "schedule"
         )
     if stage == "estimate":
+        if re.fullmatch(r"r\d+_c\d+", stem):
+            return "estimate_round"
         return {"space": "estimate_space", "blind": "estimate_blind"}.get(stem, "estimate")
     if stage == "place":
         for tail, rule in (
@@ -92,9 +94,11 @@ def rule_of(path: Path) -> str:
                 return f"place_{rule}"
         return "place"
     if stage == "search":
+        if len(parts) > 2 and parts[1] == "space":
+            return "space_bounds"
         if stem.startswith("blind_"):
             return "search_blind"
-        m = re.fullmatch(r"r\d+_(?:ilp_|deep_)?(prune|state)", stem)
+        m = re.fullmatch(r"r\d+_(?:ilp_|deep_)?(prune|select)", stem)
         return f"search_{m.group(1)}" if m else f"search_{stem}"
     if stage == "report":
         return "report_plots"

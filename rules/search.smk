@@ -1,19 +1,22 @@
 # The search, as Snakemake rounds (the round logic is phaze.workflow.Sweep, `W`):
-#   search_plan (checkpoint)    space.parquet -> chunks.parquet: area bucket, round, chunk per arch
-#   per round r, for the (model, microbatch) pairs a running search still needs:
-#     estimate (estimate.smk)   trace x chunk -> operator latencies
-#     schedule_bounds           trace x chunk -> list-schedule makespans + lower bounds (no ILP)
-#     place_bounds              model x microbatch -> per HBM x recompute, throughput upper bound
-#                               (ub) and achievable throughput (lo) of every arch of the round
-#     search_prune (checkpoint) which archs can still beat the best proven -> ILP chunk tables
-#     schedule_ilp, place_ilp   the ILP for those archs only, and placement on its makespans
-#                               (ilp) and on its proven lower bounds (ilp_ub: the certificate)
-#     with search.deepen_node_limit > 0, once more at {stage} = deep: search_prune re-prunes
-#     with the ILP tier in, schedule_ilp / place_ilp solve the archs left with the deep limits
-#     search_state (checkpoint) early-stop test; round r+1 exists only if a search still runs
-#   baselines: rules/baselines.smk (placement-blind); the tpuv4 preset is pinned to round 0.
-#   search_summary              results/summary/{best,comparison,explored}.parquet
-# prune, state and summary get a manifest (written by their run: block from the Sweep function
+#   search_plan (checkpoint)    space.parquet -> chunks.parquet: area bucket and walk round per arch
+#   space_bounds                model x microbatch -> a proven throughput upper bound of every
+#                               arch of the space (vectorised, in one job)
+#   per round r:
+#     search_select (checkpoint) space bounds + every earlier placement -> the (model,
+#                               microbatch, arch) components round r refines, and the state
+#                               (answers and certificates so far); empty = the search is done
+#     estimate_round, schedule_bounds  trace x chunk -> operator latencies, list-schedule
+#                               makespans + lower bounds (no ILP) of the round's archs
+#     place_bounds              model x microbatch -> per HBM, placement on the lower bounds (ub)
+#                               and on the list schedules (lo)
+#     search_prune (checkpoint) which of the round's components still matter -> ILP chunk tables
+#     schedule_ilp, place_ilp   the ILP for those only, and placement on its makespans (ilp)
+#                               and on its proven lower bounds (ilp_ub)
+#     with search.deepen_node_limit > 0, once more at {stage} = deep
+#   baselines: rules/baselines.smk (placement-blind); the tpuv4 presets are refined in round 0.
+#   search_summary              results/summary/{best,comparison,explored,front,certified}.parquet
+# select, prune and summary get a manifest (written by their run: block from the Sweep function
 # that gives their inputs) listing each file with its model, microbatch, round and tier; run:
 # blocks execute in Snakemake's own environment (no conda: directive applies to them).
 
@@ -30,7 +33,7 @@ checkpoint search_plan:
     conda:
         "../environment.yml"
     params:
-        # only what decides the plan: a rewritten chunks.parquet re-runs every estimate after it
+        # only what decides the plan
         code=code_version("search/plan.py"),
         cfg=W.plan_params(),
     shell:
@@ -38,28 +41,126 @@ checkpoint search_plan:
         " --out {output:q} > {log:q} 2>&1"
 
 
+rule space_bounds:
+    input:
+        unpack(W.space_bounds_inputs),
+    output:
+        "results/search/space/{model}/b{mbs}.parquet",
+    log:
+        f"{LOGS}/search/space/{{model}}_b{{mbs}}.log",
+    benchmark:
+        f"{BENCH}/search/space/{{model}}_b{{mbs}}.tsv"
+    conda:
+        "../environment.yml"
+    resources:
+        mem_mb=4000,
+        runtime=20,
+    params:
+        code=code_version(
+            "search/space_bounds.py",
+            "search/dominance.py",
+            "estimate",
+            "schedule",
+            "place",
+            "step",
+            "network.py",
+            "arch/presets.py",
+        ),
+        cfg=W.section(
+            "costmodel",
+            "place",
+            "step",
+        ),
+        args=W.space_bounds_args,
+    shell:
+        'python3 -m phaze search bounds {params.args:q} --config "$PHAZE_CONFIG"'
+        " --out {output:q} > {log:q} 2>&1"
+
+
+checkpoint search_select:
+    input:
+        unpack(W.select_inputs),
+    output:
+        select="results/search/r{round}/select.parquet",
+        state="results/search/r{round}/state.json",
+    log:
+        f"{LOGS}/search/r{{round}}_select.log",
+    benchmark:
+        f"{BENCH}/search/r{{round}}_select.tsv"
+    params:
+        code=W.search_code(),
+        cfg=W.search_params(),
+        bench=BENCH,
+        out=lambda wc, output: os.path.dirname(output.select),
+        previous=lambda wc, input: (
+            ["--previous-state", input.previous] if "previous" in input.keys() else []
+        ),
+    run:
+        manifest = W.write_manifest(
+            f"{log}.manifest.json", W.select_manifest(wildcards), input
+        )
+        # the round's progress line goes to the terminal of the Snakemake process too
+        shell(
+            "python3 -m phaze search select --plan {input.plan:q} --round {wildcards.round}"
+            ' {params.previous:q} --manifest {manifest:q} --config "$PHAZE_CONFIG"'
+            " --benchmarks {params.bench:q} --out-dir {params.out:q} > {log:q} 2>&1"
+            " && (grep -m 1 '^phaze search: round' {log:q} || true)"
+        )
+
+
+rule estimate_round:
+    input:
+        unpack(W.trace_inputs),
+        space=W.space,
+        # lets a remote job evaluate the `archs` param (it reads the checkpoint); ancient(): its
+        # mtime never re-runs a job, the content of `archs` does
+        selection=lambda wc: ancient(W.round_selection_file(wc)),
+    output:
+        f"{ESTIMATE}/r{{round}}_c{{chunk}}.parquet",
+    log:
+        f"{LOGS}/estimate/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/r{{round}}_c{{chunk}}.log",
+    benchmark:
+        f"{BENCH}/estimate/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/r{{round}}_c{{chunk}}.tsv"
+    conda:
+        "../environment.yml"
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    params:
+        code=code_version("estimate"),
+        cfg=W.section(
+            "costmodel", "place.network", "place.preset_networks", "place.devices"
+        ),
+        trace=W.trace_dir_of,
+        archs=W.round_archs,
+    shell:
+        "python3 -m phaze estimate --trace {params.trace:q} --space {input.space:q}"
+        ' --archs {params.archs:q} --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
+
+
 rule schedule_bounds:
     input:
         unpack(W.trace_inputs),
-        latency=f"{ESTIMATE}/{{chunk}}.parquet",
+        latency=f"{ESTIMATE}/r{{round}}_c{{chunk}}.parquet",
         space=W.space,
-        plan=W.plan,
+        selection=lambda wc: ancient(W.round_selection_file(wc)),
     output:
-        f"{SCHED}/bounds/c{{chunk}}.parquet",
+        f"{SCHED}/bounds/r{{round}}_c{{chunk}}.parquet",
     log:
-        f"{LOGS}/schedule/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/bounds/c{{chunk}}.log",
+        f"{LOGS}/schedule/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/bounds/r{{round}}_c{{chunk}}.log",
     benchmark:
-        f"{BENCH}/schedule/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/bounds/c{{chunk}}.tsv"
+        f"{BENCH}/schedule/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/bounds/r{{round}}_c{{chunk}}.tsv"
     conda:
         "../environment.yml"
     params:
         code=code_version("schedule"),
         cfg=W.section("schedule"),
         trace=W.trace_dir_of,
+        archs=W.round_archs,
     shell:
         "python3 -m phaze schedule --tier bounds --trace {params.trace:q}"
-        " --latency {input.latency:q} --space {input.space:q} --chunks {input.plan:q}"
-        ' --chunk {wildcards.chunk} --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
+        " --latency {input.latency:q} --space {input.space:q} --archs {params.archs:q}"
+        ' --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
 
 
 rule place_bounds:
@@ -86,8 +187,7 @@ rule place_bounds:
 
 checkpoint search_prune:
     input:
-        plan=W.plan,
-        place=W.prune_inputs,
+        unpack(W.prune_inputs),
     output:
         directory("results/search/r{round}/{stage}"),
     log:
@@ -103,7 +203,8 @@ checkpoint search_prune:
         )
         shell(
             "python3 -m phaze search prune --plan {input.plan:q} --round {wildcards.round}"
-            " --stage {wildcards.stage:q} --manifest {manifest:q}"
+            " --stage {wildcards.stage:q} --select {input.select:q} --state {input.state:q}"
+            " --manifest {manifest:q}"
             ' --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
         )
 
@@ -111,7 +212,7 @@ checkpoint search_prune:
 rule schedule_ilp:
     input:
         unpack(W.trace_inputs),
-        latency=f"{ESTIMATE}/{{chunk}}.parquet",
+        latency=f"{ESTIMATE}/r{{round}}_c{{chunk}}.parquet",
         space=W.space,
         # lets a remote job evaluate the `archs` param (it reads the checkpoint); ancient(): its
         # mtime never re-runs an ILP, the content of `archs` does
@@ -157,33 +258,6 @@ rule place_ilp:
         'python3 -m phaze search batch --config "$PHAZE_CONFIG" {params.cmds:q} > {log:q} 2>&1'
 
 
-checkpoint search_state:
-    input:
-        plan=W.plan,
-        place=W.state_inputs,
-    output:
-        "results/search/r{round}/state.json",
-    log:
-        f"{LOGS}/search/r{{round}}_state.log",
-    benchmark:
-        f"{BENCH}/search/r{{round}}_state.tsv"
-    params:
-        code=W.search_code(),
-        cfg=W.search_params(),
-        bench=BENCH,
-    run:
-        manifest = W.write_manifest(
-            f"{log}.manifest.json", W.state_manifest(wildcards), input
-        )
-        shell(
-            "python3 -m phaze search state --plan {input.plan:q} --round {wildcards.round}"
-            ' --manifest {manifest:q} --config "$PHAZE_CONFIG" --benchmarks {params.bench:q}'
-            " --out {output:q} > {log:q} 2>&1"
-        )
-        # the round's progress line, on the terminal of the Snakemake process
-        shell("grep -m 1 '^phaze search: round' {log:q} || true")
-
-
 rule search_summary:
     input:
         unpack(W.summary_inputs),
@@ -204,6 +278,7 @@ rule search_summary:
         )
         shell(
             "python3 -m phaze search summarize --plan {input.plan:q} --space {input.space:q}"
-            ' --manifest {manifest:q} --config "$PHAZE_CONFIG" --out-dir {params.out:q}'
+            " --state {input.state:q} --manifest {manifest:q}"
+            ' --config "$PHAZE_CONFIG" --out-dir {params.out:q}'
             " > {log:q} 2>&1"
         )

@@ -9,7 +9,8 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from phaze.report.plots import FIGURES, make_figures, pareto_front
+from phaze.report.plots import FIGURES, make_figures
+from phaze.search.global_search import front_points
 
 GIB = 2**30
 
@@ -55,7 +56,8 @@ def _tables():
                     tp=1,
                     dp=512,
                     throughput_seq_s=thr,
-                    mode="early_stop" if "phaze-" in strategy else "",
+                    mode="global" if "phaze-" in strategy else "",
+                    common_score="relative" if strategy == "phaze-common" else "",
                     stages=json.dumps(
                         [
                             {"first": "embedding", "last": "block.11", "layers": 13, "devices": 1},
@@ -70,6 +72,7 @@ def _tables():
             explored.append(
                 {
                     "strategy": "phaze-per-model",
+                    "common_score": "",
                     "model": m,
                     "hbm_bytes": 32 * GIB,
                     "microbatch": 1,
@@ -88,16 +91,22 @@ def _tables():
                 }
             )
     cmp = pd.DataFrame(rows)
+    explored = pd.DataFrame(explored)
+    certified = explored.assign(level=1).drop(columns=["microbatch", "visited", "pruned"])
+    certified = pd.concat(
+        [certified, certified.assign(arch="z", area_mm2=100.0, throughput_seq_s=np.nan, level=0)]
+    )
+    front = certified[certified["arch"].isin(["a0", "a3"])].assign(certified_gap=0.01)
     for base in ("tpuv4_expert", "tpuv4_phaze", "tpuv4_upstream_expert", "placement_blind"):
         ref = cmp[cmp["strategy"] == base.replace("_", "-")].set_index("model")["throughput_seq_s"]
         cmp[f"speedup_vs_{base}"] = cmp["throughput_seq_s"] / cmp["model"].map(ref)
     best = cmp[cmp["strategy"].str.startswith("phaze-")].copy()
-    return best, cmp, pd.DataFrame(explored)
+    return best, cmp, explored, front, certified
 
 
 def test_every_figure_renders_nonempty(tmp_path):
-    best, cmp, explored = _tables()
-    figs = make_figures(best, cmp, explored)
+    best, cmp, explored, front, certified = _tables()
+    figs = make_figures(best, cmp, explored, front, certified, "global")
     assert set(figs) == set(FIGURES)
     for name, fig in figs.items():
         path = tmp_path / f"{name}.png"
@@ -112,7 +121,8 @@ def test_every_figure_renders_nonempty(tmp_path):
 def test_pareto_front_matches_brute_force(points):
     area = np.array([p[0] for p in points], dtype=float)
     thr = np.array([p[1] for p in points], dtype=float)
-    fa, ft = pareto_front(area, thr)
+    idx = front_points(area, thr)
+    fa, ft = area[idx], thr[idx]
     # brute force: on the front unless another point is no larger, no slower and better in one
     want = set()
     for a, t in zip(area, thr):
@@ -133,7 +143,7 @@ def test_speedup_means_by_hand():
 def test_hbm_sensitivity_is_relative_to_the_largest_hbm():
     from phaze.report.plots import hbm_sensitivity
 
-    _best, cmp, _explored = _tables()
+    cmp = _tables()[1]
     big = cmp.assign(hbm_bytes=64 * GIB, throughput_seq_s=cmp["throughput_seq_s"] * 2)
     fig = hbm_sensitivity(pd.concat([cmp, big], ignore_index=True))
     heights = sorted({round(p.get_height(), 9) for p in fig.axes[0].patches})

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from search_sim import MBS, MODELS, brute, random_plan, simulate, truth_table
 
 from phaze.errors import PhazeError
 from phaze.search.plan import bucket_of, make_plan
@@ -19,17 +20,12 @@ from phaze.search.scores import (
     SEARCH_KEY,
     SearchSettings,
     all_scores,
-    answers,
-    bucket_best,
     certified_gap,
     components,
-    ilp_requests,
-    needed_pairs,
-    search_states,
-    select_for_ilp,
     upper_bound,
 )
 from phaze.search.stop import stop_bucket
+from phaze.search.walk import bucket_best, walk_answers, walk_states
 
 # ---------------------------------------------------------------------------------------------
 # buckets and plan
@@ -82,26 +78,16 @@ def test_a_baseline_outside_the_area_budget_is_computed_but_never_searched():
     inside = make_plan(_space(areas, ["", "", "", "", "tpuv4"]), 1.0, 1, 10, ("tpuv4",), 60.0)
     assert inside.set_index("arch").loc["a4", "bucket"] == 0
     # the search: the baseline is the best architecture by far, but no answer picks it
-    truth = _truth(np.random.default_rng(3), 5, infeasible_frac=0.0)
-    truth.loc[truth["arch"] == "a4", ["v", "lo", "hi"]] = 1e3
-    s = SearchSettings(patience=2, stop_rule="running_best", mode="exhaustive", prune=True)
-    got = _simulate(truth, plan, s)[0]
-    assert len(got) and "a4" not in set(got["arch"])
-    req = ilp_requests(
-        select_for_ilp(
-            all_scores(
-                components(pd.concat([_place_rows(truth, t) for t in ("ub", "lo")])), MODELS
-            ),
-            plan,
-            0,
-            s,
-            None,
-        ),
-        plan,
-        0,
-        [(m, b) for m in MODELS for b in MBS],
-    )
-    assert "a4" in set(req["arch"])  # the comparison still gets its ILP
+    truth = truth_table(np.random.default_rng(3), 5, infeasible_frac=0.0)
+    truth.loc[truth["arch"] == "a4", ["v", "lo", "hi", "ihi", "t", "sb", "dv", "dhi"]] = 1e3
+    for mode in ("exhaustive", "global"):
+        s = SearchSettings(patience=2, stop_rule="running_best", mode=mode, prune=True)
+        run = simulate(truth, plan, s, pinned=("tpuv4",))
+        got, _ = _walk(run.comp, plan, s, run.walk_completed)
+        assert len(got) and "a4" not in set(got["arch"])
+        # the comparison still gets its ILP
+        a4 = run.comp[run.comp["arch"] == "a4"]
+        assert (a4["level"] >= 2).all()
     with pytest.raises(PhazeError, match="area budget"):
         make_plan(_space([51.0], ["tpuv4"]), 1.0, 1, 10, ("tpuv4",), 50.0)
 
@@ -156,156 +142,52 @@ def test_stop_bucket_matches_definition(values, patience, rule):
 
 
 # ---------------------------------------------------------------------------------------------
-# exact pruning vs solving every ILP
+# exact pruning vs solving every ILP (the area walk; the global search: test_search_global.py)
 
 
-MODELS = ["m1", "m2"]
-MBS = [1, 2]
+def _walk(comp, plan, s, upto_round):
+    scores = all_scores(comp, MODELS)
+    states = walk_states(scores, plan, upto_round, s)
+    return walk_answers(scores, plan, states, s), states
 
 
-def _truth(rng, n_archs, n_hbm=1, infeasible_frac=0.1):
-    """Exact throughput per component, with a list-schedule value below it and a bound above."""
-    rows = []
-    for m, h, b, a in itertools.product(MODELS, range(n_hbm), MBS, range(n_archs)):
-        v = float(rng.choice([rng.uniform(1, 10), np.round(rng.uniform(1, 10))]))
-        if rng.random() < infeasible_frac:
-            v = np.nan
-        lo = v * (1 - rng.uniform(0, 0.15)) if rng.random() < 0.8 else v
-        hi = v * (1 + rng.uniform(0, 0.3)) if rng.random() < 0.8 else v
-        # the ILP's proven bound: tighter than the bound tier's, but not always; the optimum
-        # schedule's value t lies between the ILP's schedule (v) and both bounds
-        ihi = v * (1 + rng.uniform(0, 0.05)) if rng.random() < 0.7 else hi
-        t = v + rng.uniform(0, 1) * (min(hi, ihi) - v)
-        # the deep tier's interval nests in the ILP tier's: v <= deep value <= t <= deep bound
-        if rng.random() < 0.3:
-            dv = dhi = t
-        else:
-            dv = v + rng.uniform(0, 1) * (t - v) if rng.random() < 0.7 else v
-            dhi = t + rng.uniform(0, 1) * (min(hi, ihi) - t) if rng.random() < 0.7 else ihi
-        rows.append(
-            {
-                "model": m,
-                "hbm_bytes": (h + 1) * 2**30,
-                "microbatch": b,
-                "devices": 64,
-                "arch": f"a{a}",
-                "v": v,
-                "lo": lo,
-                "hi": hi,
-                "ihi": ihi,
-                "dv": dv,
-                "dhi": dhi,
-                "t": t,
-            }
-        )
-    return pd.DataFrame(rows)
-
-
-def _place_rows(truth, tier):
-    col = {"ub": "hi", "lo": "lo", "ilp": "v", "ilp_ub": "ihi", "deep": "dv", "deep_ub": "dhi"}[
-        tier
-    ]
-    df = truth[COMPONENT_KEY].copy()
-    df["tier"] = tier
-    df["throughput_seq_s"] = truth[col].to_numpy()
-    df["feasible"] = truth[col].notna().to_numpy()
-    return df
-
-
-def _solve(truth, req, tiers):
-    """The placement rows of ``tiers`` for the (model, microbatch, arch) triples of ``req``."""
-    key = truth.set_index(["model", "microbatch", "arch"]).index
-    triples = list(req[["model", "microbatch", "arch"]].itertuples(index=False, name=None))
-    solved = truth[key.isin(triples)]
-    return [_place_rows(solved, t) for t in tiers], set(triples)
-
-
-def _simulate(truth, plan, s: SearchSettings):
-    """Run the workflow's round loop on synthetic values; returns (answers, states, ILP count,
-    deep count). With deepening, each round's ILP tier is followed by the deep tier for the
-    archs the second selection picks; every deep triple must have had the ILP tier."""
-    pairs = [(m, b) for m in MODELS for b in MBS]
-    rounds = int(plan["round"].max()) + 1
-    known, states, n_ilp, n_deep = [], None, 0, 0
-    arch_round = plan.set_index("arch")["round"]
-    final = s.final_tier
-    for r in range(rounds):
-        need = pairs if states is None else needed_pairs(states, pairs)
-        if not need:
-            break
-        cur = truth[
-            truth["arch"].map(arch_round).eq(r)
-            & pd.Series(list(zip(truth["model"], truth["microbatch"]))).isin(need).to_numpy()
-        ]
-        known += [_place_rows(cur, "ub"), _place_rows(cur, "lo")]
-        scores = all_scores(components(pd.concat(known), final), MODELS)
-        sel = select_for_ilp(scores, plan, r, s, states)
-        req = ilp_requests(sel, plan, r, pairs)
-        n_ilp += len(req)
-        rows, ilp_triples = _solve(truth, req, ("ilp", "ilp_ub"))
-        known += rows
-        scores = all_scores(components(pd.concat(known), final), MODELS)
-        if s.deepen_node_limit:
-            sel = select_for_ilp(scores, plan, r, s, states)
-            req = ilp_requests(sel, plan, r, pairs)
-            n_deep += len(req)
-            rows, deep_triples = _solve(truth, req, ("deep", "deep_ub"))
-            assert deep_triples <= ilp_triples
-            known += rows
-            scores = all_scores(components(pd.concat(known), final), MODELS)
-        states = search_states(scores, plan, r, s)
-    return answers(scores, plan, states, s), states, n_ilp, n_deep
-
-
-def _brute(truth, plan, s: SearchSettings):
-    """Every arch solved at every tier, the stop rule applied to the final tier's values."""
-    tiers = ("ub", "lo", "ilp", "ilp_ub") + (("deep", "deep_ub") if s.deepen_node_limit else ())
-    everything = pd.concat([_place_rows(truth, t) for t in tiers])
-    scores = all_scores(components(everything, s.final_tier), MODELS)
-    rounds = int(plan["round"].max())
-    states = search_states(scores, plan, rounds, s)
-    return answers(scores, plan, states, s), states
-
-
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 10**6),
     n_archs=st.integers(2, 14),
     k=st.integers(1, 4),
     patience=st.integers(2, 4),
-    mode=st.sampled_from(["early_stop", "exhaustive"]),
+    mode=st.sampled_from(["early_stop", "exhaustive", "global"]),
     deepen=st.booleans(),
 )
-def test_pruned_search_equals_solving_every_ilp(seed, n_archs, k, patience, mode, deepen):
+def test_pruned_walk_equals_solving_every_ilp(seed, n_archs, k, patience, mode, deepen):
     rng = np.random.default_rng(seed)
-    truth = _truth(rng, n_archs)
-    areas = np.round(rng.uniform(1, 3, n_archs), 1)  # ties: several archs per bucket
+    truth = truth_table(rng, n_archs)
     presets = ["tpuv4"] + [""] * (n_archs - 1)
-    areas[0] = areas.max()
-    plan = make_plan(
-        pd.DataFrame(
-            {"arch": [f"a{i}" for i in range(n_archs)], "area_mm2": areas, "preset": presets}
-        ),
-        0.1,
-        k,
-        3,
+    plan = random_plan(rng, n_archs, k, presets)
+    s = SearchSettings(
+        patience=patience, mode=mode, deepen_node_limit=1000 if deepen else 0, round_archs=2
     )
-    s = SearchSettings(patience=patience, mode=mode, deepen_node_limit=1000 if deepen else 0)
-    got, _got_states, n_ilp, _n_deep = _simulate(truth, plan, s)
-    want, _want_states = _brute(truth, plan, s)
+    run = simulate(truth, plan, s, pinned=("tpuv4",))
+    rounds = int(plan["round"].max())
+    got, _ = _walk(run.comp, plan, s, run.walk_completed)
+    want, _ = _walk(brute(truth, s), plan, s, rounds)
     key = SEARCH_KEY + ["mode"]
     g = got.set_index(key).sort_index()
     w = want.set_index(key).sort_index()
-    # early stop: identical stop bucket and best score for every search
+    # identical stop bucket and best score for every search (the relative score's values
+    # depend on its reference, the best value known per model: its answer and stop alike)
     assert list(g.index) == list(w.index)
-    np.testing.assert_allclose(g["score"].to_numpy(dtype=float), w["score"].to_numpy(dtype=float))
+    rel = g.index.get_level_values("common_score") == "relative"
+    np.testing.assert_allclose(
+        g.loc[~rel, "score"].to_numpy(dtype=float), w.loc[~rel, "score"].to_numpy(dtype=float)
+    )
+    assert list(g.loc[rel, "arch"].fillna("")) == list(w.loc[rel, "arch"].fillna(""))
     assert (g["last_bucket"] == w["last_bucket"]).all()
-    # the reported best value is exactly known (an ILP value or bounds that meet)
+    # the reported best value is exactly known (a final-tier value or bounds that meet)
     assert g.loc[g["arch"].notna(), "exact"].all()
-    assert n_ilp <= len(truth[["model", "microbatch", "arch"]].drop_duplicates())
-    # the certificate: pruning leaves it unchanged (a pruned arch's bound is below the answer),
-    # and no visited arch's optimum schedule (t, unknown to the search: the ILP's schedules are
-    # v, its bounds ihi) beats the answer by more than it
+    # the certificate over the visited buckets: pruning leaves it unchanged (a pruned arch's
+    # bound is below the answer), and no visited arch's optimum schedule beats the answer by more
     np.testing.assert_allclose(
         g["certified_gap"].to_numpy(dtype=float), w["certified_gap"].to_numpy(dtype=float)
     )
@@ -313,23 +195,29 @@ def test_pruned_search_equals_solving_every_ilp(seed, n_archs, k, patience, mode
 
 
 def _true_scores(truth: pd.DataFrame) -> pd.DataFrame:
-    """The optimum schedules' score per (search key, arch), Phaze-Common's by its definition."""
-    pm = truth.assign(strategy="phaze-per-model")[SEARCH_KEY + ["arch", "t"]]
+    """The optimum schedules' score per (walk search, arch), Phaze-Common's mean by its
+    definition (the relative score ranks alike: test_search_global.py)."""
+    pm = truth.assign(strategy="phaze-per-model", common_score="")[SEARCH_KEY + ["arch", "t"]]
     best = truth.groupby(["hbm_bytes", "devices", "arch", "model"])["t"].max().unstack("model")
     common = best.reindex(columns=MODELS).mean(axis=1, skipna=False).rename("t").reset_index()
-    common = common.assign(strategy="phaze-common", model="*", microbatch=-1)
+    common = common.assign(strategy="phaze-common", common_score="mean", model="*", microbatch=-1)
     return pd.concat([pm, common[SEARCH_KEY + ["arch", "t"]]], ignore_index=True)
 
 
 def _assert_certificate_holds(ans: pd.DataFrame, truth: pd.DataFrame, plan: pd.DataFrame):
     true = _true_scores(truth).merge(plan[["arch", "bucket"]], on="arch")
     for rec in ans[ans["arch"].notna()].itertuples(index=False):
+        if rec.common_score == "relative":
+            continue
         sel = true
         for k in SEARCH_KEY:
             sel = sel[sel[k] == getattr(rec, k)]
         top = sel.loc[sel["bucket"] <= rec.last_bucket, "t"].max()
         assert rec.certified_gap >= 0
         assert top <= rec.score * (1 + rec.certified_gap) * (1 + 1e-12), (rec, top)
+        # over the whole space (space_gap): every arch, visited or not
+        everywhere = sel.loc[sel["bucket"] >= 0, "t"].max()
+        assert everywhere <= rec.score * (1 + rec.space_gap) * (1 + 1e-12), (rec, everywhere)
 
 
 def test_certified_gap_examples_and_the_ilp_bound_tightens_hi():
@@ -357,20 +245,27 @@ def test_certified_gap_examples_and_the_ilp_bound_tightens_hi():
 
 def test_pruning_saves_ilps_when_bounds_are_tight():
     rng = np.random.default_rng(1)
-    truth = _truth(rng, 30, infeasible_frac=0.0)
+    truth = truth_table(rng, 30, infeasible_frac=0.0)
     # tight bounds: hi within 1% of v, decreasing with bucket so most archs are dominated
     truth["v"] = 100.0 - truth["arch"].str[1:].astype(int)
-    truth["lo"], truth["hi"] = truth["v"] * 0.999, truth["v"] * 1.001
+    truth["lo"], truth["hi"], truth["sb"] = truth["v"] * 0.999, truth["v"] * 1.001, np.inf
+    truth["ihi"] = truth["t"] = truth["dv"] = truth["dhi"] = truth["v"]
     plan = make_plan(
         pd.DataFrame({"arch": [f"a{i}" for i in range(30)], "area_mm2": 300.0 - np.arange(30)}),
         0.01,
         30,
         100,
     )
-    pruned = _simulate(truth, plan, SearchSettings(mode="exhaustive"))[2]
-    full = _simulate(truth, plan, SearchSettings(mode="exhaustive", prune=False))[2]
+    pruned = simulate(truth, plan, SearchSettings(mode="exhaustive")).n_ilp
+    full = simulate(truth, plan, SearchSettings(mode="exhaustive", prune=False)).n_ilp
     assert full == 30 * len(MODELS) * len(MBS)
     assert pruned < full / 5
+    # with the space bounds tight too, a bucket after the first skips even the bound tier of
+    # the archs the bounds already settle (one bucket per round)
+    truth["sb"] = truth["hi"]
+    one = plan.assign(round=plan["bucket"])
+    bound = simulate(truth, one, SearchSettings(mode="exhaustive")).n_bound
+    assert bound == len(MODELS) * len(MBS)  # the first arch only
 
 
 def test_bucket_best_rule_disables_pruning():
@@ -404,9 +299,12 @@ def test_common_score_is_mean_of_per_model_best_and_drops_infeasible():
     )
     comp = components(place)
     sc = all_scores(comp, ["m1", "m2"])
-    common = sc[sc["strategy"] == "phaze-common"].set_index("arch")
-    assert common.loc["x", "ach"] == pytest.approx((6.0 + 2.0) / 2)
-    assert np.isnan(common.loc["y", "ach"])
+    common = sc[sc["strategy"] == "phaze-common"].set_index(["common_score", "arch"])
+    assert common.loc[("mean", "x"), "ach"] == pytest.approx((6.0 + 2.0) / 2)
+    assert np.isnan(common.loc[("mean", "y"), "ach"])
+    # relative: each model against its best known value (m1: 9 on y, m2: 2 on x)
+    assert common.loc[("relative", "x"), "ach"] == pytest.approx(np.sqrt(6.0 / 9.0 * 2.0 / 2.0))
+    assert np.isnan(common.loc[("relative", "y"), "ach"])
 
 
 def test_bucket_best_uses_achievable_max():
@@ -465,6 +363,8 @@ def test_cli_plan_and_errors(tmp_path, capsys, space_table):
                 str(tmp_path / "space.parquet"),
                 "--manifest",
                 str(empty),
+                "--state",
+                str(tmp_path / "state.json"),
                 "--out-dir",
                 str(tmp_path),
             ]
@@ -475,24 +375,12 @@ def test_cli_plan_and_errors(tmp_path, capsys, space_table):
     missing = tmp_path / "missing.json"
     entry = {"model": "m", "microbatch": 1, "round": 0, "tier": "ub"}
     missing.write_text(json.dumps({"place": [{"path": str(tmp_path / "nope.parquet"), **entry}]}))
-    assert (
-        main(
-            [
-                "search",
-                "state",
-                "--plan",
-                str(tmp_path / "chunks.parquet"),
-                "--round",
-                "0",
-                "--manifest",
-                str(missing),
-                "--out",
-                str(tmp_path / "s.json"),
-            ]
-        )
-        == 2
-    )
+    select = ["search", "select", "--plan", str(tmp_path / "chunks.parquet"), "--round", "0"]
+    assert main([*select, "--manifest", str(missing), "--out-dir", str(tmp_path / "r0")]) == 2
     assert "not found" in capsys.readouterr().err
+    # no space bounds: nothing to search over
+    assert main([*select, "--manifest", str(empty), "--out-dir", str(tmp_path / "r0")]) == 2
+    assert "no space bounds" in capsys.readouterr().err
 
 
 def test_batch_runs_commands_in_process_and_stops_at_failure(tmp_path, capsys):

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from phaze.search.progress import jobs_cpu_seconds, progress_line, round_progress
+from phaze.search.scores import SearchSettings
 
 BENCH_HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
 
@@ -28,42 +29,82 @@ def test_jobs_cpu_seconds_sums_every_benchmark_file(tmp_path):
     assert jobs_cpu_seconds(None) is None
 
 
-def _scores():
+def _comp():
+    """Components known: level 0 = space bound only, 1 = bound tier, 2 = ILP, 3 = deep."""
     rows = [
-        # strategy, model, microbatch, arch, ach, has_ilp, has_deep
-        ("phaze-per-model", "m1", 1, "a", 10.0, True, True),
-        ("phaze-per-model", "m1", 2, "a", 12.0, False, False),
-        ("phaze-per-model", "m1", 1, "b", 11.0, False, False),
-        ("phaze-per-model", "m2", 1, "a", np.nan, False, False),
-        ("phaze-per-model", "m2", 1, "c", 3.0, True, False),
-        ("phaze-common", "*", -1, "a", 99.0, True, True),
+        # model, microbatch, arch, ach, level
+        ("m1", 1, "a", 10.0, 3),
+        ("m1", 2, "a", 12.0, 1),
+        ("m1", 1, "b", 11.0, 1),
+        ("m2", 1, "a", np.nan, 0),
+        ("m2", 1, "c", 3.0, 2),
     ]
-    cols = ["strategy", "model", "microbatch", "arch", "ach", "has_ilp", "has_deep"]
-    return pd.DataFrame(rows, columns=cols)
+    return pd.DataFrame(rows, columns=["model", "microbatch", "arch", "ach", "level"])
 
 
-def test_round_progress_counts_searches_archs_ilps_and_best():
-    states = pd.DataFrame({"running": [True, False, False], "stop_bucket": [-1, 3, 4]})
-    doc = round_progress(_scores(), states, round_=1, rounds_total=5)
-    assert doc["round"] == 1 and doc["rounds_total"] == 5
-    assert (doc["searches_running"], doc["searches_stopped"], doc["searches"]) == (1, 2, 3)
-    assert doc["archs_visited"] == 3
-    # (m1,1,a) and (m2,1,c) had the ILP; (m1,2,a), (m1,1,b), (m2,1,a) were settled without it
-    assert (doc["ilp_solved"], doc["ilp_avoided"], doc["ilp_deepened"]) == (2, 3, 1)
+def _walk():
+    return pd.DataFrame({"running": [True, False, False], "stop_bucket": [-1, 3, 4]})
+
+
+def _selection():
+    return pd.DataFrame({"model": ["m1", "m2"], "microbatch": [2, 1], "arch": ["d", "d"]})
+
+
+def test_round_progress_counts_archs_components_and_best():
+    settings = SearchSettings(mode="early_stop")
+    doc = round_progress(_comp(), {}, _walk(), _selection(), 1, settings)
+    assert doc["round"] == 1 and doc["mode"] == "early_stop"
+    assert (doc["walk_running"], doc["walk_stopped"], doc["walk_searches"]) == (1, 2, 3)
+    # refined: every component above the space bound; a, b and c (m2's a is only bounded)
+    assert doc["archs_refined"] == 3 and doc["components_refined"] == 4
+    assert (doc["components_ilp"], doc["components_deep"]) == (2, 1)
+    assert (doc["components_this_round"], doc["archs_this_round"]) == (2, 1)
+    # no global search: the best achieved value per model
     assert doc["best_throughput_seq_s"] == {"m1": 12.0, "m2": 3.0}
+    assert "certified_gap_max" not in doc
+
+
+def test_round_progress_takes_answers_and_certificates_from_the_global_states():
+    states = pd.DataFrame(
+        {
+            "strategy": ["phaze-per-model", "phaze-per-model", "phaze-common"],
+            "model": ["m1", "m2", "*"],
+            "score": [11.5, np.nan, 0.9],
+            "certified_gap": [0.02, np.nan, 0.005],
+            "front_gap": [0.1, np.nan, 0.3],
+            "open_gap": [2, 0, 0],
+            "open_front": [0, 0, 1],
+        }
+    )
+    doc = round_progress(
+        _comp(), {"global_states": states}, _walk(), _selection(), 2, SearchSettings()
+    )
+    assert doc["best_throughput_seq_s"] == {"m1": 11.5, "m2": None}
+    assert doc["certified_gap_max"] == pytest.approx(0.02)
+    assert doc["front_gap_max"] == pytest.approx(0.3)
+    assert (doc["searches_open"], doc["searches"]) == (2, 3)
 
 
 def test_progress_line_is_one_line_with_every_figure():
-    states = pd.DataFrame({"running": [True], "stop_bucket": [-1]})
-    doc = round_progress(_scores(), states, round_=0, rounds_total=2)
+    states = pd.DataFrame(
+        {
+            "strategy": ["phaze-per-model"],
+            "model": ["m1"],
+            "score": [12.0],
+            "certified_gap": [0.0123],
+            "front_gap": [np.nan],
+            "open_gap": [1],
+            "open_front": [0],
+        }
+    )
+    doc = round_progress(
+        _comp(), {"global_states": states}, _walk(), _selection(), 0, SearchSettings()
+    )
     line = progress_line({**doc, "jobs_cpu_s": 123.4})
     assert "\n" not in line
-    assert line.startswith("phaze search: round 1/2: 1 searches running, 0/1 stopped")
-    assert (
-        "3 archs visited" in line
-        and "ILP for 2 " in line
-        and "(1 deepened)" in line
-        and "3 settled by bounds" in line
-    )
-    assert "jobs 123 CPU-s" in line and "m1 12" in line and "m2 3" in line
+    assert line.startswith("phaze search: round 0: refining 2 (model, microbatch, arch) of 1 archs")
+    assert "so far 3 archs refined, ILP for 2 (1 deepened)" in line
+    assert "walk 1 running, 2/3 stopped" in line
+    assert "certificate 1.23 %, front -, 1/1 global searches open" in line
+    assert "jobs 123 CPU-s" in line and "m1 12" in line
     assert "jobs - CPU-s" in progress_line(doc)

@@ -28,24 +28,40 @@ class FakeCheckpoints:
 
     def __init__(self, root: Path):
         self.root = root
-        self.search_plan = self._Checkpoint(lambda: root / "chunks.parquet")
-        self.search_prune = self._Checkpoint(lambda round, stage: root / f"r{round}" / stage)
-        self.search_state = self._Checkpoint(lambda round: root / f"r{round}" / "state.json")
+        self.search_plan = self._Checkpoint(lambda: [root / "chunks.parquet"])
+        self.search_prune = self._Checkpoint(lambda round, stage: [root / f"r{round}" / stage])
+        self.search_select = self._Checkpoint(
+            lambda round: SimpleNamespace(
+                select=root / f"r{round}" / "select.parquet",
+                state=root / f"r{round}" / "state.json",
+            )
+        )
 
     class _Checkpoint:
-        def __init__(self, path_of):
-            self.path_of = path_of
+        def __init__(self, outputs_of):
+            self.outputs_of = outputs_of
 
         def get(self, **wc):
-            path = self.path_of(**wc)
-            if not path.exists():
-                raise LookupError(f"checkpoint not done: {path}")  # Snakemake: Incomplete...
-            return SimpleNamespace(output=[str(path)])
+            out = self.outputs_of(**wc)
+            paths = out if isinstance(out, list) else list(vars(out).values())
+            for path in paths:
+                if not path.exists():
+                    raise LookupError(f"checkpoint not done: {path}")  # Snakemake: Incomplete...
+            if isinstance(out, list):
+                return SimpleNamespace(output=[str(p) for p in out])
+            return SimpleNamespace(
+                output=SimpleNamespace(**{k: str(v) for k, v in vars(out).items()})
+            )
+
+
+def _select(rows):
+    return pd.DataFrame(rows, columns=["model", "microbatch", "arch", "chunk", "why"])
 
 
 @pytest.fixture
 def sweep(tmp_path):
-    """Two models x two microbatches, 3 chunks in 2 rounds; round 0 continues for one pair."""
+    """Two models x two microbatches; round 0 refines every pair (opt-350m b1 in two chunks),
+    round 1 one pair, round 2 nothing (the search is done)."""
     cfg = validate_config(
         {
             "models": ["opt-350m", "gpt2-xl"],
@@ -58,19 +74,29 @@ def sweep(tmp_path):
         {"arch": ["a", "b", "c", "d"], "round": [0, 0, 1, 1], "chunk": [0, 1, 2, 2]}
     )
     plan.to_parquet(tmp_path / "chunks.parquet")
-    for r, cont, needed in ((0, True, [["opt-350m", 2]]), (1, False, [])):
+    selects = {
+        0: [
+            ("opt-350m", 1, "a", 0, "gap"),
+            ("opt-350m", 1, "b", 1, "walk"),
+            ("opt-350m", 2, "a", 0, "gap"),
+            ("gpt2-xl", 1, "b", 0, "walk"),
+            ("gpt2-xl", 2, "b", 0, "walk"),
+        ],
+        1: [("opt-350m", 2, "d", 0, "gap")],
+        2: [],
+    }
+    for r, rows in selects.items():
         (tmp_path / f"r{r}").mkdir()
-        (tmp_path / f"r{r}" / "state.json").write_text(
-            json.dumps({"continue": cont, "needed": needed})
-        )
-    sel = {
+        _select(rows).to_parquet(tmp_path / f"r{r}" / "select.parquet")
+        (tmp_path / f"r{r}" / "state.json").write_text(json.dumps({"continue": bool(rows)}))
+    ilp = {
         (0, "opt-350m", 1): [("a", 0), ("b", 1)],
         (0, "opt-350m", 2): [],
-        (0, "gpt2-xl", 1): [("b", 1)],
+        (0, "gpt2-xl", 1): [("b", 0)],
         (0, "gpt2-xl", 2): [],
-        (1, "opt-350m", 2): [("d", 2)],
+        (1, "opt-350m", 2): [("d", 0)],
     }
-    for (r, m, b), rows in sel.items():
+    for (r, m, b), rows in ilp.items():
         d = tmp_path / f"r{r}" / "ilp"
         d.mkdir(parents=True, exist_ok=True)
         pd.DataFrame(rows, columns=["arch", "chunk"]).to_parquet(d / f"{m}_b{b}.parquet")
@@ -92,23 +118,39 @@ def test_axes_and_paths(sweep):
     assert sweep.trace_dir_of(wc(model="m", mbs="1", seq="8", tp="2")) == (
         "results/trace/m/b1_s8_tp2"
     )
+    assert sweep.space_bounds_file("gpt2-xl", 2) == "results/search/space/gpt2-xl/b2.parquet"
+    args = build_parser().parse_args(
+        ["search", "bounds", *sweep.space_bounds_args(wc(model="opt-350m", mbs="2")), "--out", "x"]
+    )
+    assert args.tp == [1, 2, 4] and args.microbatch == 2
+    assert args.trace_dirs == [sweep.trace_dir("opt-350m", 2, t) for t in (1, 2, 4)]
+    inputs = sweep.space_bounds_inputs(wc(model="opt-350m", mbs="2"))
+    assert inputs["layers"] == [f"{d}/layers.parquet" for d in args.trace_dirs]
 
 
 def test_rounds_from_the_checkpoints(sweep):
-    assert sweep.round_chunks(0) == [0, 1] and sweep.round_chunks(1) == [2]
-    assert sweep.pairs_of_round(0) == [(m, b) for m in ("opt-350m", "gpt2-xl") for b in (1, 2)]
-    assert sweep.pairs_of_round(1) == [("opt-350m", 2)]
+    assert (
+        sweep.round_chunks(0, "opt-350m", 1) == [0, 1] and sweep.round_chunks(1, "gpt2-xl", 1) == []
+    )
+    assert sweep.pairs_of_round(0) == sorted(
+        (m, b) for m in ("opt-350m", "gpt2-xl") for b in (1, 2)
+    )
+    assert sweep.pairs_of_round(1) == [("opt-350m", 2)] and sweep.pairs_of_round(2) == []
     assert sweep.last_round() == 1
+    assert sweep.round_archs(wc(round="0", model="opt-350m", mbs="1", chunk="1")) == "b"
     assert sweep.ilp_chunks(0, "opt-350m", 1) == [0, 1] and sweep.ilp_chunks(0, "gpt2-xl", 2) == []
     assert sweep.ilp_archs(wc(round="0", model="opt-350m", mbs="1", chunk="1", stage="ilp")) == "b"
 
 
 def test_manifests_list_exactly_the_jobs_inputs_with_their_metadata(sweep, tmp_path, monkeypatch):
     assert sweep.stages == ["ilp"]
+    select1 = sweep.select_manifest(wc(round="1"))
+    assert select1["space"] == sweep.space_records() and len(select1["space"]) == 4
+    # round 0 bounds (4 pairs x 2 HBM x ub/lo) and its ILP files (2 pairs with a selection x 2
+    # HBM x ilp/ilp_ub); the placement axes are inside each job
+    assert len(select1["place"]) == 4 * 2 * 2 + 2 * 2 * 2
     prune1 = sweep.prune_manifest(wc(round="1", stage="ilp"))["place"]
-    # round 0 bounds (4 pairs x 2 HBM x ub/lo), its ILP files (2 pairs with a selection x 2 HBM
-    # x ilp/ilp_ub), then round 1's bounds (1 pair); the placement axes are inside each job
-    assert len(prune1) == 4 * 2 * 2 + 2 * 2 * 2 + 1 * 2 * 2
+    assert prune1[: len(select1["place"])] == select1["place"]
     assert {(e["round"], e["tier"]) for e in prune1} == {
         (0, "ub"),
         (0, "lo"),
@@ -120,25 +162,29 @@ def test_manifests_list_exactly_the_jobs_inputs_with_their_metadata(sweep, tmp_p
     for e in prune1:
         d = sweep.place_dir(e["model"], 32 if "h32_" in e["path"] else 80.5, e["microbatch"])
         assert e["path"] == f"{d}/r{e['round']}_{e['tier']}.parquet"
-    # the previous round's state comes first in time: a re-run checkpoint orders the later ones
-    assert sweep.prune_inputs(wc(round="1", stage="ilp")) == [e["path"] for e in prune1] + [
-        "results/search/r0/state.json"
-    ]
-    assert sweep.state_inputs(wc(round="1"))[-1] == "results/search/r1/ilp"
-    state1 = sweep.state_manifest(wc(round="1"))["place"]
-    assert state1[: len(prune1)] == prune1 and len(state1) == len(prune1) + 1 * 2 * 2
+    # the previous round's select and prune come first in time: a re-run checkpoint orders the
+    # later ones
+    s1 = sweep.select_inputs(wc(round="1"))
+    assert s1["files"] == [e["path"] for kind in select1.values() for e in kind]
+    assert s1["previous"] == "results/search/r0/state.json"
+    assert s1["order"] == ["results/search/r0/ilp"]
+    p1 = sweep.prune_inputs(wc(round="1", stage="ilp"))
+    assert p1["select"] == "results/search/r1/select.parquet" and p1["order"] == []
+    assert p1["state"] == "results/search/r1/state.json"
     summary = sweep.summary_manifest()
-    assert summary["place"] == state1
+    assert summary["place"] == prune1 + [
+        e for e in summary["place"] if (e["round"], e["tier"]) in ((1, "ilp"), (1, "ilp_ub"))
+    ]
     sched = summary["schedules"]
     bounds = [e for e in sched if e["tier"] == "bounds"]
-    # round 0: every pair's widths x chunks 0, 1; round 1: opt-350m b2's widths x chunk 2
-    assert len(bounds) == (3 + 3 + 1 + 1) * 2 + 3 * 1
+    # round 0: opt-350m b1 3 widths x 2 chunks, b2 3 x 1, gpt2-xl 1 x 1 twice; round 1: 3 x 1
+    assert len(bounds) == 3 * 2 + 3 + 1 + 1 + 3
     ilp = [e for e in sched if e["tier"] == "ilp"]
     assert sorted({(e["model"], e["microbatch"], e["path"].rsplit("/", 1)[1]) for e in ilp}) == [
-        ("gpt2-xl", 1, "r0_c1.parquet"),
+        ("gpt2-xl", 1, "r0_c0.parquet"),
         ("opt-350m", 1, "r0_c0.parquet"),
         ("opt-350m", 1, "r0_c1.parquet"),
-        ("opt-350m", 2, "r1_c2.parquet"),
+        ("opt-350m", 2, "r1_c0.parquet"),
     ]
     assert all(
         e["path"].startswith(sweep.schedule_dir(e["model"], e["microbatch"], e["tp"]))
@@ -147,7 +193,7 @@ def test_manifests_list_exactly_the_jobs_inputs_with_their_metadata(sweep, tmp_p
     assert len([e for e in sched if e["tier"] == "blind"]) == (3 + 1) * 2
     inputs = sweep.summary_inputs(wc())
     assert inputs["files"] == [e["path"] for kind in summary.values() for e in kind]
-    assert inputs["state"] == "results/search/r1/state.json"
+    assert inputs["state"] == "results/search/r2/state.json"
     # what the search CLIs read back: every file exists
     monkeypatch.chdir(tmp_path)
     for e in [e for kind in summary.values() for e in kind]:
@@ -157,9 +203,9 @@ def test_manifests_list_exactly_the_jobs_inputs_with_their_metadata(sweep, tmp_p
     assert load_manifest(path, tuple(summary)) == summary
 
 
-def test_the_deep_stage_reads_the_ilp_tier_and_feeds_the_state(sweep, tmp_path):
-    """search.deepen_node_limit > 0: round r's deep selection reads its ILP tier, the state and
-    the summary read the deep tier, the deep jobs write r{r}_deep / r{r}_deep_ub."""
+def test_the_deep_stage_reads_the_ilp_tier_and_feeds_the_next_round(sweep, tmp_path):
+    """search.deepen_node_limit > 0: round r's deep selection reads its ILP tier, the next round
+    and the summary read the deep tier, the deep jobs write r{r}_deep / r{r}_deep_ub."""
     cfg = validate_config({**sweep.config, "search": {"deepen_node_limit": 1000}})
     deep = Sweep(cfg, sweep.checkpoints)
     assert deep.stages == ["ilp", "deep"]
@@ -172,8 +218,8 @@ def test_the_deep_stage_reads_the_ilp_tier_and_feeds_the_state(sweep, tmp_path):
             tmp_path / "r0" / "deep" / f"{m}_b{b}.parquet"
         )
     prune0 = deep.prune_manifest(wc(round="0", stage="deep"))["place"]
-    assert deep.prune_inputs(wc(round="0", stage="deep"))[-1] == "results/search/r0/ilp"
-    assert deep.state_inputs(wc(round="0"))[-2:] == [
+    assert deep.prune_inputs(wc(round="0", stage="deep"))["order"] == ["results/search/r0/ilp"]
+    assert deep.select_inputs(wc(round="1"))["order"][-2:] == [
         "results/search/r0/ilp",
         "results/search/r0/deep",
     ]
@@ -183,12 +229,12 @@ def test_the_deep_stage_reads_the_ilp_tier_and_feeds_the_state(sweep, tmp_path):
         (0, "ilp"),
         (0, "ilp_ub"),
     }
-    state0 = deep.state_manifest(wc(round="0"))["place"]
-    got = [e for e in state0 if e["tier"].startswith("deep")]
+    select1 = deep.select_manifest(wc(round="1"))["place"]
+    got = [e for e in select1 if e["tier"].startswith("deep")]
     assert sorted((e["model"], e["microbatch"], e["tier"]) for e in got) == sorted(
         ("opt-350m", 1, t) for t in ("deep", "deep_ub") for _ in (32, 80.5)
     )
-    assert state0[: len(prune0)] == prune0
+    assert select1[: len(prune0)] == prune0
     # the ilp stage of round 1 reads round 0 with its deep tier
     assert got[0] in deep.prune_manifest(wc(round="1", stage="ilp"))["place"]
     sched = [e for e in deep.summary_manifest()["schedules"] if e["tier"] == "deep"]

@@ -93,15 +93,18 @@ def _unique(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
 
 
 def _estimate_group(
-    ops: pd.DataFrame, space: pd.DataFrame, cm: dict, net: Network
+    ops: pd.DataFrame, space: pd.DataFrame, cm: dict, net: Network, detail: bool = True
 ) -> dict[str, np.ndarray]:
-    """Arrays of shape (archs, ops) for one cost-model variant on one network."""
+    """Arrays of shape (archs, ops) for one cost-model variant on one network; without
+    ``detail`` only the two latencies (no bound names, no HBM bytes)."""
     n_arch, n_ops = len(space), len(ops)
     lat_all = np.zeros((n_arch, n_ops))
     lat_one = np.zeros((n_arch, n_ops))
-    bound_all = np.full((n_arch, n_ops), "none", dtype=object)
-    bound_one = np.full((n_arch, n_ops), "none", dtype=object)
-    hbm_bytes = np.zeros((n_arch, n_ops))
+    # the bound names are object arrays: only where they are written out
+    shape = (n_arch, n_ops) if detail else (1, 1)
+    bound_all = np.full(shape, "none", dtype=object)
+    bound_one = np.full(shape, "none", dtype=object)
+    hbm_bytes = np.zeros(shape)
     kind = ops["kind"].to_numpy()
 
     # --- vector ops (also needed for fused element-wise work) --------------------------------
@@ -137,9 +140,11 @@ def _estimate_group(
             sel = np.ix_(vc_idx, w_idx)
             cols = np.flatnonzero(is_vec)
             lat[:, cols] = cost["latency_s"][sel]
-            bnd[:, cols] = cost["bound"][sel]
+            if detail:
+                bnd[:, cols] = cost["bound"][sel]
             comp_out[:, cols] = cost["compute_s"][sel]
-        hbm_bytes[:, is_vec] = work["bytes"].to_numpy()[None, :]
+        if detail:
+            hbm_bytes[:, is_vec] = work["bytes"].to_numpy()[None, :]
 
     # --- matmuls -------------------------------------------------------------------------------
     is_mm = kind == "matmul"
@@ -171,8 +176,12 @@ def _estimate_group(
             g = glb_s[np.ix_(tc_idx, s_idx)]
             h = hbm_s[np.ix_(glb_idx, s_idx)]
             issue = np.where(h > 0, cm["op_issue_s"], 0.0)
-            lat[:, cols], bnd[:, cols] = model.combine_terms(c, g, h, issue)
-        hbm_bytes[:, cols] = traffic[np.ix_(glb_idx, s_idx)]
+            latency, bound = model.combine_terms(c, g, h, issue)
+            lat[:, cols] = latency
+            if detail:
+                bnd[:, cols] = bound
+        if detail:
+            hbm_bytes[:, cols] = traffic[np.ix_(glb_idx, s_idx)]
 
     # --- fused element-wise consumers: their compute is added to the matmul carrying them -----
     fused_into = ops["fused_into"].fillna(-1).astype(np.int64).to_numpy()
@@ -196,8 +205,10 @@ def _estimate_group(
         ):
             np.add.at(lat.T, pos, comp[:, src].T)  # matmul pays the element-wise compute too
             lat[:, src] = 0.0
-            bnd[:, src] = "fused"
-        hbm_bytes[:, src] = 0.0
+            if detail:
+                bnd[:, src] = "fused"
+        if detail:
+            hbm_bytes[:, src] = 0.0
 
     # --- collectives ---------------------------------------------------------------------------
     is_coll = kind == "collective"
@@ -211,8 +222,9 @@ def _estimate_group(
         cols = np.flatnonzero(is_coll)
         lat_all[:, cols] = secs[None, :]
         lat_one[:, cols] = secs[None, :]
-        bound_all[:, cols] = "link"
-        bound_one[:, cols] = "link"
+        if detail:
+            bound_all[:, cols] = "link"
+            bound_one[:, cols] = "link"
     return {
         "latency_allcores_s": lat_all,
         "latency_1core_s": lat_one,
@@ -222,18 +234,7 @@ def _estimate_group(
     }
 
 
-def estimate(
-    ops: pd.DataFrame, space: pd.DataFrame, costmodel: dict, place: dict | None = None
-) -> pd.DataFrame:
-    """Latency table: one row per (arch, signature, pass, op), archs in space order.
-
-    Collectives (the tensor-parallel all-reduces inside a layer) run on the network
-    `phaze.network.network_for_architecture` chooses from ``place`` (the config's ``place``
-    section: ``network``, ``preset_networks``, ``devices``; None = the schema's defaults): a
-    preset's own ``network:`` section, else ``place.network``, else the flat
-    ``costmodel.link_*``; a torus is sliced for the largest cluster of ``place.devices``."""
-    from phaze.arch.presets import load_preset
-
+def _prepared(ops: pd.DataFrame, space: pd.DataFrame, place: dict | None):
     if place is None:
         from phaze.config import schema_defaults
 
@@ -250,7 +251,16 @@ def estimate(
                 {"tc_width": space.tc_width.to_numpy(), "tc_depth": space.tc_depth.to_numpy()}
             )
         )
-    n_ops = len(ops)
+    return ops, space, place
+
+
+def _arrays(
+    ops: pd.DataFrame, space: pd.DataFrame, costmodel: dict, place: dict, detail: bool
+) -> dict[str, np.ndarray]:
+    """(archs × ops) arrays per quantity, every architecture with its own cost-model constants
+    (a preset's overrides) and network."""
+    from phaze.arch.presets import load_preset
+
     arrays: dict[str, np.ndarray] = {}
     devices = max(place["devices"])
     keys = [space["costmodel_overrides"].fillna(""), space["preset"].fillna("")]
@@ -261,12 +271,40 @@ def estimate(
         net, _ = network_for_architecture(
             preset_net, place["network"], place["preset_networks"], cm, devices, preset
         )
-        part = _estimate_group(ops, grp.reset_index(drop=True), cm, net)
+        part = _estimate_group(ops, grp.reset_index(drop=True), cm, net, detail)
         for name, arr in part.items():
+            if arr.shape[0] != len(grp):  # a quantity not asked for (detail off)
+                continue
             if name not in arrays:
-                arrays[name] = np.empty((len(space), n_ops), dtype=arr.dtype)
+                arrays[name] = np.empty((len(space), len(ops)), dtype=arr.dtype)
             arrays[name][grp.index.to_numpy()] = arr
-    n_arch = len(space)
+    return arrays
+
+
+def latency_arrays(
+    ops: pd.DataFrame, space: pd.DataFrame, costmodel: dict, place: dict | None = None
+) -> dict[str, np.ndarray]:
+    """``latency_1core_s`` and ``latency_allcores_s`` as (archs × ops) arrays, architectures in
+    the space's row order and ops in the ops table's: :func:`estimate`'s values without its long
+    table (the search's space bound reads every architecture at once)."""
+    ops, space, place = _prepared(ops, space, place)
+    arrays = _arrays(ops, space, costmodel, place, detail=False)
+    return {k: arrays[k] for k in ("latency_1core_s", "latency_allcores_s")}
+
+
+def estimate(
+    ops: pd.DataFrame, space: pd.DataFrame, costmodel: dict, place: dict | None = None
+) -> pd.DataFrame:
+    """Latency table: one row per (arch, signature, pass, op), archs in space order.
+
+    Collectives (the tensor-parallel all-reduces inside a layer) run on the network
+    `phaze.network.network_for_architecture` chooses from ``place`` (the config's ``place``
+    section: ``network``, ``preset_networks``, ``devices``; None = the schema's defaults): a
+    preset's own ``network:`` section, else ``place.network``, else the flat
+    ``costmodel.link_*``; a torus is sliced for the largest cluster of ``place.devices``."""
+    ops, space, place = _prepared(ops, space, place)
+    arrays = _arrays(ops, space, costmodel, place, detail=True)
+    n_ops, n_arch = len(ops), len(space)
     out = pd.DataFrame(
         {
             "arch": np.repeat(space["arch"].to_numpy(), n_ops),

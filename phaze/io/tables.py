@@ -162,6 +162,8 @@ SCHEMAS: dict[str, pa.Schema] = {
     "comparison": _schema(
         ("model", s),
         ("strategy", s),
+        # phaze-common: the score it was searched by (relative | mean); '' otherwise
+        ("common_score", s),
         ("arch", s),
         ("hbm_bytes", i64),
         ("microbatch", i64),
@@ -179,13 +181,15 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("speedup_vs_tpuv4_phaze", f64),
         ("speedup_vs_tpuv4_upstream_expert", f64),
         ("speedup_vs_placement_blind", f64),
-        # phaze strategies: how far the winner can be from the best visited arch (NaN: baselines)
+        # phaze strategies: how far the winner can be from the best arch it certifies (NaN:
+        # baselines)
         ("certified_gap", f64),
     ),
-    # chosen designs of the searches (mode = early_stop | exhaustive)
+    # chosen designs of the searches (mode = global | early_stop | exhaustive)
     "best": _schema(
         ("model", s),
         ("strategy", s),
+        ("common_score", s),
         ("mode", s),
         ("arch", s),
         ("hbm_bytes", i64),
@@ -203,14 +207,22 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("speedup_vs_tpuv4_expert", f64),
         ("speedup_vs_tpuv4_upstream_expert", f64),
         ("search_score", f64),
+        # the walk's last bucket (-1: the global search, which has none)
         ("last_bucket", i64),
+        # archs the answer covers (the walk's visited buckets; the whole space for global) and
+        # of them those refined beyond the space bound
         ("archs_visited", i64),
-        # (largest proven upper bound of a visited arch) / throughput - 1 (phaze.search.scores)
+        ("archs_refined", i64),
+        # (largest proven upper bound of an arch it covers) / its score - 1: visited buckets
+        # for early_stop, the whole space for global and exhaustive (phaze.search.scores)
         ("certified_gap", f64),
+        # the same over the whole space, for every mode
+        ("space_gap", f64),
     ),
-    # one row per (search, arch computed); model = "*" for Phaze-Common's searches
+    # one row per (walk search, refined arch); model = "*" for Phaze-Common's searches
     "explored": _schema(
         ("strategy", s),
+        ("common_score", s),
         ("model", s),
         ("hbm_bytes", i64),
         ("microbatch", i64),
@@ -221,13 +233,60 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("area_mm2", f64),
         ("throughput_upper_seq_s", f64),
         ("throughput_seq_s", f64),
+        ("level", i64),
         ("exact", b),
         ("has_ilp", b),
         ("pruned", b),
         ("visited", b),
     ),
+    # every architecture of the space per global search: its proven upper bound and its best
+    # achievable score known (NaN: not refined), how far it was refined (0 = space bound only)
+    "certified": _schema(
+        ("strategy", s),
+        ("common_score", s),
+        ("model", s),
+        ("hbm_bytes", i64),
+        ("devices", i64),
+        ("arch", s),
+        ("area_mm2", f64),
+        ("bucket", i64),
+        ("throughput_upper_seq_s", f64),
+        ("throughput_seq_s", f64),
+        ("level", i64),
+        ("exact", b),
+    ),
     # arch -> chunk (the workflow's job split; search plan adds bucket/round/area columns)
     "chunks": _schema(("arch", s), ("chunk", i64)),
+    # the space bound: a proven throughput upper bound of every architecture (NaN: nothing fits)
+    "bounds": _schema(
+        ("arch", s),
+        ("model", s),
+        ("microbatch", i64),
+        ("hbm_bytes", i64),
+        ("devices", i64),
+        ("throughput_upper_seq_s", f64),
+        # the archs one step larger on one resource that dominate this one for the model and
+        # microbatch (comma-joined; phaze/search/dominance.py)
+        ("dominated_by", s),
+    ),
+    # one search round's components to refine: (model, microbatch, arch), its job chunk, and
+    # which search asked (walk | gap | front | baseline, comma-joined)
+    "select": _schema(("model", s), ("microbatch", i64), ("arch", s), ("chunk", i64), ("why", s)),
+    # the area-throughput front of each global search: its points, smallest area first
+    "front": _schema(
+        ("strategy", s),
+        ("common_score", s),
+        ("model", s),
+        ("hbm_bytes", i64),
+        ("devices", i64),
+        ("arch", s),
+        ("area_mm2", f64),
+        ("throughput_seq_s", f64),
+        ("throughput_upper_seq_s", f64),
+        ("exact", b),
+        # no arch of area at most the point's beats it by more than this
+        ("certified_gap", f64),
+    ),
 }
 
 
@@ -278,6 +337,16 @@ VALUES: dict[str, dict[str, str]] = {
         **dict.fromkeys(("interleave", "expert_interleave"), GE1),
     },
     "chunks": {"chunk": GE0},
+    "bounds": {
+        **dict.fromkeys(("microbatch", "hbm_bytes", "devices"), GE1),
+        "throughput_upper_seq_s": GE0,
+    },
+    "select": {"microbatch": GE1, "chunk": GE0},
+    "front": {
+        **dict.fromkeys(("hbm_bytes", "devices"), GE1),
+        **dict.fromkeys(("area_mm2", "throughput_seq_s", "throughput_upper_seq_s"), GE0),
+        "certified_gap": GE0,
+    },
 }
 # text columns that name one of a few values (the placement axes; place_model = config/schema.yaml
 # place.model), and text columns holding a JSON list (per pipeline stage)
@@ -295,6 +364,7 @@ JSON_LISTS: dict[str, tuple[str, ...]] = {
 # hand-made table; the result of a placement where nothing fits
 NULLABLE: dict[str, frozenset[str]] = {
     "ops": frozenset(("m", "n", "k", "batch")),
+    "bounds": frozenset(("throughput_upper_seq_s",)),
     "place": frozenset(
         (
             "throughput_seq_s",
@@ -318,6 +388,9 @@ KEYS: dict[str, tuple[tuple[str, ...], ...]] = {
     # one row per architecture: the placement axes (recompute, interleave, ...) are chosen in it
     "place": (("arch", "model", "devices", "hbm_bytes", "microbatch"),),
     "chunks": (("arch",),),
+    "bounds": (("arch", "model", "microbatch", "hbm_bytes", "devices"),),
+    "select": (("model", "microbatch", "arch"),),
+    "front": (("strategy", "common_score", "model", "hbm_bytes", "devices", "arch"),),
 }
 
 

@@ -29,6 +29,9 @@ import pandas as pd
 from phaze.errors import PhazeError
 from phaze.step.layers import ChainCost, LayerCost
 
+#: the three layer kinds of a chain
+LAYERS = ("first", "block", "last")
+
 
 def chain_layers(layers: pd.DataFrame, where: str) -> dict[str, pd.Series]:
     """{"first", "block", "last"} rows of a layers table that is a chain of one first layer,
@@ -117,6 +120,19 @@ class ChainTables:
             tied_params=float(row.get("tied_param_bytes", 0.0)) / self.weight_bytes,
             fwd_matmul_flops=float(row.get("fwd_matmul_flops", 0.0)),
             attention_matmul_flops=float(self.attention_flops.get(row["signature"], 0.0)),
+        )
+
+    def skeleton(self, sp: bool) -> ChainCost:
+        """The chain without computation (every layer time 0): what a placement's terms are
+        when they do not depend on the architecture (memory, communication, parameters)."""
+        layers = {n: self._layer(self.rows[n], 0.0, 0.0, 0.0, sp) for n in LAYERS}
+        return ChainCost(
+            **layers,
+            blocks=self.blocks,
+            tp=self.tp,
+            microbatch=self.microbatch,
+            sequence_parallel=sp,
+            boundary_bytes=float(self.rows["block"]["boundary_bytes"]),
         )
 
     def chains(

@@ -100,7 +100,12 @@ def _run_tables(args) -> int:
 
     from phaze.io import read_table, write_json_atomic, write_table
     from phaze.io.tables import check_values
-    from phaze.place.tables import PlaceSettings, export_instance, place_architectures
+    from phaze.place.tables import (
+        PlaceSettings,
+        export_instance,
+        hbm_bytes_of,
+        place_architectures,
+    )
 
     if args.recompute is not None:
         raise PhazeError(
@@ -130,7 +135,7 @@ def _run_tables(args) -> int:
     config = load_config(args.config)
     pc = config["place"]
     settings = PlaceSettings.from_config(
-        config, args.model, round(args.hbm_gib * 2**30), args.microbatch
+        config, args.model, hbm_bytes_of(args.hbm_gib), args.microbatch
     )
     devices_list = args.devices or list(pc["devices"])
     if any(d < 1 for d in devices_list):

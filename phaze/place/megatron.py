@@ -117,9 +117,10 @@ def fill(T: np.ndarray, allowed: np.ndarray, K: int):
     return M, lo + np.bincount(pick // cols, minlength=len(lo))
 
 
-def solve_split(terms: StageTerms, schedule: PipelineSchedule, blocks: int, hbm_bytes: float):
-    """The best split of `blocks` blocks for one configuration: (time, blocks per stage) or
-    (None, reason)."""
+def allowed_blocks(terms: StageTerms, schedule: PipelineSchedule, blocks: int, hbm_bytes: float):
+    """(n, allowed): the block counts each rank may hold — ``n`` (p, K+1) in blocks, K = blocks
+    / V, and which of them meet the stage rules (`lower_ends`) and fit `hbm_bytes` — or None when
+    some rank has none. Memory does not depend on layer times: every architecture shares it."""
     p, v = terms.p, schedule.chunks
     K = blocks // v
     lo = lower_ends(p, v, blocks)
@@ -130,7 +131,19 @@ def solve_split(terms: StageTerms, schedule: PipelineSchedule, blocks: int, hbm_
     fits = terms.memory(n) <= hbm_bytes
     allowed = shape_ok & fits
     if not allowed.any(axis=1).all() or (shape_ok & ~fits).all(axis=1).any():
+        return None
+    return n, allowed
+
+
+def solve_split(terms: StageTerms, schedule: PipelineSchedule, blocks: int, hbm_bytes: float):
+    """The best split of `blocks` blocks for one configuration: (time, blocks per stage) or
+    (None, reason)."""
+    p, v = terms.p, schedule.chunks
+    K = blocks // v
+    got = allowed_blocks(terms, schedule, blocks, hbm_bytes)
+    if got is None:
         return None, "does not fit in memory"
+    n, allowed = got
     T = terms.time(n)
     X = np.where(allowed, terms.tail(n), INF)
     x_floor = float(X.min(axis=1).max())  # every rank holds some allowed n
@@ -177,47 +190,52 @@ class _Config:
     distributed_optimizer: bool
     ddp: str
 
+    def terms(self) -> StageTerms:
+        return StageTerms(
+            self.placed, self.schedule, self.recompute, self.distributed_optimizer, self.ddp
+        )
 
-def optimize(
+
+def configurations(
     chains: Mapping[tuple[int, int, bool], ChainCost],
     net: Network,
     consts: StepConstants,
     devices: int,
     global_batch: int,
-    hbm_bytes: float,
     axes: Axes,
-) -> Result:
-    """The fastest strategy that fits `hbm_bytes` per device. `chains` maps (tp, microbatch,
-    sequence_parallel) to the chain at that setting (the t and b values searched are its keys)."""
+    skipped: Counter,
+) -> list[_Config]:
+    """Every well-formed configuration of `chains` (keyed by (tp, microbatch, sequence
+    parallelism)) on `devices`, in the search's tie-breaking order; each skipped combination is
+    counted in `skipped` under its reason. Chains of one (t, b, sp) share their placed chain."""
     blocks = {c.blocks for c in chains.values()}
     if len(blocks) != 1:
         raise AssertionError("chains of different block counts")
     L = blocks.pop()
-    result = Result(None, INF)
     configs: list[_Config] = []
     layouts: dict[tuple[int, int, int], Layout] = {}
     placed: dict[tuple[int, int, int, int, bool], PlacedChain] = {}
     order = 0
     for t, b in sorted({(t, b) for t, b, _ in chains}):
         if devices % t:
-            result.skipped[f"tp {t} does not divide the {devices} devices"] += 1
+            skipped[f"tp {t} does not divide the {devices} devices"] += 1
             continue
         for p in _divisors(devices // t):
             d = devices // (t * p)
             if global_batch % (b * d):
-                result.skipped["microbatch·dp does not divide the global batch"] += 1
+                skipped["microbatch·dp does not divide the global batch"] += 1
                 continue
             if p > L + 2 or (p > 2 and p - 2 > L):
-                result.skipped["more pipeline stages than the layers allow"] += 1
+                skipped["more pipeline stages than the layers allow"] += 1
                 continue
             m = global_batch // (b * d)
             for sp in axes.sequence_parallel:
                 if sp and t == 1:
-                    result.skipped["sequence parallelism needs tp > 1"] += 1
+                    skipped["sequence parallelism needs tp > 1"] += 1
                     continue
                 chain = chains.get((t, b, sp))
                 if chain is None:
-                    result.skipped["no layer costs for this sequence-parallel setting"] += 1
+                    skipped["no layer costs for this sequence-parallel setting"] += 1
                     continue
                 for v in axes.interleave:
                     why = ""
@@ -228,7 +246,7 @@ def optimize(
                     elif v > 1 and (L % v or p * v > L):
                         why = "the interleave does not divide the blocks of every stage"
                     if why:
-                        result.skipped[why] += 1
+                        skipped[why] += 1
                         continue
                     schedule = PipelineSchedule(p, v, m)
                     key = (t, b, p, d, sp)
@@ -239,7 +257,7 @@ def optimize(
                     for rc in axes.recompute:
                         for zero in axes.distributed_optimizer:
                             if zero and d == 1:
-                                result.skipped["the distributed optimizer needs dp > 1"] += 1
+                                skipped["the distributed optimizer needs dp > 1"] += 1
                                 continue
                             for ddp in axes.ddp:
                                 configs.append(
@@ -255,12 +273,27 @@ def optimize(
                                     )
                                 )
                                 order += 1
+    return configs
+
+
+def optimize(
+    chains: Mapping[tuple[int, int, bool], ChainCost],
+    net: Network,
+    consts: StepConstants,
+    devices: int,
+    global_batch: int,
+    hbm_bytes: float,
+    axes: Axes,
+) -> Result:
+    """The fastest strategy that fits `hbm_bytes` per device. `chains` maps (tp, microbatch,
+    sequence_parallel) to the chain at that setting (the t and b values searched are its keys)."""
+    result = Result(None, INF)
+    configs = configurations(chains, net, consts, devices, global_batch, axes, result.skipped)
+    L = next(iter(chains.values())).blocks
     result.configurations = len(configs)
     terms_of = {}
     for cfg in configs:
-        terms = StageTerms(
-            cfg.placed, cfg.schedule, cfg.recompute, cfg.distributed_optimizer, cfg.ddp
-        )
+        terms = cfg.terms()
         terms_of[cfg.order] = terms
         cfg.bound = _lower_bound(terms, cfg.schedule, L)
     configs.sort(key=lambda c: (c.bound, c.order))

@@ -41,6 +41,14 @@ from phaze.place.network import PlaceNetwork
 
 STATE_BYTES_PER_PARAM = {"sgd": 4.0, "adam": 16.0}
 GIB = 2**30
+
+
+def hbm_bytes_of(gib: float) -> int:
+    """An HBM capacity in GiB (config ``place.hbm_gib``, ``--hbm-gib``) in bytes, as every
+    placement table and the space bounds key it."""
+    return round(float(gib) * GIB)
+
+
 #: the recompute modes of the upstream model (its DP knows recompute on / off only)
 UPSTREAM_RECOMPUTE = ("none", "full")
 

@@ -9,7 +9,9 @@ from phaze.config import add_config_argument
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--summary", required=True, help="directory with best/comparison/explored.parquet"
+        "--summary",
+        required=True,
+        help="directory with best/comparison/explored/front/certified.parquet",
     )
     add_config_argument(parser)
     parser.add_argument("--out-dir", required=True, help="plot directory")
@@ -24,12 +26,16 @@ def run(args: argparse.Namespace) -> int:
     from phaze.io import atomic_path, read_table
     from phaze.report.plots import make_figures
 
-    cfg = load_config(args.config)["report"]
+    config = load_config(args.config)
+    cfg = config["report"]
     d = Path(args.summary)
     best = read_table(d / "best.parquet", "best", nonempty=True)
     comparison = read_table(d / "comparison.parquet", "comparison", nonempty=True)
-    explored = read_table(d / "explored.parquet", "explored", nonempty=True)
-    figs = make_figures(best, comparison, explored, cfg["hbm_gib"])
+    explored = read_table(d / "explored.parquet", "explored")
+    front = read_table(d / "front.parquet", "front")
+    certified = read_table(d / "certified.parquet", "certified")
+    mode = config["search"]["mode"]
+    figs = make_figures(best, comparison, explored, front, certified, mode, cfg["hbm_gib"])
     out = Path(args.out_dir)
     for name, fig in figs.items():
         for fmt in cfg["formats"]:

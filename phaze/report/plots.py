@@ -106,12 +106,30 @@ def speedup_bars(comparison: pd.DataFrame, hbm_bytes: int):
     return fig
 
 
-def convergence(explored: pd.DataFrame, hbm_bytes: int):
+def convergence(explored: pd.DataFrame, best: pd.DataFrame, hbm_bytes: int):
+    """The area walk's best throughput per bucket visited, per model and microbatch (dotted: its
+    early stop), and the global search's answer (dashed) where the run has one."""
     ex = _one_devices(explored[explored["hbm_bytes"] == hbm_bytes])
-    ex = ex[ex["strategy"] == "phaze-per-model"]
+    ex = ex[(ex["strategy"] == "phaze-per-model") & ex["visited"]]
+    glob = _one_devices(
+        best[
+            (best["hbm_bytes"] == hbm_bytes)
+            & (best["mode"] == "global")
+            & (best["strategy"] == "phaze-per-model")
+        ]
+    )
     models = sorted(ex["model"].unique())
     fig, axes = _panels(len(models))
     for ax, model in zip(axes, models):
+        g = glob[glob["model"] == model]
+        if len(g):
+            ax.axhline(
+                float(g["throughput_seq_s"].max()),
+                color="k",
+                ls="--",
+                lw=0.8,
+                label="global answer",
+            )
         sub = ex[ex["model"] == model]
         for b, grp in sub.groupby("microbatch"):
             per_bucket = (
@@ -127,10 +145,7 @@ def convergence(explored: pd.DataFrame, hbm_bytes: int):
                 lw=1,
                 label=f"b={b}",
             )
-            stop = grp.loc[~grp["visited"], "bucket"]
-            if len(stop):
-                last = grp.loc[grp["visited"], "bucket"].max()
-                ax.axvline(last, color=line.get_color(), ls=":", lw=1)
+            ax.axvline(per_bucket.index.max(), color=line.get_color(), ls=":", lw=1)
         ax.set_title(model, fontsize=9)
         ax.set_xlabel("area bucket visited (0 = largest area)")
         ax.set_ylabel("best throughput so far (seq/s)")
@@ -142,67 +157,87 @@ def convergence(explored: pd.DataFrame, hbm_bytes: int):
     return fig
 
 
-def pareto_front(area: np.ndarray, thr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Points not dominated by a smaller-or-equal-area, higher-throughput point, by area."""
-    ok = np.isfinite(thr)
-    a, t = area[ok], thr[ok]
-    order = np.lexsort((-t, a))
-    front_a, front_t, best = [], [], -np.inf
-    for i in order:
-        if t[i] > best:
-            front_a.append(a[i])
-            front_t.append(t[i])
-            best = t[i]
-    return np.array(front_a), np.array(front_t)
-
-
-def area_throughput(explored: pd.DataFrame, best: pd.DataFrame, hbm_bytes: int):
-    ex = _one_devices(explored[explored["hbm_bytes"] == hbm_bytes])
-    ex = ex[ex["strategy"] == "phaze-per-model"]
-    models = sorted(ex["model"].unique())
+def area_throughput(
+    certified: pd.DataFrame,
+    front: pd.DataFrame,
+    best: pd.DataFrame,
+    comparison: pd.DataFrame,
+    hbm_bytes: int,
+    mode: str,
+):
+    """Per model (its Phaze-Per-Model global search): every architecture's proven upper bound
+    (faint), the refined architectures' achieved throughput, the certified front, the TPUv4
+    baselines and the chosen design."""
+    cert = _one_devices(certified[certified["hbm_bytes"] == hbm_bytes])
+    cert = cert[cert["strategy"] == "phaze-per-model"]
+    fr = _one_devices(front[front["hbm_bytes"] == hbm_bytes])
+    models = sorted(cert["model"].unique())
     fig, axes = _panels(len(models))
     for ax, model in zip(axes, models):
-        per_arch = (
-            ex[ex["model"] == model]
-            .groupby("arch")
-            .agg(
-                area=("area_mm2", "first"),
-                thr=("throughput_seq_s", "max"),
-                preset=("preset", "first"),
-            )
+        mine = cert[cert["model"] == model]
+        ax.scatter(
+            mine["area_mm2"],
+            mine["throughput_upper_seq_s"],
+            s=2,
+            color="0.85",
+            rasterized=True,
+            label="upper bound, every arch",
         )
-        ax.scatter(per_arch["area"], per_arch["thr"], s=10, color="0.6", label="architectures")
-        fa, ft = pareto_front(per_arch["area"].to_numpy(float), per_arch["thr"].to_numpy(float))
-        ax.step(fa, ft, where="post", color="C3", lw=1.2, label="Pareto front")
-        tpu = per_arch[per_arch["preset"] != ""]
-        ax.scatter(tpu["area"], tpu["thr"], marker="s", color="k", s=25, label="tpuv4")
-        chosen = best[
-            (best["model"] == model)
-            & (best["strategy"] == "phaze-per-model")
-            & (best["hbm_bytes"] == hbm_bytes)
-            & (best["mode"] == "early_stop")
-        ]
-        chosen = chosen[chosen["arch"].isin(per_arch.index)]
+        got = mine[mine["throughput_seq_s"].notna()]
+        ax.scatter(got["area_mm2"], got["throughput_seq_s"], s=8, color="0.4", label="refined")
+        f = fr[(fr["model"] == model) & (fr["strategy"] == "phaze-per-model")]
+        f = f.sort_values("area_mm2")
+        if len(f):
+            gap = float(f["certified_gap"].max())
+            ax.step(
+                f["area_mm2"],
+                f["throughput_seq_s"],
+                where="post",
+                color="C3",
+                lw=1.2,
+                label=f"front (certified within {100 * gap:.2g} %)",
+            )
+        tpu = _one_devices(
+            comparison[
+                (comparison["hbm_bytes"] == hbm_bytes)
+                & (comparison["model"] == model)
+                & comparison["strategy"].isin(["tpuv4-phaze", "tpuv4-upstream-phaze"])
+            ]
+        )
+        for r, marker in zip(tpu.itertuples(index=False), ("s", "D")):
+            ax.scatter(
+                r.area_mm2, r.throughput_seq_s, marker=marker, color="k", s=25, label=r.strategy
+            )
+        chosen = _one_devices(
+            best[
+                (best["model"] == model)
+                & (best["strategy"] == "phaze-per-model")
+                & (best["hbm_bytes"] == hbm_bytes)
+                & (best["mode"] == mode)
+            ]
+        )
         if len(chosen):
             ax.scatter(
-                per_arch.loc[chosen["arch"], "area"],
+                chosen["area_mm2"],
                 chosen["throughput_seq_s"],
                 marker="*",
                 s=120,
                 color="C0",
                 label="Phaze-Per-Model",
+                zorder=3,
             )
         ax.set_title(model, fontsize=9)
         ax.set_xlabel("accelerator area (mm²)")
         ax.set_ylabel("throughput (seq/s)")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6)
     fig.suptitle(f"Area vs throughput, HBM {hbm_bytes / GIB:g} GiB", fontsize=10)
     fig.tight_layout()
     return fig
 
 
-def arch_table(best: pd.DataFrame, comparison: pd.DataFrame, hbm_bytes: int):
-    rows = _one_devices(best[(best["hbm_bytes"] == hbm_bytes) & (best["mode"] == "early_stop")])
+def arch_table(best: pd.DataFrame, comparison: pd.DataFrame, hbm_bytes: int, mode: str):
+    chosen = comparison[comparison["strategy"].str.startswith("phaze-")]
+    rows = _one_devices(chosen[chosen["hbm_bytes"] == hbm_bytes])
     tpu = _one_devices(
         comparison[
             (comparison["hbm_bytes"] == hbm_bytes) & (comparison["strategy"] == "tpuv4-phaze")
@@ -253,11 +288,11 @@ def arch_table(best: pd.DataFrame, comparison: pd.DataFrame, hbm_bytes: int):
     return fig
 
 
-def pipeline_stages(best: pd.DataFrame, hbm_bytes: int):
+def pipeline_stages(best: pd.DataFrame, hbm_bytes: int, mode: str):
     rows = _one_devices(
         best[
             (best["hbm_bytes"] == hbm_bytes)
-            & (best["mode"] == "early_stop")
+            & (best["mode"] == mode)
             & (best["strategy"] == "phaze-per-model")
         ]
     )
@@ -311,15 +346,16 @@ def hbm_sensitivity(comparison: pd.DataFrame):
     return fig
 
 
-def make_figures(best, comparison, explored, hbm_gib=None) -> dict:
-    """{name: Figure} for every name of FIGURES."""
+def make_figures(best, comparison, explored, front, certified, mode, hbm_gib=None) -> dict:
+    """{name: Figure} for every name of FIGURES; ``mode`` = the search mode whose answers the
+    comparison holds (config ``search.mode``)."""
     h = pick_hbm(comparison, hbm_gib)
     figs = {
         "speedup": speedup_bars(comparison, h),
-        "convergence": convergence(explored, h),
-        "area_throughput": area_throughput(explored, best, h),
-        "arch_table": arch_table(best, comparison, h),
-        "pipeline": pipeline_stages(best, h),
+        "convergence": convergence(explored, best, h),
+        "area_throughput": area_throughput(certified, front, best, comparison, h, mode),
+        "arch_table": arch_table(best, comparison, h, mode),
+        "pipeline": pipeline_stages(best, h, mode),
         "hbm_sensitivity": hbm_sensitivity(comparison),
     }
     if list(figs) != list(FIGURES):

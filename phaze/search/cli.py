@@ -1,13 +1,16 @@
 """`python -m phaze search <action>`: the search's steps, as the workflow runs them.
 
-* ``plan``      space.parquet → chunks.parquet (bucket, round, chunk per arch)
-* ``prune``     bound-tier placements of round r → which archs get the ILP (one chunk table per
-                model × microbatch, for ``phaze schedule --chunks``); ``--stage deep``: with
-                the ILP tier in, which of them get the deeper ILP
-* ``state``     all placements so far → the early-stop state after round r (JSON)
+* ``plan``      space.parquet → chunks.parquet (area bucket, walk round, chunk per arch)
+* ``bounds``    the traces of one model and microbatch → a proven throughput upper bound of every
+                architecture of the space (the space bound), per HBM size and cluster size
+* ``select``    the space bounds and the placements of the rounds so far → round r's components
+                to refine (select.parquet) and the search's state before it (state.json)
+* ``prune``     round r's placements → which of its components the ILP stage solves (one chunk
+                table per model × microbatch); ``--stage deep``: with the ILP tier in, which of
+                them get the deeper ILP
 * ``blind``     t = 1 latencies of the whole space → the placement-blind baseline's arch
 * ``batch``     several ``phaze`` commands in one process (the workflow's placement jobs)
-* ``summarize`` everything → results/summary/{best,comparison,explored}.parquet
+* ``summarize`` everything → results/summary/{best,comparison,explored,front,certified}.parquet
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="chunks.parquet")
 
     for name, help_text in (
-        ("prune", "choose the archs of a round that need the ILP"),
-        ("state", "early-stop state after a round"),
+        ("select", "the components a search round refines"),
+        ("prune", "the components of a round the ILP solves"),
     ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--plan", required=True, help="chunks.parquet")
@@ -36,28 +39,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument(
             "--manifest",
             required=True,
-            help="JSON manifest (phaze.io.manifest) of kind 'place': every placement table of the "
-            "rounds so far with its model, microbatch, round and tier (ub | lo | ilp); a paper "
-            "sweep's file list exceeds the 128 KiB limit of one command-line argument",
+            help="JSON manifest (phaze.io.manifest) of kinds 'space' (the space bounds of every "
+            "model and microbatch) and 'place' (every placement table of the rounds so far with "
+            "its model, microbatch, round and tier); a paper sweep's file list exceeds the 128 "
+            "KiB limit of one command-line argument",
         )
         add_config_argument(p)
-        p.add_argument(
-            "--out", required=True, help="prune: output directory; state: state JSON file"
-        )
-        if name == "prune":
+        if name == "select":
             p.add_argument(
-                "--stage",
-                choices=("ilp", "deep"),
-                default="ilp",
-                help="ilp: after the bound tiers; deep: after the ilp tier, the archs still "
-                "worth a deeper ILP (config search.deepen_node_limit)",
+                "--previous-state",
+                help="round r-1's state.json (where the area walk stands); none for round 0",
             )
-        if name == "state":
+            p.add_argument(
+                "--out-dir", required=True, help="directory for select.parquet and state.json"
+            )
             p.add_argument(
                 "--benchmarks",
                 help="directory of the jobs' Snakemake benchmark files: the progress line's "
                 "CPU seconds so far (omitted: not reported)",
             )
+        else:
+            p.add_argument("--select", required=True, help="the round's select.parquet")
+            p.add_argument("--state", required=True, help="the round's state.json")
+            p.add_argument("--out", required=True, help="output directory")
+            p.add_argument(
+                "--stage",
+                choices=("ilp", "deep"),
+                default="ilp",
+                help="ilp: after the bound tier; deep: after the ilp tier, the components still "
+                "worth a deeper ILP (config search.deepen_node_limit)",
+            )
+
+    p = sub.add_parser(
+        "bounds",
+        help="a proven throughput upper bound of every architecture of the space (the space "
+        "bound), for one model and microbatch, every HBM size and cluster size",
+    )
+    p.add_argument("--model", required=True, help="model key (as in the trace directories)")
+    p.add_argument("--microbatch", type=int, required=True)
+    p.add_argument("--tp", type=int, nargs="+", required=True, help="tensor-parallel widths")
+    p.add_argument(
+        "--trace-dirs", nargs="+", required=True, help="one trace directory per width of --tp"
+    )
+    p.add_argument("--space", required=True, help="space.parquet")
+    add_config_argument(p)
+    p.add_argument("--out", required=True, help="bounds table (parquet)")
 
     p = sub.add_parser("blind", help="placement-blind baseline: min single-accelerator latency")
     p.add_argument("--model", required=True)
@@ -79,15 +105,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "commands", nargs="+", help="each a quoted `phaze` command line, e.g. 'place ...'"
     )
 
-    p = sub.add_parser("summarize", help="best / comparison / explored tables")
+    p = sub.add_parser("summarize", help="best / comparison / explored / front / certified")
     p.add_argument("--plan", required=True)
+    p.add_argument("--state", required=True, help="the final round's state.json (nothing to do)")
     p.add_argument("--space", required=True)
     p.add_argument(
         "--manifest",
         required=True,
-        help="JSON manifest of the summary's inputs: place (model, microbatch, round, tier), "
-        "blind_place (model, microbatch, tier), blind (model: the baseline's choice) and "
-        "schedules (model, microbatch, tp, tier bounds | ilp | blind: the ILP counts)",
+        help="JSON manifest of the summary's inputs: space (model, microbatch: the space "
+        "bounds), place (model, microbatch, round, tier), blind_place (model, microbatch, tier), "
+        "blind (model: the baseline's choice) and schedules (model, microbatch, tp, tier bounds "
+        "| ilp | deep | blind: the ILP counts)",
     )
     add_config_argument(p)
     p.add_argument("--out-dir", required=True)
@@ -96,4 +124,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from phaze.search import commands
 
-    return getattr(commands, args.action)(args)
+    action = {"select": "select_round"}.get(args.action, args.action)
+    return getattr(commands, action)(args)

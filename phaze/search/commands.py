@@ -6,23 +6,18 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from phaze.config import load_config
 from phaze.errors import PhazeError
 from phaze.io import read_table, write_json_atomic, write_table
-from phaze.search.files import load_manifest, load_place
+from phaze.search.dominance import edges_of
+from phaze.search.files import load_manifest, load_place, load_space
 from phaze.search.plan import make_plan, n_rounds
 from phaze.search.progress import jobs_cpu_seconds, progress_line, round_progress
-from phaze.search.scores import (
-    SearchSettings,
-    all_scores,
-    components,
-    ilp_requests,
-    needed_pairs,
-    search_states,
-    select_for_ilp,
-)
+from phaze.search.rounds import COMPONENT_COLUMNS, select, solve_selection, walk_prior_states
+from phaze.search.scores import LEVEL, SearchSettings, components
 
 
 def _config(args) -> dict:
@@ -33,15 +28,6 @@ def baseline_presets(search_cfg: dict) -> tuple[str, ...]:
     """The presets the comparison is made against (config ``search``), computed in round 0."""
     names = (search_cfg["baseline_preset"], search_cfg["upstream_baseline_preset"])
     return tuple(dict.fromkeys(n for n in names if n))
-
-
-def _pairs(place: pd.DataFrame) -> list[tuple[str, int]]:
-    return sorted({(str(m), int(b)) for m, b in zip(place["model"], place["microbatch"])})
-
-
-def _scores(place: pd.DataFrame, settings: SearchSettings) -> pd.DataFrame:
-    models = sorted(place["model"].astype(str).unique())
-    return all_scores(components(place, settings.final_tier), models)
 
 
 def plan(args: argparse.Namespace) -> int:
@@ -61,78 +47,165 @@ def plan(args: argparse.Namespace) -> int:
     write_table(df, args.out, "chunks")
     print(
         f"phaze search plan: {len(df)} archs, {df['bucket'].max() + 1} buckets, "
-        f"{n_rounds(df)} rounds, {df['chunk'].max() + 1} chunks -> {args.out}"
+        f"{n_rounds(df)} rounds of the area walk -> {args.out}"
     )
     return 0
 
 
-def _load_round_inputs(args):
-    cfg = _config(args)["search"]
-    settings = SearchSettings.from_config(cfg)
-    plan_df = read_table(args.plan, "chunks")
-    entries = load_manifest(args.manifest, ("place",))["place"]
-    if not entries:
-        raise PhazeError(f"round {args.round}: no placement files in {args.manifest}")
-    place = load_place(entries)
-    round_of = {e["path"]: e["round"] for e in entries}
-    return cfg, settings, plan_df, place, place["source"].map(round_of)
+class RoundInputs:
+    """What a round decision reads: the config, the plan, and every component known (space
+    bounds and placements, each placement file with its round)."""
+
+    def __init__(self, args: argparse.Namespace):
+        config = _config(args)
+        self.cfg = config["search"]
+        self.settings = SearchSettings.from_config(self.cfg)
+        self.pinned = baseline_presets(self.cfg)
+        self.plan = read_table(args.plan, "chunks")
+        doc = load_manifest(args.manifest, ("space", "place"))
+        if not doc["space"]:
+            raise PhazeError(f"round {args.round}: no space bounds in {args.manifest}")
+        self.space = load_space(doc["space"])
+        self.edges = edges_of(self.space)
+        self.models = sorted(self.space["model"].astype(str).unique())
+        self.place = load_place(doc["place"])
+        rounds = {e["path"]: e["round"] for e in doc["place"]}
+        self.rounds = self.place["source"].map(rounds) if len(self.place) else pd.Series([])
+        self.round = args.round
+
+    def components(self, upto_round: int, extra_tiers: tuple[str, ...] = ()) -> pd.DataFrame:
+        """Components known after the rounds before ``upto_round``, plus round ``upto_round``'s
+        placements of ``extra_tiers``."""
+        place = self.place
+        if len(place):
+            keep = (self.rounds < upto_round) | (
+                (self.rounds == upto_round) & place["tier"].isin(extra_tiers)
+            )
+            place = place[keep.to_numpy()]
+        if place.empty:
+            place = pd.DataFrame(
+                columns=["model", "hbm_bytes", "microbatch", "devices", "arch", "tier"]
+                + ["throughput_seq_s"]
+            )
+        return components(place, self.settings.final_tier, self.space, self.edges)
+
+
+def walk_position(state_path: str | None) -> tuple[int | None, int]:
+    """(visit, completed) of a round's state.json: the plan round the area walk visits in that
+    round (None: none) and the plan rounds it completed before; (None, −1) before round 0."""
+    if state_path is None:
+        return None, -1
+    try:
+        doc = json.loads(Path(state_path).read_text())
+        visit, completed = doc["walk_visit"], int(doc["walk_completed"])
+    except FileNotFoundError:
+        raise PhazeError(f"search state not found: {state_path}") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise PhazeError(f"{state_path} is not a search state: {exc}") from None
+    return (None if visit is None else int(visit)), completed
+
+
+def _chunked(sel: pd.DataFrame, chunk_archs: int) -> pd.DataFrame:
+    """Chunk ids per (model, microbatch): at most ``chunk_archs`` archs each, archs sorted."""
+    out = []
+    for _, grp in sel.sort_values(COMPONENT_COLUMNS).groupby(["model", "microbatch"], sort=True):
+        grp = grp.reset_index(drop=True)
+        out.append(grp.assign(chunk=np.arange(len(grp)) // chunk_archs))
+    if not out:
+        return sel.assign(chunk=pd.Series(dtype="int64"))
+    return pd.concat(out, ignore_index=True)
+
+
+def select_round(args: argparse.Namespace) -> int:
+    """Round r's components to refine (select.parquet) and the search's state before the round
+    (state.json: the walk's and the global searches' answers so far; ``continue`` = anything
+    to do)."""
+    ri = RoundInputs(args)
+    r = ri.round
+    if (r > 0) != (args.previous_state is not None):
+        raise PhazeError(
+            "select needs --previous-state (round r-1's state.json) exactly when r > 0"
+        )
+    visit, completed = walk_position(args.previous_state)
+    completed = visit if visit is not None else completed
+    comp = ri.components(r)
+    sel, pic = select(comp, ri.plan, r, ri.settings, ri.models, completed, ri.pinned)
+    sel = _chunked(sel, ri.cfg["chunk_archs"])
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_table(sel, out / "select.parquet", "select")
+    walk = pic["walk_states"]
+    progress = round_progress(comp, pic, walk, sel, r, ri.settings)
+    doc = {
+        "round": r,
+        "continue": bool(len(sel)),
+        # the area walk: the plan round it visits in this round (null: none) and those it
+        # completed before (the next round's select and this round's prune read them)
+        "walk_visit": pic["walk_visit"],
+        "walk_completed": int(pic["walk_completed"]),
+        "progress": progress,
+        "walk": json.loads(walk.to_json(orient="records")),
+        "global": json.loads(pic["global_states"].to_json(orient="records"))
+        if "global_states" in pic
+        else [],
+    }
+    write_json_atomic(out / "state.json", doc)
+    print(progress_line({**progress, "jobs_cpu_s": jobs_cpu_seconds(args.benchmarks)}))
+    print(f"phaze search select: round {r}: {len(sel)} (model, microbatch, arch) -> {out}")
+    return 0
 
 
 def prune(args: argparse.Namespace) -> int:
-    cfg, settings, plan_df, place, rounds = _load_round_inputs(args)
-    r = args.round
-    stage = args.stage
-    if stage == "deep" and settings.final_tier != "deep":
+    """Which of round r's components the ILP stage ``--stage`` solves: one chunk table per
+    (model, microbatch) of the round (its chunks are the round's select chunks) and
+    selected.parquet."""
+    ri = RoundInputs(args)
+    r, stage = ri.round, args.stage
+    if stage == "deep" and ri.settings.final_tier != "deep":
         raise PhazeError("prune --stage deep needs search.deepen_node_limit > 0 in the config")
-    # States after the previous round, recomputed from the same files (deterministic).
-    earlier = place[rounds < r]
-    prior = search_states(_scores(earlier, settings), plan_df, r - 1, settings) if r > 0 else None
-    scores = _scores(place, settings)
-    selected = select_for_ilp(scores, plan_df, r, settings, prior)
-    current = place[rounds == r]
-    pairs = _pairs(current)
-    requests = ilp_requests(selected, plan_df, r, pairs, baseline_presets(cfg))
+    sel = read_table(args.select, "select")
+    visit, completed = walk_position(args.state)
+    prior = walk_prior_states(ri.components(r), ri.plan, completed, ri.settings, ri.models)
+    tiers = ("ub", "lo") if stage == "ilp" else ("ub", "lo", "ilp", "ilp_ub")
+    comp = ri.components(r, tiers)
+    cand = sel
+    if stage == "deep":
+        done = comp.loc[comp["level"] >= LEVEL["ilp"], COMPONENT_COLUMNS]
+        cand = sel.merge(done.drop_duplicates(), on=COMPONENT_COLUMNS)
+    chosen = solve_selection(
+        comp, ri.plan, ri.settings, ri.models, visit, prior, cand, stage, ri.pinned
+    )
+    chosen = chosen.merge(sel[COMPONENT_COLUMNS + ["chunk"]], on=COMPONENT_COLUMNS)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for m, b in pairs:
-        sub = requests[(requests["model"] == m) & (requests["microbatch"] == b)]
+    for (m, b), _ in sel.groupby(["model", "microbatch"], sort=True):
+        mine = chosen[(chosen["model"] == m) & (chosen["microbatch"] == b)]
         write_table(
-            sub[["arch", "chunk"]].reset_index(drop=True), out / f"{m}_b{b}.parquet", "chunks"
+            mine[["arch", "chunk"]].reset_index(drop=True), out / f"{m}_b{b}.parquet", "chunks"
         )
-    selected.astype({"hi": float, "threshold": float}).to_parquet(out / "selected.parquet.tmp")
-    (out / "selected.parquet.tmp").replace(out / "selected.parquet")
-    # the candidates: every (model, microbatch, arch) of the round, or those the ILP tier solved
-    computed = place[(rounds == r) & (place["tier"] == ("ub" if stage == "ilp" else "ilp"))]
-    n_total = len(computed[["model", "microbatch", "arch"]].drop_duplicates())
+    write_table(chosen, out / "selected.parquet", "select")
     what = "ILP" if stage == "ilp" else "deep ILP"
     print(
-        f"phaze search prune: round {r}: {what} for {len(requests)} of {n_total} "
-        f"(model, microbatch, arch) in this round -> {out}"
+        f"phaze search prune: round {r}: {what} for {len(chosen)} of {len(cand)} "
+        f"(model, microbatch, arch) of the round -> {out}"
     )
     return 0
 
 
-def state(args: argparse.Namespace) -> int:
-    _cfg, settings, plan_df, place, _rounds = _load_round_inputs(args)
-    r = args.round
-    scores = _scores(place, settings)
-    states = search_states(scores, plan_df, r, settings)
-    pairs = _pairs(place)
-    need = needed_pairs(states, pairs)
-    more = r + 1 < n_rounds(plan_df)
-    doc = {
-        "round": r,
-        "continue": bool(more and need),
-        "needed": [[m, b] for m, b in need] if more else [],
-        "rounds_total": n_rounds(plan_df),
-        "searches": json.loads(states.to_json(orient="records")),
-    }
-    progress = round_progress(scores, states, r, doc["rounds_total"])
-    # the state file stays a function of the results; the CPU so far goes to the log only
-    doc["progress"] = progress
-    write_json_atomic(args.out, doc)
-    print(progress_line({**progress, "jobs_cpu_s": jobs_cpu_seconds(args.benchmarks)}))
-    print(f"phaze search state: continue={doc['continue']} -> {args.out}")
+def bounds(args: argparse.Namespace) -> int:
+    """The space bound of one model and microbatch: every architecture, HBM size, cluster size."""
+    from phaze.search.space_bounds import bounds_table
+
+    config = _config(args)
+    if len(args.tp) != len(args.trace_dirs):
+        raise PhazeError("--tp and --trace-dirs need one trace directory per width")
+    df = bounds_table(args, config)
+    write_table(df, args.out, "bounds")
+    top = df["throughput_upper_seq_s"].max()
+    print(
+        f"phaze search bounds: {args.model} b{args.microbatch}: {df['arch'].nunique()} archs, "
+        f"largest bound {top:.6g} seq/s -> {args.out}"
+    )
     return 0
 
 
@@ -156,7 +229,8 @@ def blind(args: argparse.Namespace) -> int:
 def _ilp_counts(entries: list[dict], gap: float) -> dict:
     """ILP instances: those whose bound-tier gap (list schedule vs lower bound) exceeds the
     configured ``schedule.gap`` — the ones the ILP tier must hand to the solver. Counted for the
-    (model, microbatch, arch) that got the ILP tier (``solved``) and for those pruning skipped."""
+    (model, microbatch, arch) that got the ILP tier (``solved``) and for those the search's
+    bounds settled without it."""
     ilp_archs, deep_archs, bounds = set(), set(), []
     for e in entries:
         df = read_table(e["path"], "schedule")
@@ -169,6 +243,7 @@ def _ilp_counts(entries: list[dict], gap: float) -> dict:
     solved = avoided = deepened = 0
     if bounds:
         b = pd.concat(bounds, ignore_index=True)
+        b = b.drop_duplicates(["model", "microbatch", "arch", "signature", "pass"])
         open_gap = (b["makespan_s"] - b["lower_bound_s"]) > gap * b["makespan_s"]
         keys = list(zip(b["model"], b["microbatch"], b["arch"]))
         got_ilp = pd.Series([k in ilp_archs for k in keys], index=b.index)
@@ -200,46 +275,60 @@ def summarize(args: argparse.Namespace) -> int:
     settings = SearchSettings.from_config(cfg)
     plan_df = read_table(args.plan, "chunks")
     space = read_table(args.space, "space")
-    doc = load_manifest(args.manifest, ("place", "blind_place", "blind", "schedules"))
+    doc = load_manifest(args.manifest, ("space", "place", "blind_place", "blind", "schedules"))
     if not doc["place"]:
         raise PhazeError(f"summarize: no placement files in {args.manifest}")
     last = max(e["round"] for e in doc["place"])
     place = load_place(doc["place"])
+    bounds = load_space(doc["space"])
     blind_place = load_place(doc["blind_place"])
     blind = (
         pd.concat([read_table(e["path"]) for e in doc["blind"]], ignore_index=True)
         if doc["blind"]
         else pd.DataFrame(columns=["model", "arch"])
     )
-    models = sorted(place["model"].astype(str).unique())
+    models = sorted(bounds["model"].astype(str).unique()) or sorted(
+        place["model"].astype(str).unique()
+    )
+    visit, completed = walk_position(args.state)
+    if visit is not None:
+        raise PhazeError(f"{args.state}: the search is not done (its walk visits round {visit})")
     out = build(
         plan_df,
         space,
         place,
+        bounds,
         blind_place,
         blind,
         models,
         settings,
-        last,
+        completed,
         cfg["baseline_preset"],
         cfg["upstream_baseline_preset"],
     )
     d = Path(args.out_dir)
-    write_table(out["best"], d / "best.parquet", "best")
-    write_table(out["comparison"], d / "comparison.parquet", "comparison")
-    write_table(out["explored"], d / "explored.parquet", "explored")
+    for name in ("best", "comparison", "explored", "front", "certified"):
+        write_table(out[name], d / f"{name}.parquet", name)
     ex = out["explored"]
+    best = out["best"]
+    mine = best[best["mode"] == settings.mode] if len(best) else best
     stats = {
         "rounds_computed": last + 1,
-        "rounds_total": n_rounds(plan_df),
-        "archs_in_space": len(plan_df),
-        "archs_computed": int(ex["arch"].nunique()),
-        "searches": len(out["states"]),
-        "searches_stopped_early": int((out["states"]["stop_bucket"] >= 0).sum()),
-        # the largest certificate over the answers (phaze.search.scores.certified_gap)
-        "certified_gap_max": _max_or_none(out["best"], "certified_gap"),
+        "archs_in_space": int((plan_df["bucket"] >= 0).sum()),
+        "archs_refined": int(ex["arch"].nunique()),
+        "components_in_space": len(bounds),
+        "searches": out["searches"],
+        # the largest certificate over the answers of the configured mode, over the whole space
+        "certified_gap_max": _max_or_none(mine, "certified_gap"),
+        "space_gap_max": _max_or_none(best, "space_gap"),
+        "front_gap_max": _max_or_none(out["global_states"], "front_gap"),
+        "no_answer": out["no_answer"],
         "settings": {
             "mode": settings.mode,
+            "gap": settings.gap,
+            "front_gap": settings.front_gap,
+            "round_archs": settings.round_archs,
+            "common_score": settings.common_score,
             "stop_rule": settings.stop_rule,
             "patience": settings.patience,
             "pruning": settings.pruning,
@@ -247,9 +336,16 @@ def summarize(args: argparse.Namespace) -> int:
             "bucket_width_mm2": cfg["bucket_width_mm2"],
             "deepen_node_limit": cfg["deepen_node_limit"],
         },
+        **out["counts"],
         **_ilp_counts(doc["schedules"], config["schedule"]["gap"]),
     }
     write_json_atomic(d / "search_stats.json", stats)
+    for rec in out["no_answer"]:
+        what = rec["model"] if rec["model"] != "*" else f"Phaze-Common ({rec['common_score']})"
+        print(
+            f"phaze search summarize: no answer for {what} at {rec['hbm_bytes'] / 2**30:g} GiB "
+            f"on {rec['devices']} devices ({rec['mode']}): no placement fits any architecture"
+        )
     print(json.dumps(stats, indent=1))
     return 0
 

@@ -12,14 +12,15 @@ from phaze.search.scores import TIERS
 
 #: placement tiers (phaze.search.scores): ub = on lower bounds, lo = on list schedules, ilp = on
 #: the ILP's makespans, ilp_ub = on the ILP's proven lower bounds, deep / deep_ub = the same on
-#: the deeper ILP
-PLACE_TIERS = TIERS
+#: the deeper ILP (``space``, the space bound, comes in tables of its own: kind "space")
+PLACE_TIERS = tuple(t for t in TIERS if t != "space")
 #: schedule tiers: bounds (list schedule + lower bound), ilp, deep, blind (the baseline's ILP)
 SCHEDULE_TIERS = ("bounds", "ilp", "deep", "blind")
 
 #: kind -> the keys (and types) of each manifest entry, besides its path
 MANIFEST_FIELDS = {
     "place": {"model": str, "microbatch": int, "round": int, "tier": str},
+    "space": {"model": str, "microbatch": int},
     "blind_place": {"model": str, "microbatch": int, "tier": str},
     "blind": {"model": str},
     "schedules": {"model": str, "microbatch": int, "tp": int, "tier": str},
@@ -47,4 +48,31 @@ def load_place(entries: list[dict]) -> pd.DataFrame:
         frames.append(df.assign(tier=e["tier"], source=e["path"]))
     if not frames:
         return pd.DataFrame(columns=["tier", "source"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def load_space(entries: list[dict]) -> pd.DataFrame:
+    """The space bounds (``phaze search bounds``) of every (model, microbatch) listed."""
+    frames = []
+    for e in entries:
+        df = read_table(e["path"], "bounds")
+        bad = (df["model"] != e["model"]) | (df["microbatch"] != e["microbatch"])
+        if bad.any():
+            raise PhazeError(
+                f"{e['path']}: rows of another model or microbatch than the manifest says "
+                f"({e['model']}, {e['microbatch']})"
+            )
+        frames.append(df)
+    if not frames:
+        return pd.DataFrame(
+            columns=[
+                "arch",
+                "model",
+                "microbatch",
+                "hbm_bytes",
+                "devices",
+                "throughput_upper_seq_s",
+                "dominated_by",
+            ]
+        )
     return pd.concat(frames, ignore_index=True)

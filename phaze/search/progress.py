@@ -1,12 +1,12 @@
 """One line per search round, for a person watching a long run.
 
-After each round the ``search_state`` checkpoint records where the run stands (``progress`` in
-``results/search/r{round}/state.json``) and prints it: the round, how many searches still run and
-how many stopped, the architectures visited so far, how many (model, microbatch, arch) triples
-were given the ILP (and of them, the deep ILP) and how many the bounds settled without it, the
-CPU seconds of the jobs so far
-(the ``cpu_time`` column of Snakemake's ``benchmark:`` files) and each model's best throughput so
-far (over its Phaze-Per-Model searches).
+Before each round the ``search_select`` checkpoint records where the run stands (``progress`` in
+``results/search/r{round}/state.json``) and prints it: the round and what it refines, the
+architectures refined so far and how many (model, microbatch, arch) triples were given the ILP
+(and the deep ILP), the area walk's searches running and stopped, the global searches' largest
+certificate and front certificate and how many are still open, the CPU seconds of the jobs so
+far (the ``cpu_time`` column of Snakemake's ``benchmark:`` files) and each model's best
+throughput so far.
 """
 
 from __future__ import annotations
@@ -39,37 +39,60 @@ def jobs_cpu_seconds(bench_dir: str | Path | None) -> float | None:
 
 
 def round_progress(
-    scores: pd.DataFrame,
-    states: pd.DataFrame,
+    comp: pd.DataFrame,
+    picture: dict,
+    walk: pd.DataFrame,
+    selection: pd.DataFrame,
     round_: int,
-    rounds_total: int,
+    settings,
 ) -> dict:
-    """Where the run stands after ``round_``.
+    """Where the run stands before round ``round_`` (:func:`phaze.search.commands.select_round`).
 
-    ``scores`` are :func:`phaze.search.scores.all_scores` of every placement so far (columns
-    ``strategy``, ``model``, ``microbatch``, ``arch``, ``ach``, ``has_ilp``), ``states`` the
-    :func:`phaze.search.scores.search_states` after the round."""
-    per_model = scores[scores["strategy"] == "phaze-per-model"]
-    triples = per_model[["model", "microbatch", "arch", "has_ilp", "has_deep"]]
-    by_triple = triples.groupby(["model", "microbatch", "arch"])
-    solved, deepened = by_triple["has_ilp"].any(), by_triple["has_deep"].any()
-    best = {}
-    for model, grp in per_model.groupby("model", sort=True):
-        ach = grp["ach"].to_numpy(dtype=float)
-        ach = ach[np.isfinite(ach)]
-        best[str(model)] = float(ach.max()) if len(ach) else None
+    ``comp``: every component known (:func:`phaze.search.scores.components`, space bounds
+    included); ``picture``: :func:`phaze.search.rounds.search_picture`; ``walk``: the walk's
+    states; ``selection``: the components the round refines."""
+    refined = comp[comp["level"] >= 1]
+    triples = refined[["model", "microbatch", "arch"]].drop_duplicates()
+    ilp = comp[comp["level"] >= 2][["model", "microbatch", "arch"]].drop_duplicates()
+    deep = comp[comp["level"] >= 3][["model", "microbatch", "arch"]].drop_duplicates()
+    best, gaps = {}, {}
+    states = picture.get("global_states")
+    if states is not None and len(states):
+        pm = states[states["strategy"] == "phaze-per-model"]
+        for model, grp in pm.groupby("model", sort=True):
+            score = grp["score"].to_numpy(dtype=float)
+            best[str(model)] = float(np.nanmax(score)) if np.isfinite(score).any() else None
+        gaps = {
+            "certified_gap_max": _finite_max(states["certified_gap"]),
+            "front_gap_max": _finite_max(states["front_gap"]),
+            "searches_open": int(((states["open_gap"] + states["open_front"]) > 0).sum()),
+            "searches": len(states),
+        }
+    else:
+        pm = comp[comp["ach"].notna()]
+        for model, grp in pm.groupby("model", sort=True):
+            best[str(model)] = float(grp["ach"].max())
     return {
         "round": int(round_),
-        "rounds_total": int(rounds_total),
-        "searches_running": int(states["running"].sum()),
-        "searches_stopped": int((states["stop_bucket"] >= 0).sum()),
-        "searches": len(states),
-        "archs_visited": int(per_model["arch"].nunique()),
-        "ilp_solved": int(solved.sum()),
-        "ilp_avoided": int((~solved).sum()),
-        "ilp_deepened": int(deepened.sum()),
+        "mode": settings.mode,
+        "walk_running": int(walk["running"].sum()) if len(walk) else 0,
+        "walk_stopped": int((walk["stop_bucket"] >= 0).sum()) if len(walk) else 0,
+        "walk_searches": len(walk),
+        "archs_refined": int(triples["arch"].nunique()),
+        "components_refined": len(triples),
+        "components_ilp": len(ilp),
+        "components_deep": len(deep),
+        "components_this_round": len(selection),
+        "archs_this_round": int(selection["arch"].nunique()) if len(selection) else 0,
         "best_throughput_seq_s": best,
+        **gaps,
     }
+
+
+def _finite_max(col: pd.Series) -> float | None:
+    v = pd.to_numeric(col, errors="coerce").to_numpy(dtype=float)
+    v = v[~np.isnan(v)]
+    return float(v.max()) if len(v) else None
 
 
 def _fmt(x: float | None) -> str:
@@ -83,11 +106,24 @@ def progress_line(doc: dict) -> str:
     known)."""
     best = ", ".join(f"{m} {_fmt(v)}" for m, v in doc["best_throughput_seq_s"].items())
     cpu = "-" if doc.get("jobs_cpu_s") is None else f"{doc['jobs_cpu_s']:.0f}"
+    cert = ""
+    if "searches" in doc:
+        cert = (
+            f"; certificate {_pct(doc.get('certified_gap_max'))}, front "
+            f"{_pct(doc.get('front_gap_max'))}, {doc['searches_open']}/{doc['searches']} "
+            "global searches open"
+        )
     return (
-        f"phaze search: round {doc['round'] + 1}/{doc['rounds_total']}: "
-        f"{doc['searches_running']} searches running, {doc['searches_stopped']}/{doc['searches']} "
-        f"stopped; {doc['archs_visited']} archs visited; ILP for {doc['ilp_solved']} "
-        f"(model, microbatch, arch) ({doc['ilp_deepened']} deepened), "
-        f"{doc['ilp_avoided']} settled by bounds; jobs {cpu} CPU-s; "
+        f"phaze search: round {doc['round']}: refining {doc['components_this_round']} "
+        f"(model, microbatch, arch) of {doc['archs_this_round']} archs; so far "
+        f"{doc['archs_refined']} archs refined, ILP for {doc['components_ilp']} "
+        f"({doc['components_deep']} deepened); walk {doc['walk_running']} running, "
+        f"{doc['walk_stopped']}/{doc['walk_searches']} stopped{cert}; jobs {cpu} CPU-s; "
         f"best seq/s: {best or '-'}"
     )
+
+
+def _pct(x: float | None) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    return f"{100 * x:.2f} %"

@@ -1,51 +1,40 @@
-"""Search state from placement results: values per search, early stop, exact pruning, answers.
+"""What the search knows of each architecture: components, their tiers, and the searches' scores.
 
 Vocabulary
 ----------
 *component*: one placement result, keyed by ``COMPONENT_KEY`` (model, HBM, microbatch, cluster
-size, arch); the placement axes (recompute, interleave, ...) are chosen inside it. Each component
-can be known at three tiers:
+size, arch); the placement axes (recompute, interleave, ...) are chosen inside it. A component is
+known at one or more *tiers*; each tier is an upper bound on its throughput, an achievable
+throughput, or both:
 
-* ``ub`` — placement on per-layer *lower bounds* of the makespans: a throughput upper bound,
-  ``hi`` (the placement's time is at most that of any latencies above the bounds — with the
-  achievable makespans as the DDP overlap's window, docs/step.md — and memory does not depend on
-  them);
-* ``lo`` — placement on list-schedule makespans (a real schedule): an achievable throughput;
-* ``ilp`` — placement on the ILP's makespans (what solving every ILP would report);
-* ``ilp_ub`` — placement on the ILP's proven lower bounds: a second throughput upper bound, so
-  ``hi`` is the smaller of the two once the ILP ran;
-* ``deep``, ``deep_ub`` — the same on a deeper ILP (a larger node limit, config
-  ``search.deepen_node_limit``), run only for the archs whose interval [``ach``, ``hi``] still
-  reaches above the incumbent once the ILP tier is in (see below). More nodes never lengthen the
-  schedule nor lower the bound, so each tier's interval nests in the previous one's.
+* ``space`` — the space bound (``phaze search bounds``): placement relaxed over every
+  configuration on vectorised per-layer lower bounds, computed for every architecture of the
+  space at once; an upper bound only (docs/search.md, "Bounds over the whole space");
+* ``ub`` — placement on the schedule stage's per-layer *lower bounds*: an upper bound (the
+  placement's time is at most that of any latencies above the bounds, with the achievable
+  makespans as the DDP overlap's window, docs/step.md; memory does not depend on them);
+* ``lo`` — placement on list-schedule makespans (real schedules): achievable;
+* ``ilp`` / ``ilp_ub`` — placement on the ILP's makespans (achievable) and on its proven lower
+  bounds (an upper bound);
+* ``deep`` / ``deep_ub`` — the same on a deeper ILP (``search.deepen_node_limit``). More nodes
+  never lengthen a schedule nor lower a bound, so the intervals nest.
 
-The *final* tier (``deep`` when deepening is configured, else ``ilp``) is the reference: the
-answer and stop point are those of solving every architecture at that tier, and a component is
-``exact`` once its final-tier value (or bounds that meet) is known.
+``hi`` is the smallest upper bound known, ``ach`` the best achievable value known. A component's
+*level* says how far it has been refined: 0 = space bound only, 1 = bound tier (``ub``, ``lo``),
+2 = ILP tier, 3 = deep tier. The *final* tier (``deep`` when deepening is configured, else
+``ilp``) is the reference: a component is ``exact`` once its final-tier value is known, its bounds
+meet, or no placement fits (memory does not depend on latencies, so no schedule can make it fit).
 
-*certificate*: a search's ``certified_gap`` = (largest ``hi`` over the architectures it visited)
-/ (the winner's score) − 1, floored at 0: no visited architecture, pruned or solved, can beat the
-reported winner by more than this, whatever the exact schedules are.
+*scores*: Phaze-Per-Model scores an architecture by one model's throughput; Phaze-Common by an
+aggregate over the models of each model's best throughput over microbatch (software choices stay
+free per model; an architecture infeasible for any model scores nothing, as upstream):
 
-*search*: Phaze-Per-Model has one search per (model, HBM, microbatch, devices), its score the
-component's throughput. Phaze-Common has one search per (HBM, devices), its score for an arch
-the mean over models of that model's best throughput over microbatch
-(software choices stay free per model; an arch infeasible for any model scores nothing, as
-upstream drops it).
-
-Exact pruning
--------------
-For an arch in bucket j, let ``B_{≤j}`` be the best *achievable* score among architectures in
-buckets 0…j computed so far. The ILP is needed only if ``hi > B_{≤j}``: otherwise the arch can
-neither beat the answer nor change the running best ``R_j`` the stop test reads (see
-:mod:`phaze.search.stop`). The arch attaining ``B`` is itself either selected (``hi > B``) or
-already exact (``hi == lo``), so the reported best is always an ILP (or bound-tight) value: the
-answer and the stop point equal those of solving every ILP.
-
-Deepening applies the same rule once more inside the round: with the ILP tier's values in,
-``B`` and ``hi`` are tighter, and only the archs still above ``B`` (and not exact) get the deep
-tier. An arch left out has ``hi ≤ B``, so its deep value cannot beat the answer or move the
-running best either: the answer and stop point equal those of solving every arch deeply.
+* ``mean`` — upstream's arithmetic mean of throughputs (sequences per second): the models with the
+  highest sequences per second decide it;
+* ``relative`` — the geometric mean over models of the throughput relative to a reference per
+  model (the best throughput the search knows for that model): every model counts alike. The
+  reference only scales the score, so the best architecture and every certificate are the same
+  whatever reference is used.
 """
 
 from __future__ import annotations
@@ -57,15 +46,18 @@ import pandas as pd
 
 from phaze.config import schema_defaults
 from phaze.errors import PhazeError
-from phaze.search.stop import stop_bucket
+from phaze.search.dominance import check_closed, close_bounds
 
 COMPONENT_KEY = ["model", "hbm_bytes", "microbatch", "devices", "arch"]
-PER_MODEL_KEY = ["model", "hbm_bytes", "microbatch", "devices"]
-COMMON_KEY = ["hbm_bytes", "devices"]
-TIERS = ("ub", "lo", "ilp", "ilp_ub", "deep", "deep_ub")
-#: tiers that hold a schedule's value (achievable) and the final tiers the ``exact`` flag reads
+TIERS = ("space", "ub", "lo", "ilp", "ilp_ub", "deep", "deep_ub")
+#: tiers that bound a component's throughput from above, and tiers that hold a real schedule's
+UPPER = ("space", "ub", "ilp_ub", "deep_ub")
 ACHIEVABLE = ("lo", "ilp", "deep")
 FINAL_TIERS = ("ilp", "deep")
+#: the level a tier brings a component to (0 = space bound only)
+LEVEL = {"space": 0, "ub": 1, "lo": 1, "ilp": 2, "ilp_ub": 2, "deep": 3, "deep_ub": 3}
+COMMON_SCORES = ("relative", "mean")
+MODES = ("global", "early_stop", "exhaustive")
 
 
 _DEFAULT = schema_defaults()["search"]
@@ -77,23 +69,45 @@ class SearchSettings:
 
     patience: int = _DEFAULT["patience"]
     stop_rule: str = _DEFAULT["stop_rule"]
-    mode: str = _DEFAULT["mode"]  # early_stop | exhaustive
+    mode: str = _DEFAULT["mode"]  # global | early_stop | exhaustive
     prune: bool = _DEFAULT["prune"]
     deepen_node_limit: int = _DEFAULT["deepen_node_limit"]  # 0: no deep tier
+    gap: float = _DEFAULT["gap"]
+    front_gap: float | None = _DEFAULT["front_gap"]  # None: the front is not refined for
+    round_archs: int = _DEFAULT["round_archs"]
+    common_score: str = _DEFAULT["common_score"]
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise PhazeError(f"search.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        for name in ("gap", "front_gap"):
+            v = getattr(self, name)
+            if v is None and name == "front_gap":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1:
+                raise PhazeError(f"search.{name} must be in [0, 1), got {v}")
+        if self.common_score not in COMMON_SCORES:
+            raise PhazeError(
+                f"search.common_score must be one of {', '.join(COMMON_SCORES)}, "
+                f"got {self.common_score!r}"
+            )
+        if self.round_archs < 1:
+            raise PhazeError(f"search.round_archs must be >= 1, got {self.round_archs}")
 
     @classmethod
     def from_config(cls, search_cfg: dict) -> SearchSettings:
         """From a validated config section ``search`` (phaze.config.load_config)."""
-        s = cls(
+        return cls(
             patience=search_cfg["patience"],
             stop_rule=search_cfg["stop_rule"],
             mode=search_cfg["mode"],
             prune=search_cfg["prune"],
             deepen_node_limit=search_cfg["deepen_node_limit"],
+            gap=search_cfg["gap"],
+            front_gap=search_cfg["front_gap"],
+            round_archs=search_cfg["round_archs"],
+            common_score=search_cfg["common_score"],
         )
-        if s.mode not in ("early_stop", "exhaustive"):
-            raise PhazeError(f"search.mode must be early_stop or exhaustive, got {s.mode!r}")
-        return s
 
     @property
     def final_tier(self) -> str:
@@ -101,17 +115,36 @@ class SearchSettings:
         return "deep" if self.deepen_node_limit > 0 else "ilp"
 
     @property
+    def final_level(self) -> int:
+        return LEVEL[self.final_tier]
+
+    @property
     def pruning(self) -> bool:
         # upstream's per-bucket rule needs every bucket's own best exactly: no pruning under it
         return self.prune and self.stop_rule == "running_best"
 
+    @property
+    def walk_stops(self) -> bool:
+        """The area-ordered walk applies the stop rule (early_stop, and global mode's second
+        answer); exhaustive walks every bucket."""
+        return self.mode != "exhaustive"
 
-def components(place: pd.DataFrame, final: str = "ilp") -> pd.DataFrame:
-    """Wide table, one row per component: ``hi``, ``lo``, ``ilp`` throughputs (NaN = unknown or
-    infeasible), ``ach`` = best achievable known, ``exact`` = value known at the ``final`` tier
-    (``ilp``, or ``deep`` when the search deepens).
 
-    ``place`` is the concatenation of place tables with an added ``tier`` column."""
+def components(
+    place: pd.DataFrame,
+    final: str = "ilp",
+    space: pd.DataFrame | None = None,
+    edges: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """Wide table, one row per component: per tier its throughput (NaN = unknown or infeasible),
+    ``hi``, ``ach``, ``level``, ``exact``, ``led``.
+
+    ``place`` is the concatenation of placement tables with an added ``tier`` column; ``space``
+    (optional) the space bounds (``COMPONENT_KEY`` + ``throughput_upper_seq_s``), which may hold
+    every architecture of the space: components known only there get level 0. ``edges``
+    (optional, :func:`phaze.search.dominance.edges_of`): the dominance steps; ``hi`` is then the
+    smallest bound of the component and of every architecture dominating it, and ``led`` says
+    that it came from such an architecture (refining that one tightens this one)."""
     if final not in FINAL_TIERS:
         raise AssertionError(f"final tier must be one of {FINAL_TIERS}, got {final!r}")
     missing = [c for c in COMPONENT_KEY + ["tier", "throughput_seq_s"] if c not in place.columns]
@@ -123,258 +156,199 @@ def components(place: pd.DataFrame, final: str = "ilp") -> pd.DataFrame:
     bad = sorted(set(df["tier"]) - set(TIERS))
     if bad:
         raise PhazeError(f"unknown placement tiers {bad}")
-    wide = df.pivot_table(
-        index=COMPONENT_KEY, columns="tier", values="throughput_seq_s", aggfunc="max", dropna=False
-    )
-    wide = wide.reindex(columns=list(TIERS))
+    # only the (component, tier) pairs present: pivot_table(dropna=False) would add every
+    # combination of the key's levels
+    g = df.groupby(COMPONENT_KEY + ["tier"], sort=False)["throughput_seq_s"]
+    wide = g.max().unstack("tier").reindex(columns=list(TIERS))
+    present = g.size().unstack("tier").reindex(index=wide.index, columns=list(TIERS)).notna()
+    level = np.zeros(len(wide), dtype=np.int64)
+    for tier in TIERS:
+        level = np.maximum(level, np.where(present[tier].to_numpy(), LEVEL[tier], 0))
     wide.columns.name = None
     wide = wide.reset_index()
-    wide["hi"] = np.fmin(np.fmin(wide.pop("ub"), wide.pop("ilp_ub")), wide.pop("deep_ub"))
+    wide["level"] = level
+    for tier in UPPER:
+        wide[f"_has_{tier}"] = present[tier].to_numpy()
+    if space is not None and len(space):
+        sb = space[COMPONENT_KEY + ["throughput_upper_seq_s"]].rename(
+            columns={"throughput_upper_seq_s": "_space"}
+        )
+        sb["_in_space"] = True
+        wide = sb.merge(wide, on=COMPONENT_KEY, how="outer")
+        in_space = wide.pop("_in_space").fillna(False).astype(bool).to_numpy()
+        wide["space"] = np.fmin(wide["space"], wide.pop("_space"))
+        wide["level"] = wide["level"].fillna(0).astype(np.int64)
+        for tier in UPPER:
+            wide[f"_has_{tier}"] = wide[f"_has_{tier}"].fillna(False).astype(bool)
+        wide["_has_space"] |= in_space
+    # memory does not depend on latencies, so "nothing fits" (NaN) at one upper-bound tier holds
+    # at every tier: hi is NaN then; the smallest bound otherwise; +inf with no bound at all
+    has = np.column_stack([wide[f"_has_{t}"].to_numpy(bool) for t in UPPER])
+    upper = wide[list(UPPER)].to_numpy(dtype=float)
+    infeasible = (has & np.isnan(upper)).any(axis=1)
+    hi = np.where(has & ~np.isnan(upper), upper, np.inf).min(axis=1)
+    hi = np.where(infeasible, np.nan, hi)
+    wide = wide.drop(columns=[f"_has_{t}" for t in UPPER])
     wide["ach"] = wide[list(ACHIEVABLE)].max(axis=1, skipna=True)
-    wide["has_ilp"] = wide["ilp"].notna() | wide["deep"].notna()
-    wide["has_deep"] = wide["deep"].notna()
-    # Exactly known: a final-tier value, bounds that meet, or infeasible (NaN upper bound: memory
-    # does not depend on latencies, so no schedule can make it fit).
+    own = hi
+    if edges is not None and len(edges):
+        hi = close_bounds(wide, edges, own)
+        lowered = hi < own
+        check_closed(wide[lowered], hi[lowered], wide["ach"].to_numpy(float)[lowered])
+    wide["hi"] = hi
+    with np.errstate(invalid="ignore"):
+        wide["led"] = hi < own
+    wide["has_ilp"] = wide["level"] >= LEVEL["ilp"]
+    wide["has_deep"] = wide["level"] >= LEVEL["deep"]
+    # exactly known: a final-tier value, bounds that meet, or infeasible (NaN upper bound)
     wide["exact"] = (
-        wide[final].notna() | (wide["hi"] <= wide["ach"]).fillna(False) | wide["hi"].isna()
+        wide[final].notna()
+        | (wide["hi"] <= wide["ach"]).fillna(False)
+        | wide["hi"].isna()
+        | (wide["level"] >= LEVEL[final])
     )
     return wide
 
 
+#: one walk search (area-ordered, upstream's): per model × HBM × microbatch × devices, and
+#: Phaze-Common per HBM × devices × score
+SEARCH_KEY = ["strategy", "common_score", "model", "hbm_bytes", "microbatch", "devices"]
+VALUE_COLUMNS = ["hi", "ach", "exact", "has_ilp", "has_deep", "level", "led"]
+
+
 def per_model_scores(comp: pd.DataFrame) -> pd.DataFrame:
-    out = comp[PER_MODEL_KEY + ["arch", "hi", "ach", "exact", "has_ilp", "has_deep"]].copy()
+    """The walk's Phaze-Per-Model searches: one per (model, HBM, microbatch, devices)."""
+    out = comp[[c for c in SEARCH_KEY if c in comp.columns] + ["arch", *VALUE_COLUMNS]].copy()
     out.insert(0, "strategy", "phaze-per-model")
+    out.insert(1, "common_score", "")
     return out
 
 
-def common_scores(comp: pd.DataFrame, models: list[str]) -> pd.DataFrame:
-    """Phaze-Common score per (HBM, devices, arch): mean over ``models`` of each model's best
-    over microbatch; NaN unless every model has a feasible value."""
-    g = comp.groupby(["hbm_bytes", "devices", "arch", "model"], sort=False)
-    per_model = g.agg(
+def model_values(comp: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, HBM, devices, arch): the best over microbatch — ``hi`` / ``ach`` the largest
+    (NaN-aware), ``exact`` when every microbatch is, ``level`` the least refined microbatch,
+    ``led`` when a microbatch with the largest ``hi`` has it from a dominating architecture."""
+    key = ["model", "hbm_bytes", "devices", "arch"]
+    top = comp.groupby(key, sort=False, observed=True)["hi"].transform("max")
+    led = comp["led"] if "led" in comp.columns else pd.Series(False, index=comp.index)
+    comp = comp.assign(_led=led.astype(bool) & (comp["hi"] == top))
+    g = comp.groupby(key, sort=False, observed=True)
+    return g.agg(
         hi=("hi", "max"),
         ach=("ach", "max"),
         exact=("exact", "all"),
         has_ilp=("has_ilp", "all"),
         has_deep=("has_deep", "all"),
+        level=("level", "min"),
+        led=("_led", "any"),
     ).reset_index()
-    rows = []
-    for (hbm, dev, arch), grp in per_model.groupby(["hbm_bytes", "devices", "arch"], sort=False):
-        grp = grp.set_index("model").reindex(models)
-        hi = grp["hi"].mean(skipna=False) if grp["hi"].notna().all() else np.nan
-        ach = grp["ach"].mean(skipna=False) if grp["ach"].notna().all() else np.nan
-        rows.append(
-            (
-                hbm,
-                dev,
-                arch,
-                hi,
-                ach,
-                bool(grp["exact"].fillna(False).all()),
-                bool(grp["has_ilp"].fillna(False).all()),
-                bool(grp["has_deep"].fillna(False).all()),
-            )
+
+
+def model_references(comp: pd.DataFrame) -> dict[tuple, float]:
+    """(model, HBM, devices) -> the best achievable throughput known, or before any, the largest
+    finite upper bound: the reference of the ``relative`` score (any positive reference gives the
+    same ranking and certificates)."""
+    key = ["model", "hbm_bytes", "devices"]
+    hi = comp["hi"].where(np.isfinite(comp["hi"].to_numpy(dtype=float)))
+    refs = {k: float(v) for k, v in hi.groupby([comp[c] for c in key]).max().items() if v > 0}
+    best = comp["ach"].groupby([comp[c] for c in key]).max()
+    refs.update({k: float(v) for k, v in best.items() if v > 0})
+    return refs
+
+
+def aggregate(values: pd.DataFrame, models: list[str], kind: str, refs: dict) -> pd.DataFrame:
+    """Phaze-Common's score per (HBM, devices, arch) from per-model ``values`` (columns model,
+    hbm_bytes, devices, arch, hi, ach, exact, has_ilp, has_deep, level): ``mean`` or
+    ``relative`` (module docstring); NaN unless every model of ``models`` has a value. The
+    upper bound is the same aggregate of the upper bounds (both are non-decreasing in each
+    model's value)."""
+    if kind not in COMMON_SCORES:
+        raise AssertionError(f"unknown common score {kind!r}")
+    v = values[values["model"].isin(models)].copy()
+    if kind == "relative":
+        keys = pd.MultiIndex.from_tuples(
+            list(refs) or [("", 0, 0)], names=["model", "hbm_bytes", "devices"]
         )
-    out = pd.DataFrame(
-        rows,
-        columns=["hbm_bytes", "devices", "arch", "hi", "ach", "exact", "has_ilp", "has_deep"],
-    )
-    out["exact"] |= (out["hi"] <= out["ach"]).fillna(False) | out["hi"].isna()
-    out.insert(0, "strategy", "phaze-common")
-    out["model"], out["microbatch"] = "*", -1
-    return out
-
-
-SEARCH_KEY = ["strategy", "model", "hbm_bytes", "microbatch", "devices"]
-
-
-def all_scores(comp: pd.DataFrame, models: list[str]) -> pd.DataFrame:
-    scores = pd.concat([per_model_scores(comp), common_scores(comp, models)], ignore_index=True)
-    return scores[SEARCH_KEY + ["arch", "hi", "ach", "exact", "has_ilp", "has_deep"]]
-
-
-def _with_plan(scores: pd.DataFrame, plan: pd.DataFrame) -> pd.DataFrame:
-    df = scores.merge(
-        plan[["arch", "bucket", "round", "area_mm2", "preset"]], on="arch", how="left"
-    )
-    if df["bucket"].isna().any():
-        raise PhazeError("placement results hold archs that are not in the search plan")
-    # bucket −1: a baseline outside the area budget, computed for the comparison, never searched
-    return df[df["bucket"] >= 0]
-
-
-def complete_buckets(plan: pd.DataFrame, upto_round: int) -> int:
-    """Number of leading buckets whose every arch has been computed by round ``upto_round``."""
-    last_round = plan[plan["bucket"] >= 0].groupby("bucket")["round"].max().sort_index()
-    done = (last_round <= upto_round).to_numpy()
-    return int(len(done) if done.all() else np.argmin(done))
-
-
-def bucket_best(df: pd.DataFrame, n_buckets: int) -> np.ndarray:
-    """m_j: best achievable score inside each of the first ``n_buckets`` buckets."""
-    best = np.full(n_buckets, -np.inf)
-    sub = df[(df["bucket"] < n_buckets) & df["ach"].notna()]
-    if len(sub):
-        mx = sub.groupby("bucket")["ach"].max()
-        best[mx.index.to_numpy(dtype=int)] = mx.to_numpy()
-    return best
-
-
-def search_states(
-    scores: pd.DataFrame, plan: pd.DataFrame, upto_round: int, settings: SearchSettings
-) -> pd.DataFrame:
-    """One row per search: ``stop_bucket`` (−1 while running), ``buckets_done``, and whether it
-    still needs work after ``upto_round`` (``running``)."""
-    df = _with_plan(scores, plan)
-    nb = complete_buckets(plan, upto_round)
-    total = int(plan["bucket"].max()) + 1
-    rows = []
-    for key, grp in df.groupby(SEARCH_KEY, sort=True):
-        j = stop_bucket(bucket_best(grp, nb), settings.patience, settings.stop_rule)
-        stopped = j is not None
-        more = nb < total
-        running = more and (settings.mode == "exhaustive" or not stopped)
-        rows.append((*key, -1 if j is None else j, nb, running))
-    return pd.DataFrame(rows, columns=SEARCH_KEY + ["stop_bucket", "buckets_done", "running"])
-
-
-def select_for_ilp(
-    scores: pd.DataFrame,
-    plan: pd.DataFrame,
-    round_: int,
-    settings: SearchSettings,
-    prior_states: pd.DataFrame | None,
-) -> pd.DataFrame:
-    """Which archs of round ``round_`` each search needs the ILP for.
-
-    ``scores`` holds all scores known once round ``round_``'s bound tiers are in (earlier rounds
-    complete). ``prior_states`` is :func:`search_states` after round ``round_ − 1`` (None for
-    round 0). Returns rows (search key, arch, bucket, hi, threshold) of archs to solve.
-    """
-    df = _with_plan(scores, plan)
-    df = df[df["round"] <= round_]
-    if prior_states is not None and len(prior_states):
-        live = prior_states[prior_states["running"]][SEARCH_KEY]
-        df = df.merge(live, on=SEARCH_KEY, how="inner")
-    picked = []
-    for _, grp in df.groupby(SEARCH_KEY, sort=False):
-        grp = grp.sort_values("bucket")
-        ach = grp["ach"].fillna(-np.inf).to_numpy()
-        # B_{<=j}: best achievable over buckets 0..j (whole bucket j included)
-        per_bucket = pd.Series(ach).groupby(grp["bucket"].to_numpy()).max()
-        cum = per_bucket.cummax()
-        thr = cum.reindex(grp["bucket"].to_numpy()).to_numpy()
-        if not settings.pruning:
-            thr = np.full(len(grp), -np.inf)
-        cur = (grp["round"] == round_).to_numpy()
-        hi = grp["hi"].to_numpy()
-        # hi NaN = infeasible under any latencies: never worth an ILP
-        need = cur & ~grp["exact"].to_numpy() & ~np.isnan(hi) & (hi > thr)
-        sel = grp[need].copy()
-        sel["threshold"] = thr[need]
-        picked.append(sel)
-    cols = SEARCH_KEY + ["arch", "bucket", "hi", "threshold"]
-    if not picked:
-        return pd.DataFrame(columns=cols)
-    return pd.concat(picked, ignore_index=True)[cols]
-
-
-def ilp_requests(
-    selected: pd.DataFrame,
-    plan: pd.DataFrame,
-    round_: int,
-    model_microbatches: list[tuple[str, int]],
-    pinned_presets: tuple[str, ...] = ("tpuv4",),
-) -> pd.DataFrame:
-    """(model, microbatch, arch) triples whose layers get the ILP in round ``round_``.
-
-    A per-model search needs its own (model, microbatch); Phaze-Common needs every pair (its
-    score takes each model's best over microbatches). Pinned baseline archs always get it."""
-    rows = set()
-    for rec in selected.itertuples(index=False):
-        if rec.strategy == "phaze-common":
-            rows.update((m, b, rec.arch) for m, b in model_microbatches)
+        table = pd.Series(list(refs.values()) or [np.nan], index=keys, dtype=float)
+        ref = table.reindex(pd.MultiIndex.from_frame(v[["model", "hbm_bytes", "devices"]]))
+        ref = ref.to_numpy(dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            v["hi"] = np.log(v["hi"].to_numpy(float) / ref)
+            v["ach"] = np.log(v["ach"].to_numpy(float) / ref)
+    n = len(models)
+    g = v.groupby(["hbm_bytes", "devices", "arch"], sort=False, observed=True)
+    out = g.agg(
+        hi=("hi", "sum"),
+        ach=("ach", "sum"),
+        n_hi=("hi", "count"),
+        n_ach=("ach", "count"),
+        n=("model", "nunique"),
+        exact=("exact", "all"),
+        has_ilp=("has_ilp", "all"),
+        has_deep=("has_deep", "all"),
+        level=("level", "min"),
+        led=("led", "all"),
+    ).reset_index()
+    full = out["n"].to_numpy() == n
+    for col, cnt in (("hi", "n_hi"), ("ach", "n_ach")):
+        x = out[col].to_numpy(float)
+        ok = full & (out[cnt].to_numpy() == n) & np.isfinite(x)
+        if kind == "mean":
+            x = x / n
         else:
-            rows.add((rec.model, int(rec.microbatch), rec.arch))
-    pinned = plan[(plan["round"] == round_) & plan["preset"].isin(pinned_presets)]["arch"]
-    for arch in pinned:
-        rows.update((m, b, arch) for m, b in model_microbatches)
-    out = pd.DataFrame(sorted(rows), columns=["model", "microbatch", "arch"])
-    return out.merge(plan[["arch", "chunk"]], on="arch", how="left")
+            x = np.exp(x / n)
+        # an unbounded model (+inf upper bound) leaves the aggregate unbounded
+        if col == "hi":
+            unbounded = full & (out[cnt].to_numpy() == n) & np.isposinf(out[col].to_numpy(float))
+            x = np.where(unbounded, np.inf, x)
+            ok |= unbounded
+        out[col] = np.where(ok, x, np.nan)
+    out["exact"] = out["exact"] & full
+    # led: every model's bound comes from a dominating architecture
+    out["led"] = out["led"] & full
+    out["exact"] |= (out["hi"] <= out["ach"]).fillna(False) | out["hi"].isna()
+    return out.drop(columns=["n_hi", "n_ach", "n"])
 
 
-def needed_pairs(
-    states: pd.DataFrame, model_microbatches: list[tuple[str, int]]
-) -> list[tuple[str, int]]:
-    """(model, microbatch) pairs some running search still needs in the next round."""
-    live = states[states["running"]]
-    if (live["strategy"] == "phaze-common").any():
-        return sorted(model_microbatches)
-    pairs = {(r.model, int(r.microbatch)) for r in live.itertuples(index=False)}
-    return sorted(p for p in model_microbatches if p in pairs)
-
-
-def answers(
-    scores: pd.DataFrame, plan: pd.DataFrame, states: pd.DataFrame, settings: SearchSettings
+def common_scores(
+    comp: pd.DataFrame,
+    models: list[str],
+    kinds=COMMON_SCORES,
+    refs: dict | None = None,
+    values: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """The answer of each search: the arch with the best achievable score in the buckets it
-    visited (up to its stop bucket, or all complete buckets). Rows carry ``mode`` = early_stop,
-    and also ``exhaustive`` when every bucket was computed."""
-    df = _with_plan(scores, plan)
-    total = int(plan["bucket"].max()) + 1
-    out = []
-    st = states.set_index(SEARCH_KEY)
-    for key, grp in df.groupby(SEARCH_KEY, sort=True):
-        s = st.loc[key]
-        done = int(s["buckets_done"])
-        stop = int(s["stop_bucket"])
-        limits = [("early_stop", stop if stop >= 0 else done - 1)]
-        if settings.mode == "exhaustive" and done == total:
-            limits.append(("exhaustive", total - 1))
-        for mode, last in limits:
-            seen = grp[grp["bucket"] <= last]
-            vis = seen[seen["ach"].notna()]
-            if vis.empty:
-                out.append((*key, mode, None, np.nan, False, last, len(seen), np.nan, np.nan))
-                continue
-            best = vis.sort_values(["ach", "bucket", "arch"], ascending=[False, True, True]).iloc[0]
-            top = upper_bound(seen["hi"].to_numpy(dtype=float))
-            out.append(
-                (
-                    *key,
-                    mode,
-                    best["arch"],
-                    float(best["ach"]),
-                    bool(best["exact"]),
-                    last,
-                    len(seen),
-                    top,
-                    certified_gap(top, float(best["ach"])),
-                )
-            )
-    cols = [
-        "mode",
-        "arch",
-        "score",
-        "exact",
-        "last_bucket",
-        "archs_visited",
-        "upper_bound",
-        "certified_gap",
-    ]
-    return pd.DataFrame(out, columns=SEARCH_KEY + cols)
+    """The walk's Phaze-Common searches: per (HBM, devices) and score kind, each arch's score
+    from each model's best over microbatch (``values``: :func:`model_values`, if computed)."""
+    values = model_values(comp) if values is None else values
+    refs = model_references(comp) if refs is None else refs
+    frames = []
+    for kind in kinds:
+        out = aggregate(values, models, kind, refs)
+        out.insert(0, "strategy", "phaze-common")
+        out.insert(1, "common_score", kind)
+        out["model"], out["microbatch"] = "*", -1
+        frames.append(out)
+    return pd.concat(frames, ignore_index=True)
+
+
+def all_scores(
+    comp: pd.DataFrame, models: list[str], kinds=COMMON_SCORES, values: pd.DataFrame | None = None
+) -> pd.DataFrame:
+    """Every walk search's score per arch (``SEARCH_KEY`` + arch + values)."""
+    common = common_scores(comp, models, kinds, values=values)
+    scores = pd.concat([per_model_scores(comp), common], ignore_index=True)
+    return scores[SEARCH_KEY + ["arch", *VALUE_COLUMNS]]
 
 
 def upper_bound(upper_bounds: np.ndarray) -> float:
-    """The largest proven upper bound among visited architectures; NaN bounds are infeasible
+    """The largest proven upper bound among architectures; NaN bounds are infeasible
     architectures (no schedule makes them fit) and count as none (NaN if all are)."""
-    finite = upper_bounds[np.isfinite(upper_bounds)]
+    finite = upper_bounds[~np.isnan(upper_bounds)]
     return float(finite.max()) if len(finite) else np.nan
 
 
 def certified_gap(top: float, winner: float) -> float:
-    """``top`` (:func:`upper_bound` of the visited architectures; NaN: none feasible) / winner − 1,
-    floored at 0."""
+    """``top`` (:func:`upper_bound`; NaN: none feasible) / winner − 1, floored at 0."""
     if not np.isfinite(winner) or winner <= 0:
         return np.nan
-    return max(0.0, (top if np.isfinite(top) else winner) / winner - 1.0)
+    return max(0.0, (top if not np.isnan(top) else winner) / winner - 1.0)

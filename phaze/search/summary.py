@@ -1,4 +1,5 @@
-"""The summary tables: ``best``, ``comparison``, ``explored`` (docs/design.md, "Summary tables")."""
+"""The summary tables: ``best``, ``comparison``, ``explored``, ``front``, ``certified``
+(docs/design.md, "Summary tables")."""
 
 from __future__ import annotations
 
@@ -6,28 +7,27 @@ import numpy as np
 import pandas as pd
 
 from phaze.search.baselines import best_row
+from phaze.search.dominance import edges_of
+from phaze.search.global_search import (
+    COMMON,
+    GLOBAL_KEY,
+    PER_MODEL,
+    front_table,
+    global_states,
+    global_values,
+)
 from phaze.search.scores import (
     ACHIEVABLE,
     COMPONENT_KEY,
     SEARCH_KEY,
     SearchSettings,
     all_scores,
-    answers,
     certified_gap,
     components,
-    search_states,
+    model_values,
 )
+from phaze.search.walk import walk_answers, walk_states, with_plan
 
-DETAIL = [
-    "throughput_seq_s",
-    "time_per_batch_s",
-    "mfu",
-    "pp",
-    "tp",
-    "dp",
-    "stages",
-    "stage_mem_bytes",
-]
 #: the placement axes a chosen placement carries (docs/step.md), in place rows and summaries
 AXES = ["interleave", "recompute", "sequence_parallel", "distributed_optimizer", "ddp"]
 ARCH_COLS = [
@@ -53,6 +53,7 @@ STRATEGIES = [
 #: the baselines each Phaze strategy's speedup is reported against (speedup_vs_<name> columns)
 SPEEDUP_BASELINES = ("tpuv4-expert", "tpuv4-phaze", "tpuv4-upstream-expert", "placement-blind")
 BASELINE_STRATEGIES = tuple(s for s in STRATEGIES if not s.startswith("phaze-"))
+ANSWER_KEY = ["strategy", "common_score", "mode", "model", "hbm_bytes", "devices"]
 
 
 def _feasible(df: pd.DataFrame) -> pd.DataFrame:
@@ -63,15 +64,13 @@ def _feasible(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def detail_rows(place: pd.DataFrame) -> pd.DataFrame:
-    """The best-known placement per component: the deepest ILP tier solved, else the list tier."""
+    """The best-known placement per component: the best of the real schedules (a deeper ILP's is
+    never worse by construction; ties: the deeper tier)."""
     p = _feasible(place[place["tier"].isin(ACHIEVABLE)])
-    # the best of the real schedules (a deeper ILP's is never worse by construction; ties: the
-    # deeper tier)
     rank = {t: i for i, t in enumerate(reversed(ACHIEVABLE))}
     p = p.assign(_t=p["throughput_seq_s"].fillna(-np.inf), _rank=p["tier"].map(rank))
     p = p.sort_values(["_t", "_rank"], ascending=[False, True]).drop_duplicates(COMPONENT_KEY)
-    p = p.drop(columns=["_t", "_rank"])
-    return p
+    return p.drop(columns=["_t", "_rank"])
 
 
 def _strategy_rows(strategy: str, model: str, cands: pd.DataFrame, expert: bool = False) -> dict:
@@ -102,10 +101,79 @@ def _strategy_rows(strategy: str, model: str, cands: pd.DataFrame, expert: bool 
     return out
 
 
+def _answer_rows(answers: pd.DataFrame, detail: pd.DataFrame) -> list[dict]:
+    """One best-table row per (answer, model): the answer's arch with each model's best known
+    placement over microbatch."""
+    by_key = {k: g for k, g in detail.groupby(["hbm_bytes", "devices", "arch"], sort=False)}
+    rows = []
+    for rec in answers.itertuples(index=False):
+        if not isinstance(rec.arch, str):
+            continue
+        sel = by_key.get((rec.hbm_bytes, rec.devices, rec.arch))
+        if sel is None:
+            continue
+        if rec.strategy == PER_MODEL:
+            sel = sel[sel["model"] == rec.model]
+        for model, grp in sel.groupby("model"):
+            row = _strategy_rows(rec.strategy, model, grp)
+            row.update(
+                common_score=rec.common_score,
+                mode=rec.mode,
+                hbm_bytes=int(rec.hbm_bytes),
+                devices=int(rec.devices),
+                search_score=float(rec.score),
+                last_bucket=int(rec.last_bucket),
+                archs_visited=int(rec.archs_visited),
+                archs_refined=int(rec.archs_refined),
+                exact=bool(rec.exact),
+                search_upper_bound=float(rec.upper_bound),
+                certified_gap=float(rec.certified_gap),
+                space_gap=float(rec.space_gap),
+            )
+            rows.append(row)
+    return rows
+
+
+def _walk_best(scores, plan, states, settings, refined) -> pd.DataFrame:
+    """The walk's answers, a per-model one taken over its microbatch searches: its certificate
+    the largest upper bound of any of them against the best score."""
+    ans = walk_answers(scores, plan, states, settings)
+    ans["archs_refined"] = ans.merge(refined, on=SEARCH_KEY, how="left")["n"].fillna(0).to_numpy()
+    key = ["strategy", "common_score", "mode", "model", "hbm_bytes", "devices"]
+    out = []
+    for _, grp in ans.groupby(key, sort=True):
+        ok = grp[grp["score"].notna()]
+        if ok.empty:
+            out.append(grp.iloc[0])
+            continue
+        best = ok.sort_values(["score", "microbatch"], ascending=[False, True]).iloc[0].copy()
+        best["certified_gap"] = certified_gap(float(grp["upper_bound"].max()), best["score"])
+        best["space_gap"] = certified_gap(float(grp["space_upper_bound"].max()), best["score"])
+        best["archs_visited"] = int(grp["archs_visited"].max())
+        best["archs_refined"] = int(grp["archs_refined"].max())
+        out.append(best)
+    return pd.DataFrame(out).reset_index(drop=True)
+
+
+def _global_best(gstates: pd.DataFrame, values: pd.DataFrame) -> pd.DataFrame:
+    refined = values[values["level"] >= 1].groupby(GLOBAL_KEY)["arch"].nunique()
+    total = values.groupby(GLOBAL_KEY)["arch"].nunique()
+    out = gstates.copy()
+    idx = pd.MultiIndex.from_frame(out[GLOBAL_KEY])
+    out["archs_refined"] = refined.reindex(idx).fillna(0).to_numpy()
+    out["archs_visited"] = total.reindex(idx).fillna(0).to_numpy()
+    out["mode"] = "global"
+    out["last_bucket"] = -1
+    out["space_gap"] = out["certified_gap"]
+    out["microbatch"] = -1
+    return out
+
+
 def summarize(
     plan: pd.DataFrame,
     space: pd.DataFrame,
     place: pd.DataFrame,
+    bounds: pd.DataFrame,
     blind_place: pd.DataFrame,
     blind_choice: pd.DataFrame,
     models: list[str],
@@ -113,68 +181,32 @@ def summarize(
     last_round: int,
     baseline_preset: str = "tpuv4",
     upstream_baseline_preset: str | None = "tpuv4-upstream",
-) -> dict[str, pd.DataFrame]:
-    """Build ``best``, ``comparison`` and ``explored`` from every placement result."""
-    comp = components(place, settings.final_tier)
-    scores = all_scores(comp, models)
-    states = search_states(scores, plan, last_round, settings)
-    ans = answers(scores, plan, states, settings)
+) -> dict:
+    """Build the summary tables from every placement result and the space bounds."""
+    comp = components(place, settings.final_tier, bounds, edges_of(bounds))
+    per_model = model_values(comp)
+    scores = all_scores(comp, models, values=per_model)
+    states = walk_states(scores, plan, last_round, settings)
+    refined_walk = (
+        with_plan(scores[scores["level"] >= 1], plan).groupby(SEARCH_KEY)["arch"].nunique()
+    )
+    refined_walk = refined_walk.rename("n").reset_index()
+    frames = [_walk_best(scores, plan, states, settings, refined_walk)]
+    area = plan.set_index("arch")["area_mm2"]
+    inside = set(plan.loc[plan["bucket"] >= 0, "arch"])
+    values = global_values(comp, models, values=per_model[per_model["arch"].isin(inside)])
+    gstates, _, _ = global_states(values, area, settings, comp)
+    if settings.mode == "global":
+        frames.append(_global_best(gstates, values))
+    answers = pd.concat(frames, ignore_index=True)
+    no_answer = [
+        {k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()}
+        for r in answers.loc[answers["arch"].isna(), ANSWER_KEY].to_dict("records")
+    ]
     detail = detail_rows(place)
-
-    # --- best: per (strategy, mode, model, hbm, devices), the best over microbatch -----------
-    best_rows = []
-    for rec in ans.itertuples(index=False):
-        if rec.arch is None or (isinstance(rec.arch, float) and np.isnan(rec.arch)):
-            continue
-        if rec.strategy == "phaze-per-model":
-            sel = detail[
-                (detail["model"] == rec.model)
-                & (detail["hbm_bytes"] == rec.hbm_bytes)
-                & (detail["microbatch"] == rec.microbatch)
-                & (detail["devices"] == rec.devices)
-                & (detail["arch"] == rec.arch)
-            ]
-        else:
-            sel = detail[
-                (detail["hbm_bytes"] == rec.hbm_bytes)
-                & (detail["devices"] == rec.devices)
-                & (detail["arch"] == rec.arch)
-            ]
-        for model, grp in sel.groupby("model"):
-            row = _strategy_rows(rec.strategy, model, grp)
-            row.update(
-                mode=rec.mode,
-                hbm_bytes=int(rec.hbm_bytes),
-                devices=int(rec.devices),
-                search_score=float(rec.score),
-                last_bucket=int(rec.last_bucket),
-                archs_visited=int(rec.archs_visited),
-                exact=bool(rec.exact),
-                search_upper_bound=float(rec.upper_bound),
-                certified_gap=float(rec.certified_gap),
-            )
-            best_rows.append(row)
-    best = pd.DataFrame(best_rows)
+    best = pd.DataFrame(_answer_rows(answers, detail))
     if len(best):
-        answer = ["strategy", "mode", "model", "hbm_bytes", "devices"]
-        # a per-model answer is the best over its microbatch searches: its certificate is the
-        # largest upper bound of any of them against the answer's throughput
-        per_model = best["strategy"] == "phaze-per-model"
-        top = best.groupby(answer)["search_upper_bound"].transform("max")
-        best.loc[per_model, "_top"] = top[per_model]
-        best = (
-            best.sort_values(["throughput_seq_s", "microbatch"], ascending=[False, True])
-            .drop_duplicates(answer)
-            .sort_values(answer)
-        )
-        pm = best["strategy"] == "phaze-per-model"
-        best.loc[pm, "certified_gap"] = [
-            certified_gap(u, t)
-            for u, t in zip(best.loc[pm, "_top"], best.loc[pm, "throughput_seq_s"])
-        ]
-        best = best.drop(columns=["_top"])
-    # Phaze-Common keeps ONE arch per (mode, hbm, devices): the search's answer; the
-    # per-search candidates above share that arch by construction.
+        best = best.sort_values(ANSWER_KEY).reset_index(drop=True)
 
     # --- baselines ---------------------------------------------------------------------------
     presets = space.get("preset", pd.Series("", index=space.index))
@@ -193,6 +225,7 @@ def summarize(
             & (detail["devices"] == k.devices)
         ]
         extra = {"hbm_bytes": int(k.hbm_bytes), "devices": int(k.devices), "mode": ""}
+        extra["common_score"] = ""
         for name, archs in baselines:
             tpu = grp[grp["arch"].isin(archs)]
             if len(tpu):
@@ -209,18 +242,42 @@ def summarize(
             ]
             if len(b):
                 base_rows.append({**_strategy_rows("placement-blind", k.model, b), **extra})
-    early = best[best["mode"] == "early_stop"] if len(best) else best
-    comparison = pd.concat([early, pd.DataFrame(base_rows)], ignore_index=True)
+    # the comparison: the configured mode's answers, Phaze-Common by the configured score
+    chosen = best
+    if len(best):
+        mine = best["mode"] == settings.mode
+        common_ok = (best["strategy"] != COMMON) | (best["common_score"] == settings.common_score)
+        chosen = best[mine & common_ok]
+    comparison = pd.concat([chosen, pd.DataFrame(base_rows)], ignore_index=True)
     comparison = _with_speedups(comparison)
-    comparison = comparison.merge(
-        space[["arch"] + [c for c in ARCH_COLS if c in space.columns]], on="arch", how="left"
-    )
-    best = _with_speedups_from(best, comparison).merge(
-        space[["arch"] + [c for c in ARCH_COLS if c in space.columns]], on="arch", how="left"
-    )
+    cols = ["arch"] + [c for c in ARCH_COLS if c in space.columns]
+    comparison = comparison.merge(space[cols], on="arch", how="left")
+    best = _with_speedups_from(best, comparison).merge(space[cols], on="arch", how="left")
 
-    explored = _explored(scores, plan, states, settings, last_round)
-    return {"best": best, "comparison": comparison, "explored": explored, "states": states}
+    explored = _explored(scores, plan, states, settings)
+    front = front_table(values, area)
+    certified = values.merge(plan[["arch", "area_mm2", "bucket"]], on="arch", how="left")
+    certified = certified.rename(
+        columns={"hi": "throughput_upper_seq_s", "ach": "throughput_seq_s"}
+    )
+    counts = {
+        "components_refined": int((comp["level"] >= 1).sum()),
+        "components_ilp": int((comp["level"] >= 2).sum()),
+        "components_deep": int((comp["level"] >= 3).sum()),
+        "archs_with_ilp": int(comp.loc[comp["level"] >= 2, "arch"].nunique()),
+    }
+    return {
+        "best": best,
+        "comparison": comparison,
+        "explored": explored,
+        "front": front,
+        "certified": certified,
+        "states": states,
+        "global_states": gstates,
+        "searches": {"walk": len(states), "global": len(gstates)},
+        "counts": counts,
+        "no_answer": no_answer,
+    }
 
 
 def _with_speedups(df: pd.DataFrame) -> pd.DataFrame:
@@ -240,7 +297,15 @@ def _with_speedups(df: pd.DataFrame) -> pd.DataFrame:
     df["interleave"] = pd.to_numeric(df["interleave"], errors="coerce").fillna(-1).astype(np.int64)
     for col in ("sequence_parallel", "distributed_optimizer"):
         df[col] = df[col].fillna(False).astype(bool)
-    for col in ("stages", "stage_mem_bytes", "mode", "recompute", "ddp", "place_model"):
+    for col in (
+        "stages",
+        "stage_mem_bytes",
+        "mode",
+        "recompute",
+        "ddp",
+        "place_model",
+        "common_score",
+    ):
         df[col] = df[col].fillna("").astype(str)
     return df.reset_index(drop=True)
 
@@ -258,15 +323,16 @@ def _with_speedups_from(best: pd.DataFrame, comparison: pd.DataFrame) -> pd.Data
     )
 
 
-def _explored(scores, plan, states, settings, last_round) -> pd.DataFrame:
-    """One row per (search, computed arch): bounds, values, whether the ILP ran, pruned, and
-    whether the arch lies within the buckets the early-stopped search visited."""
-    df = scores.merge(plan[["arch", "bucket", "round", "area_mm2", "preset"]], on="arch")
-    df = df.merge(states[SEARCH_KEY + ["stop_bucket"]], on=SEARCH_KEY, how="left")
-    df["visited"] = ((df["stop_bucket"] < 0) | (df["bucket"] <= df["stop_bucket"])) & (
-        df["bucket"] >= 0
-    )
-    # pruned: the bound tier showed it could not beat the best proven so far, so no ILP ran
-    df["pruned"] = ~df["has_ilp"] & ~df["exact"]
+def _explored(scores, plan, states, settings) -> pd.DataFrame:
+    """One row per (walk search, refined arch): bounds, values, whether the ILP ran, and whether
+    the arch lies within the buckets the walk visited."""
+    df = with_plan(scores[scores["level"] >= 1], plan)
+    df = df.merge(states[SEARCH_KEY + ["stop_bucket", "buckets_done"]], on=SEARCH_KEY, how="left")
+    stopped = df["stop_bucket"] >= 0
+    last = np.where(stopped & settings.walk_stops, df["stop_bucket"], df["buckets_done"] - 1)
+    df["visited"] = df["bucket"] <= last
+    # pruned: inside the visited buckets, settled by bounds without the final tier
+    df["pruned"] = df["visited"] & ~df["has_ilp"] & ~df["exact"]
     df = df.rename(columns={"hi": "throughput_upper_seq_s", "ach": "throughput_seq_s"})
+    df = df.drop(columns=["stop_bucket", "buckets_done"])
     return df.sort_values(SEARCH_KEY + ["bucket", "arch"]).reset_index(drop=True)

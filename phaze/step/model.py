@@ -308,22 +308,47 @@ class StageTerms:
         """The backward part of T_j (what a DDP overlap can hide the reduction behind)."""
         return self._col(self.bwd_intercept, n) + n * self.bwd_slope
 
-    def data_parallel(self, n):
-        """D_j: exposed data-parallel traffic after the pipeline (tied embedding included)."""
+    def reduction(self, n):
+        """The gradient reduction over rank j's data-parallel group (all-reduce, or
+        reduce-scatter with the distributed optimizer), before any overlap."""
         c = self.consts
         d, bw, lat = self.d, self._col(self.dp_bw, n), self._col(self.dp_lat, n)
-        params = self.params(n)
-        grads = params * c.grad_bytes_per_param
-        kind = "reduce_scatter" if self.zero else "all_reduce"
-        reduce = collective_seconds(kind, grads, d, bw, lat)
-        if self.ddp == "overlap":
-            bucket = np.minimum(float(c.ddp_bucket_bytes), grads)
-            last_bucket = collective_seconds(kind, bucket, d, bw, lat)
-            reduce = np.maximum(reduce - self.backward(n), last_bucket)
+        grads = self.params(n) * c.grad_bytes_per_param
+        return collective_seconds(self._reduce_kind, grads, d, bw, lat)
+
+    def bucket_reduction(self, n):
+        """The reduction of one full DDP bucket over rank j's data-parallel group."""
+        d, bw, lat = self.d, self._col(self.dp_bw, n), self._col(self.dp_lat, n)
+        bucket = np.full(np.shape(n), float(self.consts.ddp_bucket_bytes))
+        return collective_seconds(self._reduce_kind, bucket, d, bw, lat)
+
+    def last_bucket(self, n):
+        """The reduction of the last DDP bucket (a full bucket, or all the gradients when they
+        are fewer): never hidden by the overlap. A collective's time grows with its size, so
+        this is the smaller of the two reductions."""
+        return np.minimum(self.bucket_reduction(n), self.reduction(n))
+
+    def after_reduction(self, n):
+        """What follows the reduction, never overlapped: the distributed optimizer's all-gather
+        of the updated weights and the tied embedding's all-reduce."""
+        out = self._col(self.tied_s, n) + np.zeros(np.shape(n))
         if self.zero:
-            weights = params * c.weight_bytes_per_param
-            reduce = reduce + collective_seconds("all_gather", weights, d, bw, lat)
-        return reduce + self._col(self.tied_s, n)
+            c = self.consts
+            d, bw, lat = self.d, self._col(self.dp_bw, n), self._col(self.dp_lat, n)
+            weights = self.params(n) * c.weight_bytes_per_param
+            out = out + collective_seconds("all_gather", weights, d, bw, lat)
+        return out
+
+    @property
+    def _reduce_kind(self) -> str:
+        return "reduce_scatter" if self.zero else "all_reduce"
+
+    def data_parallel(self, n):
+        """D_j: exposed data-parallel traffic after the pipeline (tied embedding included)."""
+        reduce = self.reduction(n)
+        if self.ddp == "overlap":
+            reduce = np.maximum(reduce - self.backward(n), self.last_bucket(n))
+        return reduce + self.after_reduction(n)
 
     def optimizer(self, n):
         c = self.consts

@@ -12,15 +12,17 @@ Layout under ``results/`` (``{tag}`` = ``b{microbatch}_s{seq}_tp{tp}``):
 
     trace/{model}/{tag}/{ops,edges,layers}.parquet          rule trace
     arch/space.parquet, arch/chunks.parquet                 rules arch, search_plan
+    search/space/{model}/b{mbs}.parquet                     rule space_bounds
+    search/r{round}/select.parquet, state.json              checkpoint search_select
+    estimate/{model}/{tag}/r{round}_c{chunk}.parquet        rule estimate_round
     estimate/{model}/{tag}/{chunk}.parquet | space | blind  rules estimate, estimate_space/_blind
-    schedule/{model}/{tag}/bounds/c{chunk}.parquet          rule schedule_bounds
+    schedule/{model}/{tag}/bounds/r{round}_c{chunk}.parquet rule schedule_bounds
     schedule/{model}/{tag}/{stage}/r{round}_c{chunk}.parquet rule schedule_ilp ({stage}: ilp | deep)
     schedule/{model}/{tag}/blind.parquet | {chunk}.parquet  rules schedule_blind, schedule
     place/{model}/h{hbm}_b{mbs}/r{round}_{tier}.parquet | blind | {chunk}
         ({tier}: ub | lo | ilp | ilp_ub | deep | deep_ub)
     search/r{round}/{stage}/{model}_b{mbs}.parquet          checkpoint search_prune
-    search/r{round}/state.json                              checkpoint search_state
-    summary/{best,comparison,explored}.parquet, search_stats.json
+    summary/{best,comparison,explored,front,certified}.parquet, search_stats.json
 """
 
 from __future__ import annotations
@@ -114,7 +116,8 @@ class Sweep:
         # param, so a config edit re-runs only the jobs whose sections changed
         self.config_json = snapshot_path(config, results)
         self.summary = {
-            n: f"{results}/summary/{n}.parquet" for n in ("best", "comparison", "explored")
+            n: f"{results}/summary/{n}.parquet"
+            for n in ("best", "comparison", "explored", "front", "certified")
         }
         self.blind_mbs = min(self.microbatches)
         # the ILP stages of every round: ilp, and deep when the search deepens
@@ -209,15 +212,14 @@ class Sweep:
         return json.dumps({k: self.search[k] for k in PLAN_KEYS}, sort_keys=True)
 
     def search_params(self) -> str:
-        """What prune and state read: the search section without the job split."""
-        return json.dumps(
-            {k: v for k, v in self.search.items() if k != "chunk_archs"}, sort_keys=True
-        )
+        """What select and prune read: the search section."""
+        return json.dumps(self.search, sort_keys=True)
 
     @staticmethod
     def search_code() -> str:
-        """The code prune and state run (not the summary's or the baselines')."""
-        parts = ("scores", "stop", "plan", "files", "commands", "cli")
+        """The code select and prune run (not the summary's or the baselines')."""
+        parts = ("scores", "stop", "plan", "files", "commands", "cli", "walk", "global_search")
+        parts += ("rounds", "progress")
         return code_version(*(f"search/{f}.py" for f in parts))
 
     def section(self, *keys: str) -> str:
@@ -233,31 +235,87 @@ class Sweep:
         d = self.trace_dir_of(wc)
         return {n: f"{d}/{n}.parquet" for n in ("ops", "edges", "layers")}
 
+    # --- the space bounds ---------------------------------------------------------------------
+    def space_bounds_file(self, model: str, mbs) -> str:
+        return f"{self.results}/search/space/{model}/b{mbs}.parquet"
+
+    def space_records(self) -> list[dict]:
+        return [
+            {"path": self.space_bounds_file(m, b), "model": m, "microbatch": int(b)}
+            for m, b in self.pairs
+        ]
+
+    def space_bounds_inputs(self, wc) -> dict:
+        tps = self.tps(wc.model)
+        return {
+            n: [f"{self.trace_dir(wc.model, wc.mbs, t)}/{n}.parquet" for t in tps]
+            for n in ("ops", "edges", "layers")
+        } | {"space": self.space}
+
+    def space_bounds_args(self, wc) -> list[str]:
+        tps = self.tps(wc.model)
+        return [
+            "--model",
+            wc.model,
+            "--microbatch",
+            str(wc.mbs),
+            "--tp",
+            *map(str, tps),
+            "--trace-dirs",
+            *(self.trace_dir(wc.model, wc.mbs, t) for t in tps),
+            "--space",
+            self.space,
+        ]
+
     # --- checkpoints ---------------------------------------------------------------------------
     def plan_table(self) -> pd.DataFrame:
         path = self.checkpoints.search_plan.get().output[0]
         return _read_parquet(path, os.path.getmtime(path), ("arch", "round", "chunk"))
 
-    def round_chunks(self, r) -> list[int]:
-        p = self.plan_table()
-        return sorted(int(c) for c in p.loc[p["round"] == int(r), "chunk"].unique())
+    def select_files(self, r) -> tuple[str, str]:
+        """(select.parquet, state.json) of round r (checkpoint search_select)."""
+        out = self.checkpoints.search_select.get(round=int(r)).output
+        return out.select, out.state
+
+    def select_table(self, r) -> pd.DataFrame:
+        path = self.select_files(r)[0]
+        cols = ("model", "microbatch", "arch", "chunk")
+        return _read_parquet(path, os.path.getmtime(path), cols)
 
     def state_of(self, r) -> dict:
-        path = self.checkpoints.search_state.get(round=int(r)).output[0]
+        path = self.select_files(r)[1]
         return _read_json(path, os.path.getmtime(path))
 
     def pairs_of_round(self, r) -> list[tuple[str, int]]:
-        """(model, microbatch) pairs computed in round r."""
-        r = int(r)
-        if r == 0:
-            return self.pairs
-        return [(m, int(b)) for m, b in self.state_of(r - 1)["needed"]]
+        """(model, microbatch) pairs round r refines."""
+        sel = self.select_table(r)
+        return sorted({(str(m), int(b)) for m, b in zip(sel["model"], sel["microbatch"])})
+
+    def round_chunks(self, r, model: str, mbs) -> list[int]:
+        sel = self.select_table(r)
+        mine = sel[(sel["model"] == model) & (sel["microbatch"] == int(mbs))]
+        return sorted(int(c) for c in mine["chunk"].unique())
+
+    def round_archs(self, wc) -> str:
+        """The archs of one chunk of round r's selection, comma-joined (a param: a re-run select
+        that picks the same archs re-runs no job)."""
+        sel = self.select_table(wc.round)
+        mine = sel[
+            (sel["model"] == wc.model)
+            & (sel["microbatch"] == int(wc.mbs))
+            & (sel["chunk"] == int(wc.chunk))
+        ]
+        return ",".join(sorted(mine["arch"]))
+
+    def round_selection_file(self, wc) -> str:
+        return self.select_files(wc.round)[0]
 
     def last_round(self) -> int:
+        """The last round that refined anything (round r+1's select found nothing)."""
         r = 0
         while self.state_of(r)["continue"]:
             r += 1
-        return r
+        return r - 1
 
     def ilp_selection_file(self, wc) -> str:
         """The chunk table of the archs the ILP stage ``wc.stage`` (ilp | deep) solves."""
@@ -354,8 +412,8 @@ class Sweep:
                 for t in self.tps(m):
                     d = self.schedule_dir(m, b, t)
                     out += [
-                        _schedule_record(f"{d}/bounds/c{c}.parquet", m, b, t, "bounds")
-                        for c in self.round_chunks(q)
+                        _schedule_record(f"{d}/bounds/r{q}_c{c}.parquet", m, b, t, "bounds")
+                        for c in self.round_chunks(q, m, b)
                     ]
                     out += [
                         _schedule_record(f"{d}/{stage}/r{q}_c{c}.parquet", m, b, t, stage)
@@ -371,18 +429,20 @@ class Sweep:
         return out
 
     # --- search checkpoints and summary: inputs and manifests ----------------------------------
+    def select_manifest(self, wc) -> dict:
+        """Round r's select reads the space bounds and every placement of the rounds before."""
+        return {"space": self.space_records(), "place": self.place_records_upto(int(wc.round) - 1)}
+
     def prune_manifest(self, wc) -> dict:
         """The ilp stage reads round r's bound tiers; the deep stage also its ilp tiers."""
         r = int(wc.round)
         current = self.round_place_records(r, self.stages_before(wc.stage))
-        return {"place": self.place_records_upto(r - 1) + current}
-
-    def state_manifest(self, wc) -> dict:
-        return {"place": self.place_records_upto(wc.round)}
+        return {"space": self.space_records(), "place": self.place_records_upto(r - 1) + current}
 
     def summary_manifest(self, wc=None) -> dict:
         r = self.last_round()
         return {
+            "space": self.space_records(),
             "place": self.place_records_upto(r),
             "blind_place": self.blind_place_records(),
             "blind": [
@@ -393,26 +453,35 @@ class Sweep:
         }
 
     def _checkpoint_files(self, r, stages) -> list[str]:
-        """The outputs of round r's search checkpoints a later step must wait for: when a
-        config edit re-runs an earlier checkpoint, the steps after it must not start while it
-        runs (their run: blocks read it)."""
+        """The outputs of round r's prune checkpoints a later step must wait for: when a config
+        edit re-runs an earlier checkpoint, the steps after it must not start while it runs
+        (their run: blocks read it)."""
         return [f"{self.results}/search/r{r}/{stage}" for stage in stages]
 
-    def prune_inputs(self, wc) -> list[str]:
+    def select_inputs(self, wc) -> dict:
         r = int(wc.round)
-        order = [f"{self.results}/search/r{r - 1}/state.json"] if r > 0 else []
-        # the deep stage follows the round's ilp selection
-        order += self._checkpoint_files(r, self.stages_before(wc.stage))
-        return _paths(self.prune_manifest(wc)) + order
+        out = {"plan": self.plan, "files": _paths(self.select_manifest(wc))}
+        if r > 0:
+            out["previous"] = f"{self.results}/search/r{r - 1}/state.json"
+            out["order"] = self._checkpoint_files(r - 1, self.stages)
+        return out
 
-    def state_inputs(self, wc) -> list[str]:
-        return _paths(self.state_manifest(wc)) + self._checkpoint_files(int(wc.round), self.stages)
+    def prune_inputs(self, wc) -> dict:
+        r = int(wc.round)
+        return {
+            "plan": self.plan,
+            "select": f"{self.results}/search/r{r}/select.parquet",
+            "state": f"{self.results}/search/r{r}/state.json",
+            "files": _paths(self.prune_manifest(wc)),
+            # the deep stage follows the round's ilp selection
+            "order": self._checkpoint_files(r, self.stages_before(wc.stage)),
+        }
 
     def summary_inputs(self, wc) -> dict:
         return {
             "plan": self.plan,
             "space": self.space,
-            "state": f"{self.results}/search/r{self.last_round()}/state.json",
+            "state": f"{self.results}/search/r{self.last_round() + 1}/state.json",
             "files": _paths(self.summary_manifest()),
         }
 
@@ -435,8 +504,8 @@ class Sweep:
         for t in tps:
             d, e = self.schedule_dir(m, b, t), self.estimate_dir(m, b, t)
             if kind == "bounds":
-                chunks = self.round_chunks(wc.round)
-                scheds.append([f"{d}/bounds/c{c}.parquet" for c in chunks])
+                chunks = self.round_chunks(wc.round, m, b)
+                scheds.append([f"{d}/bounds/r{wc.round}_c{c}.parquet" for c in chunks])
             elif kind == "ilp":  # the ILP stage of the wildcards (ilp | deep)
                 chunks = self.ilp_chunks(wc.round, m, b, wc.stage)
                 scheds.append([f"{d}/{wc.stage}/r{wc.round}_c{c}.parquet" for c in chunks])
@@ -448,7 +517,10 @@ class Sweep:
                 scheds.append([f"{d}/{wc.chunk}.parquet"])
             else:
                 raise AssertionError(f"unknown placement kind {kind!r}")
-            lats.append([f"{e}/{c}.parquet" for c in chunks])
+            if kind in ("bounds", "ilp"):
+                lats.append([f"{e}/r{wc.round}_c{c}.parquet" for c in chunks])
+            else:
+                lats.append([f"{e}/{c}.parquet" for c in chunks])
         return tps, scheds, lats
 
     def place_inputs(self, kind: str):

@@ -1,0 +1,159 @@
+"""Dominance between architectures: an architecture with more of one resource and nothing else
+changed is at least as fast (docs/search.md, "Dominance").
+
+Architecture ``Y`` *dominates* ``X`` for a model and microbatch when ``Y`` equals ``X`` in every
+column of the space except one of :data:`AXES` (and the area and peak rate that follow from it),
+has at least as much of that resource, and every operator of every traced width of that model and
+microbatch has a latency on ``Y`` no larger than on ``X`` (on one core and on all cores; checked
+value by value when the space bound is computed, never assumed). Then ``Y``'s optimum is at least
+``X``'s, whatever the tier:
+
+* a schedule of a layer on ``X`` is a schedule on ``Y`` with the same start times: durations
+  shrink, so every precedence still holds and every core is busy for a subset of the time it was;
+  an operator on all cores of ``X`` runs on all cores of ``Y`` over a shorter interval in which no
+  other operator of its core type ran; an operator on one core keeps its core. The makespan does
+  not grow, so each layer's optimum on ``Y`` is at most ``X``'s;
+* the placement's step time is non-decreasing in every layer time, and its memory, network and
+  constants do not depend on the architecture inside a family (same preset, same cost-model
+  overrides), so the best placement of ``X`` priced on ``Y`` is no slower.
+
+Hence ``opt(X) <= opt(Y) <= hi(Y)`` for every component (model, HBM, microbatch, devices), and
+``hi(X)`` may be lowered to the smallest ``hi`` of the architectures that dominate it, through
+chains of such steps (:func:`close_bounds`). Only steps to the next larger value of one axis are
+recorded; longer steps follow by the chain.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from phaze.errors import PhazeError
+
+#: the resources one step of dominance may grow (tensor cores, vector cores, global buffer)
+AXES = ("n_tc", "n_vc", "glb_bytes")
+#: space columns that follow from the others (not part of an architecture's identity)
+DERIVED = ("arch", "area_mm2", "peak_flops")
+#: relative slack of the consistency check hi(X) >= ach(X) after closure (float rounding only)
+CHECK_RTOL = 1e-9
+
+
+def _identity(space: pd.DataFrame, drop: tuple[str, ...]) -> np.ndarray:
+    """Group ids of the rows of ``space`` that agree on every column but ``DERIVED`` and
+    ``drop`` (NaN and empty text compare equal to themselves)."""
+    cols = [c for c in space.columns if c not in DERIVED and c not in drop]
+    if not cols:
+        return np.zeros(len(space), dtype=np.int64)
+    keys = space[cols].astype(str)
+    return keys.groupby(cols, sort=False, dropna=False).ngroup().to_numpy(np.int64)
+
+
+def families(space: pd.DataFrame) -> np.ndarray:
+    """Family id per architecture: the rows that differ at most in :data:`AXES` (a dominance step
+    never leaves its family)."""
+    return _identity(space, AXES)
+
+
+def candidate_steps(space: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) row positions of ``space``: ``y`` is ``x`` with the next larger value of one axis
+    and every other column equal. Candidates only: :func:`verified` checks the latencies."""
+    xs, ys = [], []
+    for axis in AXES:
+        if axis not in space.columns:
+            continue
+        gid = _identity(space, (axis,))
+        val = space[axis].to_numpy(float)
+        order = np.lexsort((val, gid))
+        g, v = gid[order], val[order]
+        nxt = (g[1:] == g[:-1]) & (v[1:] > v[:-1])
+        xs.append(order[:-1][nxt])
+        ys.append(order[1:][nxt])
+    if not xs:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def verified(
+    x: np.ndarray, y: np.ndarray, latencies: list[np.ndarray], counts: dict[str, np.ndarray]
+) -> np.ndarray:
+    """Mask of the steps (x, y) whose every latency array (archs × ops) is no larger on ``y``
+    than on ``x`` and whose core counts (``counts``: name -> per-arch array) are no smaller."""
+    ok = np.ones(len(x), dtype=bool)
+    for c in counts.values():
+        ok &= c[y] >= c[x]
+    for lat in latencies:
+        if lat.shape[1] == 0 or not ok.any():
+            continue
+        ok &= np.all(lat[y] <= lat[x], axis=1)
+    return ok
+
+
+def joined(ups: list[list[str]]) -> list[str]:
+    """The ``dominated_by`` text of each architecture: its dominating neighbours, comma-joined."""
+    return [",".join(sorted(u)) for u in ups]
+
+
+def edges_of(bounds: pd.DataFrame) -> pd.DataFrame:
+    """The dominance steps of the space bounds (column ``dominated_by``): one row per (model,
+    microbatch, arch, up) — ``up`` dominates ``arch`` for that model and microbatch. Empty when
+    the bounds carry none."""
+    cols = ["model", "microbatch", "arch", "up"]
+    if bounds.empty or "dominated_by" not in bounds.columns:
+        return pd.DataFrame(columns=cols)
+    d = bounds[["model", "microbatch", "arch", "dominated_by"]].drop_duplicates(
+        ["model", "microbatch", "arch"]
+    )
+    d = d[d["dominated_by"].fillna("").astype(str) != ""]
+    if d.empty:
+        return pd.DataFrame(columns=cols)
+    up = d["dominated_by"].astype(str).str.split(",")
+    out = d.drop(columns="dominated_by").assign(up=up).explode("up", ignore_index=True)
+    out["microbatch"] = out["microbatch"].astype("int64")
+    return out[cols]
+
+
+def close_bounds(wide: pd.DataFrame, edges: pd.DataFrame, hi: np.ndarray) -> np.ndarray:
+    """``hi`` (per row of ``wide``, keyed by model, hbm_bytes, microbatch, devices, arch) lowered
+    to the smallest bound of every architecture that dominates the row's, through chains of
+    steps. A NaN (nothing fits) stays NaN and lends nothing to the archs below it."""
+    if edges.empty or wide.empty:
+        return hi
+    key = ["model", "hbm_bytes", "microbatch", "devices"]
+    rows = wide[key + ["arch"]].assign(_row=np.arange(len(wide)))
+    rows["microbatch"] = rows["microbatch"].astype("int64")
+    pairs = rows.merge(edges, on=["model", "microbatch", "arch"])
+    pairs = pairs.merge(
+        rows.rename(columns={"arch": "up", "_row": "_up"}), on=key + ["up"], how="inner"
+    )
+    if pairs.empty:
+        return hi
+    order = np.argsort(pairs["_row"].to_numpy(), kind="stable")
+    rx = pairs["_row"].to_numpy()[order]
+    ry = pairs["_up"].to_numpy()[order]
+    starts = np.flatnonzero(np.r_[True, rx[1:] != rx[:-1]])
+    ux = rx[starts]
+    # a chain passes through an arch where nothing fits (its NaN lends nothing, as +inf)
+    own_nan = np.isnan(hi)
+    h = np.where(own_nan, np.inf, hi.astype(float))
+    for _ in range(len(wide) + 1):
+        new = h.copy()
+        new[ux] = np.minimum(h[ux], np.minimum.reduceat(h[ry], starts))
+        if np.array_equal(new, h):
+            return np.where(own_nan, np.nan, h)
+        h = new
+    raise AssertionError("dominance closure did not converge (a cycle of strict steps)")
+
+
+def check_closed(wide: pd.DataFrame, hi: np.ndarray, ach: np.ndarray) -> None:
+    """A closed upper bound below the same component's achieved value disproves a dominance step
+    (its latencies were checked, so a modelling term outside them depends on the architecture):
+    an error naming the component, never a silently wrong certificate."""
+    with np.errstate(invalid="ignore"):
+        bad = np.flatnonzero(hi < ach * (1 - CHECK_RTOL))
+    if len(bad):
+        r = wide.iloc[bad[0]]
+        raise PhazeError(
+            f"dominance contradicted: {r['model']} b{int(r['microbatch'])} arch {r['arch']} "
+            f"achieves {ach[bad[0]]:.6g} seq/s above the bound {hi[bad[0]]:.6g} of the "
+            "architectures said to dominate it"
+        )
