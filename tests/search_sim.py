@@ -15,7 +15,7 @@ import itertools
 import numpy as np
 import pandas as pd
 
-from phaze.search.dominance import edges_of
+from phaze.search.dominance import edges_of, scope_edges
 from phaze.search.plan import make_plan
 from phaze.search.rounds import select, solve_selection
 from phaze.search.scores import COMPONENT_KEY, SearchSettings, components
@@ -158,7 +158,7 @@ def simulate(
     r = 0
     for r in range(max_rounds):
         before = comp_of()
-        sel, pic = select(before, plan, r, s, MODELS, completed, pinned)
+        sel, pic = select(before, plan, r, s, MODELS, completed, pinned, scope_edges(edges_of(sb)))
         visit, prior = pic["walk_visit"], pic["walk_states"]
         completed = visit if visit is not None else pic["walk_completed"]
         if sel.empty:

@@ -21,6 +21,7 @@ from phaze.search.dominance import (
     edges_of,
     families,
     joined,
+    scope_edges,
     verified,
 )
 from phaze.search.space_bounds import _blocks, _dominated_by
@@ -214,3 +215,51 @@ def test_an_achieved_value_above_a_dominating_bound_is_an_error():
     check_closed(wide, np.array([10.0]), np.array([np.nan]))
     with pytest.raises(PhazeError, match="dominance contradicted: m b2 arch a"):
         check_closed(wide, np.array([10.0]), np.array([10.001]))
+
+
+def test_a_search_uses_the_steps_that_hold_for_all_its_microbatches_and_models():
+    edges = pd.DataFrame(
+        [
+            ("m1", 1, "a", "b"),
+            ("m1", 2, "a", "b"),
+            ("m1", 1, "a", "c"),  # not at microbatch 2: not m1's
+            ("m2", 1, "a", "b"),
+            ("m2", 1, "b", "c"),
+        ],
+        columns=["model", "microbatch", "arch", "up"],
+    )
+    got = {tuple(r) for r in scope_edges(edges).to_numpy().tolist()}
+    assert got == {("m1", "a", "b"), ("m2", "a", "b"), ("m2", "b", "c"), ("*", "a", "b")}
+    assert scope_edges(edges.iloc[:0]).empty
+
+
+def test_the_refinement_takes_a_dominating_open_arch_before_the_archs_it_dominates():
+    from phaze.search.global_search import GLOBAL_KEY, chosen_archs
+
+    detail = pd.DataFrame(
+        {
+            "strategy": "phaze-per-model",
+            "common_score": "",
+            "model": "m",
+            "hbm_bytes": 1,
+            "devices": 8,
+            "arch": ["a", "b", "c", "d"],
+            "hi": [10.0, 9.0, 8.0, 7.0],
+            "led": [False, False, False, False],
+            "open_gap": [True, True, True, True],
+            "open_front": False,
+            "ratio": 1.0,
+        }
+    )
+    area = pd.Series([1.0, 2.0, 3.0, 4.0], index=list("abcd"))
+    ups = pd.DataFrame({"scope": ["m", "m"], "arch": ["a", "c"], "up": ["b", "d"]})
+    # without the steps: the largest bounds; with them: b and d first (they dominate a and c)
+    assert list(chosen_archs(detail, area, 2)["arch"]) == ["a", "b"]
+    assert list(chosen_archs(detail, area, 2, ups)["arch"]) == ["b", "d"]
+    # a step of another search does not count
+    other = ups.assign(scope="*")
+    assert list(chosen_archs(detail, area, 2, other)["arch"]) == ["a", "b"]
+    # once the dominating archs are closed, the others come
+    closed = detail.assign(open_gap=[True, False, True, False])
+    assert list(chosen_archs(closed, area, 2, ups)["arch"]) == ["a", "c"]
+    assert set(GLOBAL_KEY) <= set(detail.columns)

@@ -12,7 +12,7 @@ import pandas as pd
 from phaze.config import load_config
 from phaze.errors import PhazeError
 from phaze.io import read_table, write_json_atomic, write_table
-from phaze.search.dominance import edges_of
+from phaze.search.dominance import edges_of, scope_edges
 from phaze.search.files import load_manifest, load_place, load_space
 from phaze.search.plan import make_plan, n_rounds
 from phaze.search.progress import jobs_cpu_seconds, progress_line, round_progress
@@ -129,7 +129,9 @@ def select_round(args: argparse.Namespace) -> int:
     visit, completed = walk_position(args.previous_state)
     completed = visit if visit is not None else completed
     comp = ri.components(r)
-    sel, pic = select(comp, ri.plan, r, ri.settings, ri.models, completed, ri.pinned)
+    sel, pic = select(
+        comp, ri.plan, r, ri.settings, ri.models, completed, ri.pinned, scope_edges(ri.edges)
+    )
     sel = _chunked(sel, ri.cfg["chunk_archs"])
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -112,6 +112,24 @@ def edges_of(bounds: pd.DataFrame) -> pd.DataFrame:
     return out[cols]
 
 
+def scope_edges(edges: pd.DataFrame) -> pd.DataFrame:
+    """The steps that hold for a whole search: per model (column ``scope``) those recorded for
+    every microbatch of the model, and for ``"*"`` (Phaze-Common) those recorded for every model
+    and microbatch. Columns scope, arch, up."""
+    cols = ["scope", "arch", "up"]
+    if edges.empty:
+        return pd.DataFrame(columns=cols)
+    n_mbs = edges.groupby("model")["microbatch"].nunique()
+    per = edges.groupby(["model", "arch", "up"], sort=False).size().rename("n").reset_index()
+    per = per[per["n"].to_numpy() == n_mbs.reindex(per["model"]).to_numpy()]
+    n_all = len(edges[["model", "microbatch"]].drop_duplicates())
+    both = edges.groupby(["arch", "up"], sort=False).size().rename("n").reset_index()
+    common = both[both["n"].to_numpy() == n_all].assign(scope="*")
+    return pd.concat(
+        [per.rename(columns={"model": "scope"})[cols], common[cols]], ignore_index=True
+    )
+
+
 def close_bounds(wide: pd.DataFrame, edges: pd.DataFrame, hi: np.ndarray) -> np.ndarray:
     """``hi`` (per row of ``wide``, keyed by model, hbm_bytes, microbatch, devices, arch) lowered
     to the smallest bound of every architecture that dominates the row's, through chains of

@@ -259,27 +259,37 @@ def open_components(
     return pd.concat(out, ignore_index=True).reset_index(drop=True)
 
 
-def _leaders(g: pd.DataFrame) -> pd.DataFrame:
-    """The rows of ``g`` whose bound is their own, if any; else all of ``g``. A ``led`` arch's
-    bound is a dominating arch's: refining that one tightens both, so it goes first (it is open
-    too: its bound is as high), and a led arch is refined itself only once no arch with its own
-    bound is left open."""
+def _leaders(g: pd.DataFrame, ups: pd.DataFrame | None) -> pd.DataFrame:
+    """The rows of ``g`` (open archs of one search) that no other open arch of ``g`` dominates
+    and whose bound is their own, if any; else all of ``g``. A dominating arch's bound caps its
+    dominated archs' (docs/search.md, "Dominance"): refining it first can settle them without
+    refining them, and a ``led`` arch's bound is a dominating arch's already. ``ups``: the
+    search's steps (arch, up)."""
     own = g[~g["led"].to_numpy(bool)]
+    if ups is not None and len(ups) and len(own):
+        above = ups[ups["up"].isin(set(g["arch"]))]
+        own = own[~own["arch"].isin(set(above["arch"]))]
     return own if len(own) else g
 
 
-def chosen_archs(detail: pd.DataFrame, area: pd.Series, k: int) -> pd.DataFrame:
+def chosen_archs(
+    detail: pd.DataFrame, area: pd.Series, k: int, ups: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """Per search, the open archs to refine this round: the ``k`` with the largest ``hi`` among
     those open for the certificate, and the ``k`` with the largest hi / F on the optimistic
-    front of those open for the front only (archs whose bound is their own first:
-    :func:`_leaders`). Columns: search key, arch, reason."""
+    front of those open for the front only (archs no open arch dominates, with their own
+    bound, first: :func:`_leaders`; ``ups``: :func:`phaze.search.dominance.scope_edges`).
+    Columns: search key, arch, reason."""
     picked = []
-    for _, grp in detail.groupby(GLOBAL_KEY, sort=False):
-        g = _leaders(grp[grp["open_gap"]])
+    for key, grp in detail.groupby(GLOBAL_KEY, sort=False):
+        mine = None
+        if ups is not None and len(ups):
+            mine = ups[ups["scope"] == key[GLOBAL_KEY.index("model")]]
+        g = _leaders(grp[grp["open_gap"]], mine)
         if len(g):
             top = g.sort_values(["hi", "arch"], ascending=[False, True]).head(k)
             picked.append(top.assign(reason="gap"))
-        f = _leaders(grp[grp["open_front"] & ~grp["open_gap"]])
+        f = _leaders(grp[grp["open_front"] & ~grp["open_gap"]], mine)
         if len(f):
             a = f["arch"].map(area).to_numpy(float)
             idx = _optimistic_front(a, f["hi"].to_numpy(float))

@@ -133,18 +133,20 @@ def select(
     models: list[str],
     walk_completed: int,
     pinned: tuple[str, ...] = (),
+    ups: pd.DataFrame | None = None,
 ) -> tuple[pd.DataFrame, dict]:
     """The components round ``round_`` brings to the bound tier (columns model, microbatch, arch,
     why), from ``comp`` = every component known before the round (space bounds included), and
     the picture of the search then. ``walk_completed``: the plan rounds the walk completed
     before this round (−1 at the start); the picture's ``walk_visit``, ``walk_completed`` and
-    ``walk_states`` say where it goes now (:func:`walk_cursor`)."""
+    ``walk_states`` say where it goes now (:func:`walk_cursor`). ``ups``: the dominance steps
+    per search (:func:`phaze.search.dominance.scope_edges`), which order the refinement."""
     pic = search_picture(comp, plan, models, settings)
     visit, completed, states, needs = walk_cursor(pic["scores"], plan, settings, walk_completed)
     pic.update(walk_visit=visit, walk_completed=completed, walk_states=states)
     parts = {"walk": _walk_components(needs, comp)}
     if settings.mode == "global":
-        chosen = chosen_archs(pic["detail"], pic["area"], settings.round_archs)
+        chosen = chosen_archs(pic["detail"], pic["area"], settings.round_archs, ups)
         pic["chosen"] = chosen
         for reason in ("gap", "front"):
             mine = chosen.loc[chosen["reason"] == reason, GLOBAL_KEY + ["arch"]]
