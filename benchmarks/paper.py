@@ -121,13 +121,18 @@ def job_cpu(
 
 
 def gnu_time(path: Path) -> dict:
-    """user + sys CPU seconds and wall seconds from `/usr/bin/time -v`'s report."""
-    text = path.read_text()
+    """:func:`gnu_time_report` of a file holding `/usr/bin/time -v`'s report."""
+    return gnu_time_report(path.read_text(), str(path))
+
+
+def gnu_time_report(text: str, source: str) -> dict:
+    """user + sys CPU seconds, wall seconds, peak RSS and exit status from `/usr/bin/time -v`'s
+    report in ``text`` (``source`` names it in an error). The other benchmarks use it too."""
 
     def field(name):
         m = re.search(rf"{re.escape(name)}: (.+)", text)
         if not m:
-            raise SystemExit(f"{path}: no '{name}' line (not a /usr/bin/time -v report)")
+            raise SystemExit(f"{source}: no '{name}' line (not a /usr/bin/time -v report)")
         return m.group(1).strip()
 
     wall = 0.0

@@ -22,6 +22,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = REPO / ".venv" / "bin" / "snakemake"
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+# the /usr/bin/time -v reader of benchmarks/paper.py, beside this script
+from paper import gnu_time_report
+
 SNAKEFILE = """
 rule all:
     input: expand("out/{{i}}.txt", i=range({n}))
@@ -39,7 +44,7 @@ def measure(work: Path, scheduler: str, cores: int) -> tuple[float, float]:
     for d in ("in", "out", ".snakemake"):
         shutil.rmtree(work / d, ignore_errors=True)
     out = subprocess.run(
-        ["/usr/bin/time", "-f", "%U %S %e", str(SNAKEMAKE), "--cores", str(cores), "-q"]
+        ["/usr/bin/time", "-v", str(SNAKEMAKE), "--cores", str(cores), "-q"]
         + ["--scheduler", scheduler],
         cwd=work,
         capture_output=True,
@@ -48,8 +53,8 @@ def measure(work: Path, scheduler: str, cores: int) -> tuple[float, float]:
     )
     if out.returncode:
         raise SystemExit(f"snakemake --scheduler {scheduler} failed:\n{out.stderr[-2000:]}")
-    user, system, wall = map(float, out.stderr.strip().splitlines()[-1].split())
-    return user + system, wall
+    t = gnu_time_report(out.stderr, f"snakemake --scheduler {scheduler}")
+    return t["cpu_s"], t["wall_s"]
 
 
 def main() -> int:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +26,10 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 PY = str(REPO / ".venv" / "bin" / "python")
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+# the /usr/bin/time -v reader of benchmarks/paper.py, beside this script
+from paper import gnu_time_report
 
 
 def run(cmd: list[str]) -> dict:
@@ -40,19 +43,8 @@ def run(cmd: list[str]) -> dict:
     )
     if out.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
-    text = out.stderr
-
-    def field(name):
-        return re.search(rf"{re.escape(name)}: (.+)", text).group(1).strip()
-
-    wall = 0.0
-    for part in field("Elapsed (wall clock) time (h:mm:ss or m:ss)").split(":"):
-        wall = wall * 60 + float(part)
-    return {
-        "cpu_s": float(field("User time (seconds)")) + float(field("System time (seconds)")),
-        "wall_s": wall,
-        "max_rss_mib": int(field("Maximum resident set size (kbytes)")) / 1024,
-    }
+    t = gnu_time_report(out.stderr, " ".join(cmd))
+    return {"cpu_s": t["cpu_s"], "wall_s": t["wall_s"], "max_rss_mib": t["max_rss_kib"] / 1024}
 
 
 def exact_check(trace_dirs, tps, model, b, space, config, bounds, top, sample, seed=0):
@@ -88,7 +80,7 @@ def exact_check(trace_dirs, tps, model, b, space, config, bounds, top, sample, s
     for i, _arch in enumerate(sub["arch"]):
         chains = {}
         for tr in traces:
-            bounds_t, attention, _latencies = per_t[tr.tp]
+            bounds_t, attention = per_t[tr.tp].layers, per_t[tr.tp].attention
             lk = {("x", s, p): float(v[0][i]) for (s, p), v in bounds_t.items()}
             wk = {("x", s, p): float(v[1][i]) for (s, p), v in bounds_t.items()}
             att = {("x", s): float(v[i]) for s, v in attention.items()}
