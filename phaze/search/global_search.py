@@ -19,13 +19,14 @@ of area at most its own.
 
 *Refinement*, best-first: an arch is *open* when ``hi > W·(1 + search.gap)`` (the certificate) or
 ``hi > F(area)·(1 + search.front_gap)`` (the front; ``front_gap: null``: never) and it can still
-be refined (a component not yet at the final tier). Each round refines, per search, the ``search.round_archs`` open archs
-with the largest ``hi`` (certificate) and the same number from the optimistic front of the archs
-open for the front (those with the largest ``hi / F`` that no other open arch dominates); a
-component of an open arch is refined when its own bound can matter: above the search's threshold
-(per model), or above its model's best value on that arch by more than the gap (common). The
-search ends when nothing is open: every certificate is then at most its gap, or stuck at an arch
-whose final tier leaves its bounds apart (reported).
+be refined (a component not yet at the final tier). Each round refines, per search, the
+``search.round_archs`` open archs with the largest ``hi`` (certificate) and the same number from
+the optimistic front of the archs open for the front (those with the largest ``hi / F`` that no
+other open arch dominates in area and bound), archs that no open arch dominates as hardware
+(docs/search.md, "Dominance") first; a component of an open arch is refined when its own bound
+can matter: above the search's threshold (per model), or above its model's best value on that
+arch by more than the gap (common). The search ends when nothing is open: every certificate is
+then at most its gap, or stuck at an arch whose final tier leaves its bounds apart (reported).
 """
 
 from __future__ import annotations

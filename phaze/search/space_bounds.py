@@ -14,6 +14,7 @@ the size of the space.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -48,6 +49,14 @@ from phaze.step.model import StepConstants
 BLOCK_ARCHS = 16384
 
 
+class TraceBounds(NamedTuple):
+    """One width's bounds over a block of architectures."""
+
+    layers: dict  # (signature, pass) -> (lower bound, serial time) per arch
+    attention: dict  # block signature -> core attention's forward per arch
+    latencies: list  # the latency arrays (archs × ops): on one core, on all cores
+
+
 class Trace:
     """One width's trace: layers, ops, the layer graphs' structure, the chain tables."""
 
@@ -59,14 +68,13 @@ class Trace:
         self.plans = layer_plans(d, self.ops)
         self.tables = ChainTables(self.layers, self.ops, tp, microbatch, weight_bytes, f"{d}")
 
-    def bounds(self, space: pd.DataFrame, config: dict):
-        """({(signature, pass): (lower, serial)}, {block signature: attention}, [latency arrays
-        (archs × ops) on one core and on all cores]) over ``space``."""
+    def bounds(self, space: pd.DataFrame, config: dict) -> TraceBounds:
+        """The layers' bounds, core attention and the latency arrays over ``space``."""
         lat = latency_arrays(self.ops, space, config["costmodel"], config["place"])
         l1, la = lat["latency_1core_s"], lat["latency_allcores_s"]
         n_tc, n_vc = space["n_tc"].to_numpy(float), space["n_vc"].to_numpy(float)
         out = {(p.signature, p.pass_): layer_bounds(p, l1, la, n_tc, n_vc) for p in self.plans}
-        return out, attention_seconds(self.ops, l1, la), [l1, la]
+        return TraceBounds(out, attention_seconds(self.ops, l1, la), [l1, la])
 
     def space_chain(self, bounds: dict, attention: dict, n: int) -> SpaceChain:
         zero = np.zeros(n)
@@ -154,11 +162,11 @@ def bounds_table(args, config: dict) -> pd.DataFrame:
         raise PhazeError(f"{model}: the traces of the widths have different block counts")
     out = np.full((len(place["devices"]), len(hbm_all), len(space)), np.nan)
     ups: list[str] = [""] * len(space)
-    for rows in _blocks(space):
-        block = space.iloc[rows].reset_index(drop=True)
+    for positions in _blocks(space):
+        block = space.iloc[positions].reset_index(drop=True)
         bounds = {tr.tp: tr.bounds(block, config) for tr in traces}
-        latencies = [lat for tr in traces for lat in bounds[tr.tp][2]]
-        for r, u in zip(rows, joined(_dominated_by(block, latencies))):
+        latencies = [lat for tr in traces for lat in bounds[tr.tp].latencies]
+        for r, u in zip(positions, joined(_dominated_by(block, latencies))):
             ups[r] = u
         for preset, idx in _groups(block):
             for i, devices in enumerate(place["devices"]):
@@ -167,7 +175,7 @@ def bounds_table(args, config: dict) -> pd.DataFrame:
                 )
                 with np.errstate(divide="ignore"):
                     thr = np.where(np.isfinite(time), settings.global_batch / time, np.nan)
-                out[i][:, rows[idx]] = thr
+                out[i][:, positions[idx]] = thr
     rows = [
         pd.DataFrame(
             {
@@ -192,7 +200,7 @@ def _times(settings, traces, bounds, idx, size, preset, devices, hbm_all, config
     cm = arch_costmodel(config["costmodel"], preset)
     bw, lat = link_parameters(config["costmodel"], preset)
     if settings.place_model == "upstream":
-        totals = {tr.tp: tr.total_lower(bounds[tr.tp][0], size)[idx] for tr in traces}
+        totals = {tr.tp: tr.total_lower(bounds[tr.tp].layers, size)[idx] for tr in traces}
         params = {tr.tp: float(tr.layers["param_bytes"].sum()) for tr in traces}
         net, _label = upstream_network(settings, preset, config["costmodel"], devices)
         M = settings.microbatches
@@ -206,7 +214,9 @@ def _times(settings, traces, bounds, idx, size, preset, devices, hbm_all, config
         )
         return np.broadcast_to(time, (len(hbm_all), len(time)))  # memory limits dropped
     chains = {
-        (tr.tp, settings.microbatch): tr.space_chain(*bounds[tr.tp][:2], size).take(idx)
+        (tr.tp, settings.microbatch): tr.space_chain(
+            bounds[tr.tp].layers, bounds[tr.tp].attention, size
+        ).take(idx)
         for tr in traces
     }
     consts = StepConstants.from_config(settings.step, float(achievable_hbm_Bps(cm)))
