@@ -59,6 +59,35 @@ def _refs(comp):
     return model_references(comp)
 
 
+def _check_against_brute_force(got, want, true, gap):
+    """Per global search (``got``: the search's states, ``want``: the brute force's, ``true``:
+    :func:`_true_scores`): the answer within the certificate of the brute force's (equal at gap
+    0), the certificate holding for every arch's optimum, the search ended at its gap."""
+    for key, g in got.iterrows():
+        w = want.loc[key]
+        if w["arch"] is None or (isinstance(w["arch"], float) and np.isnan(w["arch"])):
+            assert g["arch"] is None  # nothing feasible: no answer either way
+            continue
+        if key[0] == "phaze-per-model" or key[1] == "mean":
+            # the brute force's answer is the best final-tier value; the search's is within
+            # its certificate (exactly equal at gap 0)
+            if gap == 0:
+                assert g["score"] == pytest.approx(w["score"], rel=1e-12)
+            else:
+                assert g["score"] * (1 + gap) >= w["score"] * (1 - 1e-12)
+        # the certificate holds for every arch's optimum inside its bounds
+        sel = true
+        for col, v in zip(GLOBAL_KEY, key, strict=True):
+            sel = sel[sel[col] == v]
+        top = sel["t"].max()
+        if np.isfinite(top):
+            assert top <= g["score"] * (1 + g["certified_gap"]) * (1 + 1e-9), (key, top, g)
+        # the search stops at its gap, unless an arch at the final tier keeps it open
+        if g["stuck_gap"] == 0:
+            assert g["certified_gap"] <= gap + 1e-12
+        assert g["open_gap"] == 0 and g["open_front"] == 0
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 10**6),
@@ -85,30 +114,7 @@ def test_global_equals_every_arch_at_the_final_tier(seed, n_archs, k, gap, front
     everything = brute(truth, s)
     _, want, _ = _states(everything, plan, s)
     assert list(got.index) == list(want.index)
-    true = _true_scores(truth, _refs(run.comp))
-    for key, g in got.iterrows():
-        w = want.loc[key]
-        if w["arch"] is None or (isinstance(w["arch"], float) and np.isnan(w["arch"])):
-            assert g["arch"] is None  # nothing feasible: no answer either way
-            continue
-        if key[0] == "phaze-per-model" or key[1] == "mean":
-            # the brute force's answer is the best final-tier value; the search's is within
-            # its certificate (exactly equal at gap 0)
-            if gap == 0:
-                assert g["score"] == pytest.approx(w["score"], rel=1e-12)
-            else:
-                assert g["score"] * (1 + gap) >= w["score"] * (1 - 1e-12)
-        # the certificate holds for every arch's optimum inside its bounds
-        sel = true
-        for col, v in zip(GLOBAL_KEY, key, strict=True):
-            sel = sel[sel[col] == v]
-        top = sel["t"].max()
-        if np.isfinite(top):
-            assert top <= g["score"] * (1 + g["certified_gap"]) * (1 + 1e-9), (key, top, g)
-        # the search stops at its gap, unless an arch at the final tier keeps it open
-        if g["stuck_gap"] == 0:
-            assert g["certified_gap"] <= gap + 1e-12
-        assert g["open_gap"] == 0 and g["open_front"] == 0
+    _check_against_brute_force(got, want, _true_scores(truth, _refs(run.comp)), gap)
     # the front: with front_gap 0, every point of the brute force's front is found
     if front_gap == 0 and gap == 0:
         area = plan.set_index("arch")["area_mm2"]
@@ -228,22 +234,7 @@ def test_global_with_dominance_keeps_the_answer_and_the_certificate(seed, n_arch
     run = simulate(truth, plan, s)
     _, got, _ = _states(run.comp, plan, s)
     _, want, _ = _states(brute(truth, s), plan, s)
-    true = _true_scores(truth, _refs(run.comp))
-    for key, g in got.iterrows():
-        w = want.loc[key]
-        if not isinstance(w["arch"], str):
-            assert not isinstance(g["arch"], str)
-            continue
-        if key[0] == "phaze-per-model" or key[1] == "mean":
-            assert g["score"] * (1 + gap) >= w["score"] * (1 - 1e-12)
-        sel = true
-        for col, v in zip(GLOBAL_KEY, key, strict=True):
-            sel = sel[sel[col] == v]
-        top = sel["t"].max()
-        if np.isfinite(top):
-            assert top <= g["score"] * (1 + g["certified_gap"]) * (1 + 1e-9), (key, top, g)
-        if g["stuck_gap"] == 0:
-            assert g["certified_gap"] <= gap + 1e-12
+    _check_against_brute_force(got, want, _true_scores(truth, _refs(run.comp)), gap)
 
 
 def test_dominance_spares_refinement_and_a_false_step_is_caught():
