@@ -11,6 +11,20 @@ all-reduce, phaze.place) and the training-step evaluation (phaze.fidelity):
   g ≤ 1 costs nothing;
 * ``p2p_seconds(S, B, L)``: one send, ``S/B + L``.
 
+The all-to-all (expert parallelism's token dispatch and combine, Megatron's ``all_to_all_single``
+over the expert-parallel group): every rank holds S bytes, S/g for each member, and sends its
+g − 1 blocks to their owners. Each network states its algorithm and writes its time in the ring
+form of one step, ``(g − 1)/g · S/B' + (g − 1) · L'``, with the group's own (B', L')
+(``a2a_params``), so the step model prices it like any collective:
+
+* two-level network, **direct exchange** (NCCL's all-to-all: grouped sends to every peer at
+  once): a rank's blocks to the r − 1 members on its node cross the intra-node link, its blocks
+  to the g − r others its own NIC, both levels at once; time = the slower level,
+  ``max((r_max − 1)·S/(g·B_intra), (g − r_min)·S/(g·B_inter))`` (r_max / r_min: the most / fewest
+  members on one node), plus ``(g − 1)`` message latencies of the slowest level used (the α term
+  of pairwise exchange, Thakur, Rabenseifner & Gropp 2005). On one level this is exactly the
+  ring form with that level's bandwidth and latency.
+
 A two-level network:
 
 Devices are grouped into nodes of ``devices_per_node``; rank ``r`` lives on node
@@ -51,8 +65,9 @@ import numpy as np
 
 from phaze.errors import PhazeError
 
-#: ring steps (phases of g − 1 transfers of S/g bytes) per collective
-RING_STEPS = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0}
+#: ring steps (phases of g − 1 transfers of S/g bytes) per collective; the all-to-all is one
+#: phase of its own (bandwidth, latency): ``a2a_params``, not ``ring_params``
+RING_STEPS = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0}
 
 
 def ring_seconds(kind: str, size_bytes, ranks, bandwidth_Bps, latency_s):
@@ -126,6 +141,10 @@ class _Collectives:
     def all_reduce(self, size_bytes: float, ranks: Sequence[int]) -> float:
         # reduce-scatter then all-gather
         return self.collective("all_reduce", size_bytes, ranks)
+
+    def all_to_all(self, size_bytes: float, ranks: Sequence[int]) -> float:
+        # every rank sends S/g to every other member (the network's own algorithm)
+        return self.collective("all_to_all", size_bytes, ranks)
 
 
 def _pairs_of(src_group: Sequence[int], dst_group: Sequence[int]) -> list[tuple[int, int]]:
@@ -228,6 +247,38 @@ class HierarchicalNetwork(_Collectives):
         lat = np.where(spans, max(intra.latency_s, inter.latency_s), intra.latency_s)
         return bw, lat
 
+    def _a2a(self, ranks: Sequence[int]) -> tuple[float, float]:
+        """(B', L') of the direct-exchange all-to-all over these ranks (module docstring): the
+        ring form of one step with g − 1 blocks over the slower of the two levels."""
+        counts: dict[int, int] = {}
+        for r in ranks:
+            counts[self.node_of(r)] = counts.get(self.node_of(r), 0) + 1
+        g = len(ranks)
+        if len(counts) == 1:
+            return self.intra.effective_Bps, self.intra.latency_s
+        worst = max(
+            (max(counts.values()) - 1) / self.intra.effective_Bps,
+            (g - min(counts.values())) / self.inter.effective_Bps,
+        )
+        return (g - 1) / worst, max(self.intra.latency_s, self.inter.latency_s)
+
+    def a2a_params(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(bytes/s, per-step latency) of the all-to-all over each row of `ranks`, in the form
+        `ring_seconds("all_to_all", S, g, ...)` takes (`_a2a` for many groups at once)."""
+        ranks = np.asarray(ranks)
+        groups, g = ranks.shape
+        bw = np.full(groups, self.intra.effective_Bps)
+        lat = np.full(groups, self.intra.latency_s)
+        if g == 1:
+            return bw, lat
+        seen: dict[tuple, tuple[float, float]] = {}
+        for i, row in enumerate(ranks):
+            key = tuple(int(r) for r in row)
+            if key not in seen:
+                seen[key] = self._a2a(key)
+            bw[i], lat[i] = seen[key]
+        return bw, lat
+
     def p2p_params(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(bytes/s, latency) of a send from each rank of `src` to the rank of `dst` at the same
         position (`p2p` for many pairs at once: the intra-node level inside a node)."""
@@ -241,11 +292,12 @@ class HierarchicalNetwork(_Collectives):
         return np.asarray(src) // n != np.asarray(dst) // n
 
     def collective(self, kind: str, size_bytes: float, ranks: Sequence[int]) -> float:
-        """Seconds of a ring collective over these ranks (empty messages are free)."""
+        """Seconds of a ring collective (or the direct-exchange all-to-all) over these ranks
+        (empty messages are free)."""
         shape = self.shape(ranks)
         if shape.size == 1:
             return 0.0
-        bw, lat = self._ring(shape)
+        bw, lat = self._a2a(list(ranks)) if kind == "all_to_all" else self._ring(shape)
         return float(collective_seconds(kind, size_bytes, shape.size, bw, lat))
 
     # --- point to point -----------------------------------------------------------------------
@@ -326,6 +378,20 @@ class TorusNetwork(_Collectives):
     one unidirectional ring through its ranks in rank order, every step as slow as the farthest
     pair of ring neighbours (``hops · L``) on one link's bandwidth. A point-to-point send takes
     ``S / B + hops · L`` over the shortest path (with wraparound where the axis wraps).
+
+    The all-to-all (every chip sends S/g to every other member) is routed dimension-ordered
+    (x, then y, then z, each hop along the shortest way round, a tie at half a ring split over
+    both directions), every pair at once; its time is set by the busiest directed link,
+    ``λ · S / B + L · Σ_a hops_a`` (the farthest pair's path). On a box, the flows of every source
+    along an axis carry S/n_a per offset, so the busiest link of axis a carries λ_a·S with
+
+        λ_a = ⌊n_a²/4⌋ / (2 n_a)   on a closed ring (every link alike, both directions),
+        λ_a = ⌊n_a/2⌋·⌈n_a/2⌉ / n_a  on a line or pair (the middle link: its bisection),
+
+    and λ = max_a λ_a (the axes' links are disjoint and work at once; scaling-book's "an
+    AllToAll on a bidirectional ring costs about a quarter of an AllGather" is λ = n/8). A group
+    that is no box, or a run of a wrapping axis long enough for shortest paths to leave it, is
+    routed pair by pair (`_a2a_routed`), which the closed form equals on boxes (tested).
     """
 
     dims: tuple[int, int, int]
@@ -422,6 +488,9 @@ class TorusNetwork(_Collectives):
         g = len(ranks)
         if g <= 1 or size_bytes <= 0:
             return 0.0
+        if kind == "all_to_all":
+            lam, hops = self._a2a_shape(ranks)
+            return lam * size_bytes / self.link.effective_Bps + hops * self.link.latency_s
         width, hops = self._ring_shape(ranks)
         phase = (g - 1) / g * size_bytes / width + hops * self.link.latency_s
         return RING_STEPS[kind] * phase
@@ -437,6 +506,90 @@ class TorusNetwork(_Collectives):
             return bw, worst * (len(ring) - 1)
         width = sum((2.0 if closed else 1.0) * bw for _, closed in axes)
         return width, sum((n // 2) if closed else (n - 1) for n, closed in axes)
+
+    # --- all-to-all ---------------------------------------------------------------------------
+    def _a2a_shape(self, ranks: Sequence[int]) -> tuple[float, int]:
+        """(λ, hops): the busiest directed link carries λ·S, the farthest pair is `hops` away."""
+        axes = self._box_axes(ranks)
+        if axes is not None:
+            spans = [len({self.coords(r)[a] for r in ranks}) for a in range(3)]
+            direct = all(
+                n == dim or not wrap or 2 * (n - 1) < dim
+                for n, dim, wrap in zip(spans, self.dims, self.wraps)
+            )
+            if direct:
+                lam = max(
+                    ((n * n // 4) / (2 * n)) if closed else ((n // 2) * (n - n // 2) / n)
+                    for n, closed in axes
+                )
+                return lam, sum((n // 2) if closed else (n - 1) for n, closed in axes)
+        return self._a2a_routed(ranks)
+
+    def _a2a_routed(self, ranks: Sequence[int]) -> tuple[float, int]:
+        """(λ, hops) by routing every pair dimension-ordered over the torus (class docstring)."""
+        ranks = list(ranks)
+        g = len(ranks)
+        load: dict[tuple, float] = {}
+        share = 1.0 / g
+
+        def walk(point, axis, dist, step, amount):
+            p = list(point)
+            for _ in range(dist):
+                key = (axis, tuple(p), step)
+                load[key] = load.get(key, 0.0) + amount
+                p[axis] = (p[axis] + step) % self.dims[axis]
+            return p
+
+        for a in ranks:
+            src = self.coords(a)
+            for b in ranks:
+                if a == b:
+                    continue
+                dst = self.coords(b)
+                routes = [(list(src), share)]
+                for axis in range(3):
+                    n = self.dims[axis]
+                    wrap = self.wraps[axis] and n >= 3  # two chips share one link (a pair)
+                    ahead = (dst[axis] - src[axis]) % n if wrap else dst[axis] - src[axis]
+                    nxt = []
+                    for point, amount in routes:
+                        if not wrap:
+                            ways = [(abs(ahead), 1 if ahead > 0 else -1, amount)]
+                        elif ahead < n - ahead:
+                            ways = [(ahead, 1, amount)]
+                        elif ahead > n - ahead:
+                            ways = [(n - ahead, -1, amount)]
+                        else:  # half a ring: both directions, half each
+                            ways = [(ahead, 1, amount / 2), (ahead, -1, amount / 2)]
+                        for dist, step, part in ways:
+                            if part > 0:
+                                nxt.append((walk(point, axis, dist, step, part), part))
+                    routes = nxt
+        lam = max(load.values(), default=0.0)
+        hops = max((self.hops(a, b) for a in ranks for b in ranks), default=0)
+        return lam, hops
+
+    def a2a_params(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(bytes/s, per-step latency) of the all-to-all over each row of `ranks` in the ring
+        form: ``λ·S/B + hops·L`` = ``(g − 1)/g · S/B' + (g − 1)·L'`` with
+        ``B' = (g − 1)/(g·λ) · B`` and ``L' = hops·L/(g − 1)``."""
+        ranks = np.asarray(ranks)
+        groups, g = ranks.shape
+        bw = np.full(groups, self.link.effective_Bps)
+        lat = np.full(groups, self.link.latency_s)
+        if g == 1:
+            return bw, lat
+        seen: dict[tuple, tuple[float, float]] = {}
+        for i, row in enumerate(ranks):
+            key = tuple(int(r) for r in row)
+            if key not in seen:
+                lam, hops = self._a2a_shape(key)
+                seen[key] = (
+                    (g - 1) / (g * lam) * self.link.effective_Bps,
+                    hops * self.link.latency_s / (g - 1),
+                )
+            bw[i], lat[i] = seen[key]
+        return bw, lat
 
     def ring_params(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(bytes/s, per-step latency) per row of `ranks` such that `ring_seconds` with g = the

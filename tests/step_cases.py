@@ -99,8 +99,15 @@ def random_layer(rng, *, block: bool, tp: int, tied: bool = False) -> LayerCost:
     )
 
 
-def random_chain(rng, blocks: int, tp: int, microbatch: int, sp: bool) -> ChainCost:
+def random_chain(
+    rng, blocks: int, tp: int, microbatch: int, sp: bool, ep: int = 1, experts: int = 0
+) -> ChainCost:
+    """A random chain; with `experts` > 0 a mixture-of-experts chain at expert-parallel size
+    `ep` (`moe_block`)."""
     tied = bool(rng.random() < 0.5)
+    if experts:
+        chain = random_chain(rng, blocks, tp, microbatch, sp)
+        return moe_variant(rng, chain, ep, experts)
     return ChainCost(
         first=random_layer(rng, block=False, tp=tp),
         block=random_layer(rng, block=True, tp=tp),
@@ -111,6 +118,29 @@ def random_chain(rng, blocks: int, tp: int, microbatch: int, sp: bool) -> ChainC
         sequence_parallel=sp,
         boundary_bytes=float(rng.uniform(0, 2)),
     )
+
+
+def moe_variant(rng, chain: ChainCost, ep: int, experts: int) -> ChainCost:
+    """The chain as a mixture-of-experts model at expert-parallel size `ep`: the block holds
+    experts/ep experts of a random share of its parameters (the rest dense), a dispatch and a
+    combine all-to-all each way (sizes random, one per pass direction), and its mean rank's
+    matmul FLOPs at most the traced rank's."""
+    from dataclasses import replace
+
+    B = chain.block
+    share = float(rng.uniform(0.3, 0.95))
+    expert_all = B.params * share * 3  # all experts of the block, over ep ranks
+    size = float(rng.uniform(0.1, 2))
+    a2a = (("all_to_all", size), ("all_to_all", size * float(rng.uniform(1, 1.3))))
+    block = replace(
+        B,
+        params=B.params * (1 - share) + expert_all / ep,
+        expert_params=expert_all / ep,
+        fwd_collectives=(*B.fwd_collectives, *a2a),
+        bwd_collectives=(*a2a, *B.bwd_collectives),
+        mean_fwd_matmul_flops=B.fwd_matmul_flops * float(rng.uniform(0.7, 1.0)),
+    )
+    return replace(chain, block=block, ep=ep, experts=experts)
 
 
 def tensor_parallel_variant(rng, chain: ChainCost, tp: int) -> ChainCost:
@@ -197,6 +227,7 @@ def _colls(net, colls, ranks) -> float:
             "all_reduce": net.all_reduce,
             "reduce_scatter": net.reduce_scatter,
             "all_gather": net.all_gather,
+            "all_to_all": net.all_to_all,
         }[kind](size, ranks)
     return total
 
@@ -215,11 +246,17 @@ def reference_price(chain: ChainCost, s: Strategy, net: Network, c: StepConstant
         "full": B.input_bytes,
     }[s.recompute]
     working = B.activation_bytes - stash
-    # tensor-parallel collectives: on the slowest tensor-parallel group of the layout
+    # tensor-parallel collectives: on the slowest tensor-parallel group of the layout; the
+    # all-to-alls on the slowest expert-parallel group
     groups = [s.tp_group(r, j) for r in range(d) for j in range(p)]
+    ep_groups = [s.ep_group(k, i, j) for k in range(t) for i in range(s.edp) for j in range(p)]
 
     def tp_time(colls):
-        return max(_colls(net, colls, g) for g in groups)
+        a2a = [c for c in colls if c[0] == "all_to_all"]
+        rest = [c for c in colls if c[0] != "all_to_all"]
+        return max(_colls(net, rest, g) for g in groups) + (
+            max(_colls(net, a2a, g) for g in ep_groups) if a2a else 0.0
+        )
 
     per_mb, bwd_part, params_of, mem = [], [], [], []
     for j in range(p):
@@ -259,10 +296,14 @@ def reference_price(chain: ChainCost, s: Strategy, net: Network, c: StepConstant
         per_mb.append(t_j)
         bwd_part.append(b_j)
         params_of.append(P)
+        Pe = n * B.expert_params
         state = c.state_bytes_per_param
+        expert_state = c.state_bytes_per_param
         if s.distributed_optimizer:
             state += c.optimizer_state_bytes_per_param * (1 / d - 1)
-        m_j = P * state + sched.inflight(j) * n * stash + (working if n > 0 else 0.0)
+            expert_state += c.optimizer_state_bytes_per_param * (1 / s.edp - 1)
+        m_j = (P - Pe) * state + Pe * expert_state
+        m_j += sched.inflight(j) * n * stash + (working if n > 0 else 0.0)
         m_j += (sched.inflight(j) * E.activation_bytes if first else 0.0) + (
             H.activation_bytes if last else 0.0
         )
@@ -270,20 +311,33 @@ def reference_price(chain: ChainCost, s: Strategy, net: Network, c: StepConstant
     tails = []
     for j in range(p):
         P = params_of[j]
-        grads = P * c.grad_bytes_per_param
-        worst = 0.0
-        for k in range(t):
-            ranks = s.dp_group(k, j)
-            if s.distributed_optimizer:
-                red = net.reduce_scatter(grads, ranks)
-                last_bucket = net.reduce_scatter(min(c.ddp_bucket_bytes, grads), ranks)
-            else:
-                red = net.all_reduce(grads, ranks)
-                last_bucket = net.all_reduce(min(c.ddp_bucket_bytes, grads), ranks)
-            x = max(red - bwd_part[j], last_bucket) if s.ddp == "overlap" else red
-            if s.distributed_optimizer:
-                x += net.all_gather(P * c.weight_bytes_per_param, ranks)
-            worst = max(worst, x)
+        Pe = stages[j] * B.expert_params
+        # (reduction, one full bucket's reduction, weights' all-gather) of the dense parameters
+        # on each data-parallel group, of the experts' on each expert data-parallel group; the
+        # last bucket is a full bucket on the slower group, or all the gradients if fewer
+        parts = []
+        kinds = [(P - Pe, [s.dp_group(k, j) for k in range(t)])]
+        if chain.experts:
+            kinds.append((Pe, [s.edp_group(k, e, j) for k in range(t) for e in range(s.ep)]))
+        for params, group_list in kinds:
+            grads = params * c.grad_bytes_per_param
+            got = []
+            for ranks in group_list:
+                if s.distributed_optimizer:
+                    red = net.reduce_scatter(grads, ranks)
+                    bucket = net.reduce_scatter(c.ddp_bucket_bytes, ranks)
+                else:
+                    red = net.all_reduce(grads, ranks)
+                    bucket = net.all_reduce(c.ddp_bucket_bytes, ranks)
+                gather = 0.0
+                if s.distributed_optimizer:
+                    gather = net.all_gather(params * c.weight_bytes_per_param, ranks)
+                got.append((red, bucket, gather))
+            parts.append(tuple(max(x[i] for x in got) for i in range(3)))  # the slowest group
+        red = sum(x[0] for x in parts)
+        last_bucket = min(max(x[1] for x in parts), red)
+        x = max(red - bwd_part[j], last_bucket) if s.ddp == "overlap" else red
+        worst = x + sum(x[2] for x in parts)
         if p > 1 and chain.tied and j in (0, p - 1):
             worst += max(
                 net.all_reduce(
@@ -293,8 +347,11 @@ def reference_price(chain: ChainCost, s: Strategy, net: Network, c: StepConstant
                 for k in range(t)
                 for r in range(d)
             )
-        opt = P * c.optimizer_bytes_per_param / c.hbm_bandwidth_Bps
-        tails.append(worst + (opt / d if s.distributed_optimizer else opt))
+        opt = (P - Pe) * c.optimizer_bytes_per_param / c.hbm_bandwidth_Bps
+        opt_e = Pe * c.optimizer_bytes_per_param / c.hbm_bandwidth_Bps
+        if s.distributed_optimizer:
+            opt, opt_e = opt / d, opt_e / s.edp
+        tails.append(worst + opt + opt_e)
     m = sched.microbatches
     pipe = m * max(per_mb) + (sum(per_mb) - max(per_mb)) / v
     return pipe + max(tails), mem

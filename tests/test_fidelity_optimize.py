@@ -64,6 +64,7 @@ def test_optimize_cli_json_and_evaluate_agree(tmp_path, phaze_cli):
         "tp",
         "pp",
         "dp",
+        "ep",
         "microbatch",
         "interleave",
         "recompute",
@@ -72,6 +73,7 @@ def test_optimize_cli_json_and_evaluate_agree(tmp_path, phaze_cli):
         "ddp",
         "stages",
     }
+    assert s["ep"] == 1  # a dense model
     assert r["megatron_args"][:2] == [
         f"--tensor-model-parallel-size {s['tp']}",
         f"--pipeline-model-parallel-size {s['pp']}",

@@ -181,3 +181,132 @@ def test_torus_point_to_point_takes_the_shortest_way_round():
     no_wrap = torus(8)
     assert no_wrap.p2p(S, 0, 1) == pytest.approx(S / B + L)
     assert no_wrap.hops(0, 7) == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# the all-to-all (expert parallelism's dispatch and combine)
+# ---------------------------------------------------------------------------------------------
+def direct_exchange_by_rank(net, size, ranks):
+    """The two-level all-to-all from explicit rank lists: each rank sends S/g to every other
+    member, over the intra-node link when the member shares its node, else over its NIC, both at
+    once; the slowest rank sets the time, plus g − 1 message latencies of the slowest level."""
+    g = len(ranks)
+    nodes = [net.node_of(r) for r in ranks]
+    worst = 0.0
+    for q in range(g):
+        local = sum(1 for x in range(g) if x != q and nodes[x] == nodes[q])
+        remote = g - 1 - local
+        worst = max(
+            worst,
+            local * size / g / net.intra.effective_Bps,
+            remote * size / g / net.inter.effective_Bps,
+        )
+    spans = len(set(nodes)) > 1
+    lat = max(net.intra.latency_s, net.inter.latency_s) if spans else net.intra.latency_s
+    return worst + (g - 1) * lat
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    dpn=st.sampled_from([1, 2, 3, 4, 6, 8]),
+    ranks=st.lists(st.integers(0, 47), min_size=2, max_size=16, unique=True),
+    bw=st.tuples(st.floats(1.0, 100.0), st.floats(1.0, 100.0)),
+    lat=st.tuples(st.floats(0, 0.1), st.floats(0, 0.1)),
+    eff=st.tuples(st.floats(0.3, 1.0), st.floats(0.3, 1.0)),
+    size=st.floats(1e-3, 1e3),
+)
+def test_two_level_all_to_all_equals_the_per_rank_count(dpn, ranks, bw, lat, eff, size):
+    """Any group (uneven over nodes included), either level the faster: `all_to_all` and the
+    ring form of `a2a_params` (what the step model prices) equal the per-rank byte count."""
+    import numpy as np
+
+    from phaze.network import collective_seconds
+
+    net = HierarchicalNetwork(dpn, *(LinkLevel(b, x, e) for b, x, e in zip(bw, lat, eff)))
+    want = direct_exchange_by_rank(net, size, ranks)
+    assert net.all_to_all(size, ranks) == pytest.approx(want, rel=1e-12)
+    b, x = net.a2a_params(np.array([sorted(ranks)]))
+    got = collective_seconds("all_to_all", size, len(ranks), b[0], x[0])
+    assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_two_level_all_to_all_by_hand():
+    level = LinkLevel(2.0, 0.1)
+    flat = HierarchicalNetwork(64, level, level)
+    # one level: pairwise exchange's (g − 1)/g · S/B + (g − 1)·α, the ring form of one step
+    assert flat.all_to_all(8.0, range(8)) == pytest.approx(7 / 8 * 8 / 2 + 7 * 0.1)
+    # two DGX nodes of 8: 7 blocks over NVLink, 8 over the own NIC, at once; NIC-bound
+    S = 1e9
+    t = DGX.all_to_all(S, range(16))
+    bw_term = max(7 / 16 * S / NVLINK.effective_Bps, 8 / 16 * S / IB.effective_Bps)
+    assert t == pytest.approx(bw_term + 15 * IB.latency_s)
+    assert bw_term == 8 / 16 * S / IB.effective_Bps
+    # inside a node: NVLink only
+    assert DGX.all_to_all(S, range(8)) == pytest.approx(7 / 8 * S / NVLINK.effective_Bps + 7 * 2e-6)
+    # one member per node (stride 8): every block on a NIC
+    assert DGX.all_to_all(S, [0, 8, 16, 24]) == pytest.approx(
+        3 / 4 * S / IB.effective_Bps + 3 * 5e-6
+    )
+    assert DGX.all_to_all(S, [3]) == 0.0 and DGX.all_to_all(0, range(8)) == 0.0
+
+
+def routed_box(t, origin, span):
+    """The ranks of a box of the torus `t`: `span` chips along each axis from `origin`."""
+    import itertools
+
+    x, y, _ = t.dims
+    pts = itertools.product(*(range(o, o + n) for o, n in zip(origin, span)))
+    return [(p[0] % t.dims[0]) + x * ((p[1] % t.dims[1]) + y * (p[2] % t.dims[2])) for p in pts]
+
+
+def test_torus_all_to_all_closed_form_equals_routing_every_pair():
+    """Boxes of random tori (whole axes with and without wraparound, runs of an axis, runs across
+    the wraparound): the closed form λ·S/B + L·Σ hops equals routing every pair
+    dimension-ordered and taking the busiest link."""
+    import numpy as np
+
+    from phaze.network import TorusNetwork
+
+    rng = np.random.default_rng(11)
+    checked = 0
+    for _ in range(120):
+        dims = tuple(int(rng.choice([1, 2, 3, 4, 5, 6, 8])) for _ in range(3))
+        wraps = tuple(bool(rng.random() < 0.6) for _ in range(3))
+        t = TorusNetwork(dims, wraps, LinkLevel(float(rng.uniform(1, 4)), 0.01))
+        span = tuple(int(rng.integers(1, n + 1)) for n in dims)
+        origin = tuple(
+            int(rng.integers(0, n)) if w else int(rng.integers(0, n - s + 1))
+            for n, s, w in zip(dims, span, wraps)
+        )
+        ranks = routed_box(t, origin, span)
+        if len(ranks) < 2:
+            continue
+        closed = t._a2a_shape(ranks)
+        routed = t._a2a_routed(ranks)
+        direct = all(s == n or not w or 2 * (s - 1) < n for s, n, w in zip(span, dims, wraps))
+        if t._box_axes(ranks) is not None and direct:
+            checked += 1
+        assert closed[0] == pytest.approx(routed[0], rel=1e-12) and closed[1] == routed[1]
+        S = 3.0
+        want = routed[0] * S / t.link.effective_Bps + routed[1] * t.link.latency_s
+        assert t.all_to_all(S, ranks) == pytest.approx(want, rel=1e-12)
+        b, x = t.a2a_params(np.array([ranks]))
+        from phaze.network import collective_seconds
+
+        got = collective_seconds("all_to_all", S, len(ranks), b[0], x[0])
+        assert got == pytest.approx(want, rel=1e-12)
+    assert checked >= 60  # most of them through the closed form
+
+
+def test_torus_all_to_all_by_hand():
+    t = torus(1024)  # 8 x 8 x 16, wraparound everywhere
+    # a closed ring of 8: λ = ⌊64/4⌋/16 = 1 = n/8, i.e. scaling-book's AllToAll on a
+    # bidirectional ring, V/(4·W_ici) for the array V = 8·S over W_ici = 2B; 4 hops
+    assert t.all_to_all(S, range(8)) == pytest.approx(S / B + 4 * L)
+    assert t.all_to_all(S, range(8)) - 4 * L == pytest.approx(8 * S / (4 * 2 * B))
+    # half the x axis is a line: the middle link carries 2·2/4 S
+    assert t.all_to_all(S, range(4)) == pytest.approx(S / B + 3 * L)
+    # an 8 x 8 plane: both axes closed rings, λ = 1 each, 8 hops
+    assert t.all_to_all(S, range(64)) == pytest.approx(S / B + 8 * L)
+    # a pair: S/2 over its one link
+    assert t.all_to_all(S, [0, 1]) == pytest.approx(S / 2 / B + L)

@@ -1,6 +1,6 @@
 """The exact placement under the step model (phaze/place/megatron.py) against brute force: every
-split of small chains × every (t, b, p, d) × V × recompute × sequence parallelism × distributed
-optimizer × DDP mode, each priced by the model."""
+split of small chains × every (t, b, p, d, ep) × V × recompute × sequence parallelism ×
+distributed optimizer × DDP mode, each priced by the model."""
 
 import itertools
 import math
@@ -15,6 +15,7 @@ from phaze.place.megatron import Axes, fill, optimize
 from phaze.step.model import Layout, PlacedChain, StageTerms, iteration_time, price
 from phaze.step.strategy import Strategy
 from tests.step_cases import (
+    moe_variant,
     random_chain,
     random_constants,
     random_network,
@@ -33,7 +34,8 @@ def compositions(total, parts):
 def brute_force(chains, net, consts, devices, global_batch, hbm, axes):
     """min over every strategy Strategy() accepts and every split, of the priced time."""
     best = math.inf
-    for (t, b, sp), chain in chains.items():
+    for key, chain in chains.items():
+        t, b, sp, ep = (*key, 1)[:4]
         if sp not in axes.sequence_parallel:
             continue
         for p in range(1, devices + 1):
@@ -53,12 +55,14 @@ def brute_force(chains, net, consts, devices, global_batch, hbm, axes):
                     "sequence_parallel": sp,
                     "distributed_optimizer": zero,
                     "ddp": ddp,
+                    "ep": ep,
                 }
                 try:
                     s = Strategy(**kw)
+                    s.check_experts(chain.experts)
                 except PhazeError:
                     continue
-                layout = Layout.build(net, t, p, s.dp)
+                layout = Layout.build(net, t, p, s.dp, ep)
                 terms = StageTerms(PlacedChain(chain, layout, consts), s.schedule, rc, zero, ddp)
                 for stages in compositions(chain.blocks, p):
                     if Strategy(**kw, stages=stages).layers_reason(chain.blocks):
@@ -82,6 +86,16 @@ def draw(seed):
             chains[(t, b, False)] = tensor_parallel_variant(rng, base, t) if t > 1 else base
             if t > 1:
                 chains[(t, b, True)] = sequence_parallel_variant(rng, chains[(t, b, False)])
+    # a third of the cases: a mixture-of-experts model, one chain per ep dividing its experts
+    # (the same experts and all-to-all sizes at every ep of one (t, b, sp))
+    if seed % 3 == 2:
+        experts = int(rng.choice([2, 4]))
+        dense = chains
+        chains = {}
+        for k, (key, chain) in enumerate(sorted(dense.items())):
+            for ep in (e for e in (1, 2, 4) if experts % e == 0):
+                sub = np.random.default_rng(seed * 100 + k)
+                chains[(*key, ep)] = moe_variant(sub, chain, ep, experts)
     net = random_network(rng)
     consts = random_constants(rng)
     devices = int(rng.choice([1, 2, 4, 6, 8, 12]))
@@ -93,13 +107,22 @@ def draw(seed):
         return max(
             price(
                 c,
-                Strategy(devices=t, tp=t, pp=1, microbatch=b, global_batch=b, recompute=rc),
+                Strategy(
+                    devices=t,
+                    tp=t,
+                    pp=1,
+                    microbatch=b,
+                    global_batch=b,
+                    recompute=rc,
+                    sequence_parallel=sp,
+                ),
                 net,
                 consts,
                 1.0,
             )["peak_memory_bytes"]
-            for (t, b, sp), c in chains.items()
-            if not sp
+            for key, c in chains.items()
+            for t, b, sp in [key[:3]]
+            if (len(key) == 3 or key[3] == 1) and sp == (c.experts > 0 and t > 1)
         )
 
     if rng.random() < 0.6:
@@ -136,7 +159,8 @@ def test_optimize_equals_brute_force(seed):
     assert got.time_s == pytest.approx(want, rel=1e-9)
     # what it returns is what it claims, priced from scratch
     s = got.strategy
-    chain = chains[(s.tp, s.microbatch, s.sequence_parallel)]
+    key = (s.tp, s.microbatch, s.sequence_parallel)
+    chain = chains[key] if key in chains else chains[(*key, s.ep)]
     again = price(chain, s, net, consts, 1.0, hbm)
     assert again["iteration_time_s"] == pytest.approx(got.time_s, rel=1e-9)
     assert again["fits_memory"]
@@ -158,9 +182,10 @@ def test_brute_force_cases_bind_and_cover_the_axes():
         seen |= {"zero"} if s.distributed_optimizer else set()
         seen |= {"pp"} if s.pp > 1 else set()
         seen |= {"uneven"} if len(set(s.stages)) > 1 else set()
+        seen |= {f"moe ep{s.ep}"} if seed % 3 == 2 else set()
     assert 2 <= infeasible <= 40
     want = {"rc:none", "rc:selective", "rc:full", "ddp:overlap", "ddp:after", "v2", "v3"}
-    assert want | {"sp", "zero", "pp", "uneven"} <= seen
+    assert want | {"sp", "zero", "pp", "uneven", "moe ep1", "moe ep2"} <= seen
 
 
 @settings(max_examples=60, deadline=None)
@@ -175,10 +200,13 @@ def test_each_ranks_tail_has_interval_sublevel_sets(seed, zero, ddp, rc):
     block counts for every x (the tail is quasi-convex in n), memory is non-decreasing in n."""
     rng = np.random.default_rng(seed)
     t = int(rng.choice([1, 2]))
-    chain = random_chain(rng, 12, t, 1, False)
+    p, d = int(rng.integers(1, 4)), int(rng.integers(2, 5))
+    # half the cases a mixture-of-experts chain (ep = 2 when it divides d)
+    moe = bool(rng.random() < 0.5)
+    ep = 2 if moe and d % 2 == 0 else 1
+    chain = random_chain(rng, 12, t, 1, moe and t > 1, ep, 4 if moe else 0)
     net = random_network(rng)
     consts = random_constants(rng)
-    p, d = int(rng.integers(1, 4)), int(rng.integers(2, 5))
     s = Strategy(
         devices=t * p * d,
         tp=t,
@@ -189,21 +217,30 @@ def test_each_ranks_tail_has_interval_sublevel_sets(seed, zero, ddp, rc):
         distributed_optimizer=zero,
         ddp=ddp,
         stages=None,
+        sequence_parallel=moe and t > 1,
+        ep=ep,
     )
     terms = StageTerms(
-        PlacedChain(chain, Layout.build(net, t, p, d), consts), s.schedule, rc, zero, ddp
+        PlacedChain(chain, Layout.build(net, t, p, d, ep), consts), s.schedule, rc, zero, ddp
     )
     n = np.broadcast_to(np.arange(13.0), (p, 13))
     tail, mem = terms.tail(n), terms.memory(n)
     assert (np.diff(mem, axis=1) >= -1e-12 * np.abs(mem[:, 1:])).all()
     for j in range(p):
         for x in np.unique(tail[j]):
-            ok = np.flatnonzero(tail[j] <= x * (1 + 1e-12))
+            # n >= 1: an interval; n = 0 may stand apart (no expert gradients to reduce there;
+            # `fill` handles that piece on its own)
+            ok = np.flatnonzero(tail[j, 1:] <= x * (1 + 1e-12))
             assert (np.diff(ok) == 1).all(), (j, tail[j])
+            if not chain.experts:
+                ok = np.flatnonzero(tail[j] <= x * (1 + 1e-12))
+                assert (np.diff(ok) == 1).all(), (j, tail[j])
 
 
-def test_fill_is_the_min_max_split():
-    """The greedy fill against enumeration on random interval masks."""
+@pytest.mark.parametrize("gaps", [False, True], ids=["intervals", "with gaps"])
+def test_fill_is_the_min_max_split(gaps):
+    """The greedy fill against enumeration on random interval masks, and on masks of an interval
+    and the point 0 apart, or any random mask (rows split into their runs)."""
     rng = np.random.default_rng(7)
     for _ in range(300):
         p, K = int(rng.integers(1, 5)), int(rng.integers(0, 7))
@@ -212,6 +249,10 @@ def test_fill_is_the_min_max_split():
         lo = rng.integers(0, K + 1, p)
         hi = np.minimum(K, lo + rng.integers(0, K + 1, p))
         allowed = (np.arange(K + 1) >= lo[:, None]) & (np.arange(K + 1) <= hi[:, None])
+        if gaps:
+            allowed[:, 0] |= rng.random(p) < 0.5
+            if rng.random() < 0.3:
+                allowed = rng.random((p, K + 1)) < 0.6
         want = min(
             (
                 max(T[j, k[j]] for j in range(p))
@@ -265,6 +306,7 @@ def test_a_lower_bound_chain_with_an_achievable_window_prices_a_lower_bound(seed
     assert got.time_s <= real.time_s * (1 + 1e-12)
     s = real.strategy
     key = (s.tp, s.microbatch, s.sequence_parallel)
+    key = key if key in low else (*key, s.ep)
     assert price(low[key], s, net, consts, 1.0)["iteration_time_s"] <= real.time_s * (1 + 1e-12)
 
 
@@ -290,3 +332,29 @@ def test_without_the_window_a_faster_backward_can_price_a_step_slower():
     low = _scaled(real, 0.5)
     assert price(low, s, net, consts, 1.0)["iteration_time_s"] > t_real
     assert price(replace(low, window=real), s, net, consts, 1.0)["iteration_time_s"] <= t_real
+
+
+def test_a_mixture_of_experts_model_with_tensor_parallelism_needs_sequence_parallelism():
+    """Megatron-LM's MoE layer refuses to train with tp > 1 and no sequence parallelism: the
+    search skips those configurations (and ep not dividing dp) with their reasons."""
+    rng = np.random.default_rng(3)
+    base = random_chain(rng, 4, 2, 1, False)
+    chains = {
+        (2, 1, False, ep): moe_variant(np.random.default_rng(1), base, ep, 4) for ep in (1, 4)
+    }
+    net, consts = random_network(rng), random_constants(rng)
+    axes = Axes(sequence_parallel=(False,))
+    got = optimize(chains, net, consts, 8, 8, math.inf, axes)
+    assert got.strategy is None
+    assert got.skipped["mixture of experts with tp > 1 needs sequence parallelism"] > 0
+    assert got.skipped["ep does not divide dp"] > 0  # e.g. p = 2, d = 2 with ep = 4
+    sp = {(2, 1, True, ep): moe_variant(np.random.default_rng(1), base, ep, 4) for ep in (1, 4)}
+    sp = {k: replace_sp(c) for k, c in sp.items()}
+    got = optimize(sp, net, consts, 8, 8, math.inf, Axes())
+    assert got.strategy is not None and got.strategy.sequence_parallel
+
+
+def replace_sp(chain):
+    from dataclasses import replace
+
+    return replace(chain, sequence_parallel=True)

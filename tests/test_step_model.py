@@ -175,6 +175,149 @@ def test_the_reference_draws_cover_every_feature():
 
 
 # ---------------------------------------------------------------------------------------------
+# expert parallelism
+# ---------------------------------------------------------------------------------------------
+def draw_moe_case(seed, torus=False):
+    """A random mixture-of-experts chain at a random ep, a network (two-level, or a torus of
+    the job's size) and a valid strategy: ep dividing dp and the experts, SP with tp > 1."""
+    rng = np.random.default_rng(5000 + seed)
+    while True:
+        t = int(rng.choice([1, 2]))
+        experts = int(rng.choice([2, 4, 8]))
+        p = int(rng.choice([1, 2, 3]))
+        d = int(rng.choice([2, 4, 6, 8]))
+        eps = [e for e in (1, 2, 4, 8) if experts % e == 0 and d % e == 0]
+        ep = int(rng.choice(eps))
+        chain = random_chain(rng, int(rng.integers(p, 9)), t, 1, t > 1, ep, experts)
+        net = random_torus(rng, t * p * d) if torus else random_network(rng)
+        stages = random_split(rng, chain.blocks, p, 1)
+        kw = {
+            "devices": t * p * d,
+            "tp": t,
+            "pp": p,
+            "microbatch": 1,
+            "global_batch": d * 4,
+            "ep": ep,
+            "sequence_parallel": t > 1,
+            "distributed_optimizer": bool(rng.random() < 0.5),
+            "ddp": str(rng.choice(["overlap", "after"])),
+            "recompute": str(rng.choice(["none", "selective", "full"])),
+            "stages": stages,
+        }
+        try:
+            s = Strategy(**kw)
+        except PhazeError:
+            continue
+        if s.layers_reason(chain.blocks) == "":
+            return chain, net, random_constants(rng), s
+
+
+@pytest.mark.parametrize("torus", [False, True], ids=["two-level", "torus"])
+@pytest.mark.parametrize("seed", range(30))
+def test_expert_parallel_price_equals_the_reference(seed, torus):
+    """ep > 1: the all-to-alls on the slowest expert-parallel group, the experts' gradients and
+    optimizer state on the expert data-parallel groups (explicit rank lists in the reference)."""
+    chain, net, consts, s = draw_moe_case(seed, torus)
+    got = price(chain, s, net, consts, peak_flops=1.0)
+    want, mem = reference_price(chain, s, net, consts)
+    assert got["iteration_time_s"] == pytest.approx(want, rel=1e-12)
+    assert [x["memory_bytes"] for x in got["per_stage"]] == pytest.approx(mem, rel=1e-12)
+    assert math.isclose(sum(got["breakdown"].values()), got["iteration_time_s"], rel_tol=1e-12)
+
+
+def test_expert_parallel_draws_cover_the_cases():
+    seen = set()
+    for seed in range(30):
+        _, net, _, s = draw_moe_case(seed)
+        seen |= {f"ep{s.ep}", "zero" if s.distributed_optimizer else "", f"ddp:{s.ddp}"}
+        seen |= {"edp1"} if s.ep > 1 and s.edp == 1 else set()
+        seen |= {"edp>1"} if s.ep > 1 and s.edp > 1 else set()
+        seen |= {"tp2"} if s.tp > 1 and s.ep > 1 else set()
+        seen |= {"ep across nodes"} if s.ep * s.tp > net.devices_per_node and s.ep > 1 else set()
+        seen |= {"empty end stage"} if s.pp > 1 and 0 in (s.stages[0], s.stages[-1]) else set()
+    assert {"ep2", "ep4", "ep8", "zero", "ddp:overlap", "ddp:after", "edp1", "edp>1"} <= seen
+    assert {"tp2", "ep across nodes", "empty end stage"} <= seen
+
+
+def test_expert_parallelism_divides_expert_memory_and_adds_all_to_all():
+    """Closed forms on a flat link: expert weights and their state divided by ep (state sharded
+    by dp/ep under the distributed optimizer), the dispatch/combine all-to-alls at
+    (g−1)/g·S/B + (g−1)·L each, and the experts' gradients all-reduced over dp/ep ranks."""
+    from dataclasses import replace
+
+    from phaze.network import LinkLevel
+    from phaze.step.layers import ChainCost, LayerCost
+    from phaze.step.model import StepConstants
+
+    B_, L_ = 2.0, 0.01
+    net = HierarchicalNetwork.flat(LinkLevel(B_, L_), 64)
+    consts = StepConstants(16, 12, 2, 2, 0, 0, 1e9, 1.0, True)
+    dense, experts_all, S = 3.0, 40.0, 5.0
+    zero = LayerCost(0.0, 0.0, 0.0, 0.0)
+
+    def chain(ep):
+        block = LayerCost(
+            fwd_s=1.0,
+            bwd_s=2.0,
+            params=dense + experts_all / ep,
+            activation_bytes=0.0,
+            expert_params=experts_all / ep,
+            fwd_collectives=(("all_to_all", S), ("all_to_all", S)),
+            bwd_collectives=(("all_to_all", S), ("all_to_all", S)),
+        )
+        return ChainCost(zero, block, zero, 4, 1, 1, False, 0.0, ep=ep, experts=8)
+
+    out = {}
+    for ep in (1, 2, 4, 8):
+        for zero_opt in (False, True):
+            s = Strategy(
+                devices=8,
+                tp=1,
+                pp=1,
+                microbatch=1,
+                global_batch=8,
+                ep=ep,
+                distributed_optimizer=zero_opt,
+                ddp="after",
+            )
+            out[ep, zero_opt] = price(chain(ep), s, net, consts, 1.0)
+    for ep in (1, 2, 4, 8):
+        edp = 8 // ep
+        mem = out[ep, False]["peak_memory_bytes"]
+        assert mem == pytest.approx(4 * 16 * (dense + experts_all / ep))
+        sharded = out[ep, True]["peak_memory_bytes"]
+        want = 4 * (dense * (4 + 12 / 8) + experts_all / ep * (4 + 12 / edp))
+        assert sharded == pytest.approx(want)
+        a2a = 4 * ((ep - 1) / ep * S / B_ + (ep - 1) * L_) if ep > 1 else 0.0
+        assert out[ep, False]["breakdown"]["expert_parallel_comm_s"] == pytest.approx(
+            4 * a2a
+        )  # 4 blocks, m = 1
+        # full recomputation runs the forward's dispatch and combine again
+        s = Strategy(devices=8, tp=1, pp=1, microbatch=1, global_batch=8, ep=ep, recompute="full")
+        full = price(chain(ep), s, net, consts, 1.0)["breakdown"]["expert_parallel_comm_s"]
+        assert full == pytest.approx(4 * a2a * 6 / 4)
+        ar = lambda size, g: 2 * ((g - 1) / g * size / B_ + (g - 1) * L_) if g > 1 else 0.0
+        want_dp = ar(2 * 4 * dense, 8) + ar(2 * 4 * experts_all / ep, edp)
+        assert out[ep, False]["breakdown"]["data_parallel_comm_s"] == pytest.approx(want_dp)
+    # a dense chain cannot take ep > 1; ep must divide the experts and dp
+    with pytest.raises(PhazeError, match="needs a mixture-of-experts model"):
+        s = Strategy(devices=8, tp=1, pp=1, microbatch=1, global_batch=8, ep=2)
+        price(
+            replace(chain(1), experts=0, block=replace(chain(1).block, expert_params=0)),
+            Strategy(devices=8, tp=1, pp=1, microbatch=1, global_batch=8, ep=2),
+            net,
+            consts,
+            1,
+        )
+    with pytest.raises(PhazeError, match="must divide the 6 experts"):
+        Strategy(devices=8, tp=1, pp=1, microbatch=1, global_batch=8, ep=4).check_experts(6)
+    with pytest.raises(PhazeError, match=r"must divide the data-parallel size dp \(4\)"):
+        Strategy(devices=8, tp=2, pp=1, microbatch=1, global_batch=8, ep=8)
+    with pytest.raises(PhazeError, match="needs sequence parallelism"):
+        Strategy(devices=8, tp=2, pp=1, microbatch=1, global_batch=8, ep=2).check_experts(8)
+
+
+# ---------------------------------------------------------------------------------------------
 # the GPU evaluation (phaze.fidelity.evaluate) is this model on kernel-sum layer times
 # ---------------------------------------------------------------------------------------------
 SEQ = TINY_SEQ

@@ -1,8 +1,9 @@
 """Exact placement under the step model (`phaze.step`, ``place.model: megatron``).
 
-The search space: tensor-parallel width t and microbatch b (one `ChainCost` each, with and
-without sequence parallelism), every pipeline depth p with ``t·p·d = devices`` and ``b·d`` dividing
-the global batch (Megatron's rules), and for each the listed interleave V, recompute mode,
+The search space: tensor-parallel width t, microbatch b and expert-parallel size ep (one
+`ChainCost` each, with and without sequence parallelism; a dense model has ep = 1 only), every
+pipeline depth p with ``t·p·d = devices`` and ``b·d`` dividing the global batch (Megatron's rules),
+every ep of the chains dividing d, and for each the listed interleave V, recompute mode,
 sequence parallelism, distributed optimizer and DDP mode — and every split of the L blocks into
 p stages (`phaze.step.strategy.stages_reason`). Impossible combinations are skipped with a
 reason (counted in `Result.skipped`).
@@ -19,7 +20,10 @@ bucket). The objective
 has S = Σ_j a_j + c·L constant over splits, so only M = max T and X = max tail vary. For a cap x
 on the tail, the blocks rank j may take form an interval of the lattice V·ℕ (memory: a prefix;
 tail ≤ x: an interval, as the tail is quasi-convex; the lower bound: 1 block per middle rank, V
-with interleaving). Minimising M over intervals with Σ n_j = L is a greedy fill: every rank starts
+with interleaving) — for a mixture-of-experts chain possibly with the point n = 0 apart (a first or
+last rank without blocks has no expert gradients to reduce, so its tail drops by the expert
+reduction's latency there; `fill` tries either piece). Minimising M over intervals with Σ n_j = L
+is a greedy fill: every rank starts
 at its lower end and the remaining L − Σ lo blocks go, V at a time, to the increments with the
 smallest resulting T — the R-th smallest increment sets M. The cap then descends over the
 distinct tail values: a solution with M*(x) and tail X(x) ≤ x beats every split whose tail lies in
@@ -96,10 +100,31 @@ def lower_ends(p: int, v: int, blocks: int) -> np.ndarray:
 
 
 def fill(T: np.ndarray, allowed: np.ndarray, K: int):
-    """min over k (k_j in the interval allowed[j], Σ k_j = K) of max_j T[j, k_j], with T
-    increasing along each row. Returns (M, k) or None when no split exists."""
+    """min over k (k_j allowed, Σ k_j = K) of max_j T[j, k_j], with T increasing along each row.
+    A row whose allowed values are not one interval is split into its first run and the rest,
+    each solved (exact for any rows; the search's have at most one gap, after n = 0). Returns
+    (M, k) or None when no split exists."""
     if not allowed.any(axis=1).all():
         return None
+    runs = np.diff(allowed.astype(np.int8), axis=1) == 1  # a False -> True step
+    split = np.flatnonzero(runs.sum(axis=1) - (~allowed[:, 0]).astype(int) > 0)
+    if len(split):
+        j = int(split[0])
+        row = allowed[j]
+        end = int(np.argmin(row[int(np.argmax(row)) :])) + int(np.argmax(row))  # first run ends
+        best = None
+        for piece in (np.arange(allowed.shape[1]) < end, np.arange(allowed.shape[1]) >= end):
+            part = allowed.copy()
+            part[j] &= piece
+            found = fill(T, part, K)
+            if found is not None and (best is None or found[0] < best[0]):
+                best = found
+        return best
+    return _fill_intervals(T, allowed, K)
+
+
+def _fill_intervals(T: np.ndarray, allowed: np.ndarray, K: int):
+    """`fill` for rows whose allowed values are intervals: the greedy fill."""
     cols = allowed.shape[1]
     lo = allowed.argmax(axis=1)
     hi = cols - 1 - allowed[:, ::-1].argmax(axis=1)
@@ -196,8 +221,13 @@ class _Config:
         )
 
 
+def _chain_key(key) -> tuple[int, int, bool, int]:
+    """(tp, microbatch, sequence_parallel, ep) of a `chains` key: (t, b, sp) means ep = 1."""
+    return (*key, 1) if len(key) == 3 else tuple(key)
+
+
 def configurations(
-    chains: Mapping[tuple[int, int, bool], ChainCost],
+    chains: Mapping[tuple, ChainCost],
     net: Network,
     consts: StepConstants,
     devices: int,
@@ -206,17 +236,27 @@ def configurations(
     skipped: Counter,
 ) -> list[_Config]:
     """Every well-formed configuration of `chains` (keyed by (tp, microbatch, sequence
-    parallelism)) on `devices`, in the search's tie-breaking order; each skipped combination is
-    counted in `skipped` under its reason. Chains of one (t, b, sp) share their placed chain."""
+    parallelism[, ep]); a key without ep means ep = 1) on `devices`, in the search's
+    tie-breaking order; each skipped combination is counted in `skipped` under its reason.
+    Chains of one (t, b, sp, ep) share their placed chain."""
+    chains = {_chain_key(k): c for k, c in chains.items()}
+    for (t, b, sp, ep), c in chains.items():
+        if (c.tp, c.microbatch, c.sequence_parallel, c.ep) != (t, b, sp, ep):
+            raise AssertionError(f"chain built for another setting than its key {(t, b, sp, ep)}")
     blocks = {c.blocks for c in chains.values()}
     if len(blocks) != 1:
         raise AssertionError("chains of different block counts")
     L = blocks.pop()
     configs: list[_Config] = []
-    layouts: dict[tuple[int, int, int], Layout] = {}
-    placed: dict[tuple[int, int, int, int, bool], PlacedChain] = {}
+    layouts: dict[tuple[int, int, int, int], Layout] = {}
+    placed: dict[tuple[int, int, int, int, bool, int], PlacedChain] = {}
+    eps_of: dict[tuple[int, int], list[int]] = {}
+    for t, b, _, ep in chains:
+        eps_of.setdefault((t, b), [])
+        if ep not in eps_of[(t, b)]:
+            eps_of[(t, b)].append(ep)
     order = 0
-    for t, b in sorted({(t, b) for t, b, _ in chains}):
+    for t, b in sorted(eps_of):
         if devices % t:
             skipped[f"tp {t} does not divide the {devices} devices"] += 1
             continue
@@ -229,13 +269,21 @@ def configurations(
                 skipped["more pipeline stages than the layers allow"] += 1
                 continue
             m = global_batch // (b * d)
-            for sp in axes.sequence_parallel:
+            for ep, sp in (
+                (ep, sp) for ep in sorted(eps_of[(t, b)]) for sp in axes.sequence_parallel
+            ):
+                if d % ep:
+                    skipped["ep does not divide dp"] += 1
+                    continue
                 if sp and t == 1:
                     skipped["sequence parallelism needs tp > 1"] += 1
                     continue
-                chain = chains.get((t, b, sp))
+                chain = chains.get((t, b, sp, ep))
                 if chain is None:
                     skipped["no layer costs for this sequence-parallel setting"] += 1
+                    continue
+                if chain.experts and t > 1 and not sp:
+                    skipped["mixture of experts with tp > 1 needs sequence parallelism"] += 1
                     continue
                 for v in axes.interleave:
                     why = ""
@@ -249,11 +297,11 @@ def configurations(
                         skipped[why] += 1
                         continue
                     schedule = PipelineSchedule(p, v, m)
-                    key = (t, b, p, d, sp)
+                    key = (t, b, p, d, sp, ep)
                     if key not in placed:
-                        if (t, p, d) not in layouts:
-                            layouts[(t, p, d)] = Layout.build(net, t, p, d)
-                        placed[key] = PlacedChain(chain, layouts[(t, p, d)], consts)
+                        if (t, p, d, ep) not in layouts:
+                            layouts[(t, p, d, ep)] = Layout.build(net, t, p, d, ep)
+                        placed[key] = PlacedChain(chain, layouts[(t, p, d, ep)], consts)
                     for rc in axes.recompute:
                         for zero in axes.distributed_optimizer:
                             if zero and d == 1:
@@ -321,6 +369,7 @@ def optimize(
                 distributed_optimizer=cfg.distributed_optimizer,
                 ddp=cfg.ddp,
                 stages=stages,
+                ep=cfg.placed.layout.ep,
             )
     return result
 
@@ -336,7 +385,7 @@ def _lower_bound(terms: StageTerms, schedule: PipelineSchedule, blocks: int) -> 
 
 
 def best_fixed(
-    chains: Mapping[tuple[int, int, bool], ChainCost],
+    chains: Mapping[tuple, ChainCost],
     net: Network,
     consts: StepConstants,
     devices: int,
@@ -347,9 +396,10 @@ def best_fixed(
     tp: int,
     pp: int,
     stages: tuple[int, ...],
+    ep: int = 1,
 ) -> tuple[Strategy | None, float, str]:
-    """A fixed placement (tp, pp, split; dp = devices / (tp·pp)) at its best over the other axes
-    (the microbatches of `chains`, interleave, recompute, sequence parallelism, distributed
+    """A fixed placement (tp, pp, ep, split; dp = devices / (tp·pp)) at its best over the other
+    axes (the microbatches of `chains`, interleave, recompute, sequence parallelism, distributed
     optimizer, DDP). Returns (strategy, time, '') or (None, inf, why not)."""
     from phaze.errors import PhazeError
     from phaze.step.model import iteration_time, stage_terms
@@ -362,8 +412,11 @@ def best_fixed(
         )
     best: tuple[float, Strategy] | None = None
     why = Counter()
-    for (t, b, sp), chain in sorted(chains.items()):
-        if t != tp or sp not in axes.sequence_parallel:
+    chains = {_chain_key(k): c for k, c in chains.items()}
+    if not any(t == tp and e == ep for t, _, _, e in chains):
+        return None, INF, f"no layer costs for tp {tp} and ep {ep}"
+    for (t, b, sp, e), chain in sorted(chains.items()):
+        if t != tp or e != ep or sp not in axes.sequence_parallel:
             continue
         for v in axes.interleave:
             for rc in axes.recompute:
@@ -382,8 +435,10 @@ def best_fixed(
                                 distributed_optimizer=zero,
                                 ddp=ddp,
                                 stages=tuple(stages),
+                                ep=ep,
                             )
                             s.check_layers(chain.blocks)
+                            s.check_experts(chain.experts)
                         except PhazeError as exc:
                             why[str(exc)] += 1
                             continue

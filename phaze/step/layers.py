@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 from phaze.step.strategy import RECOMPUTE_MODES
 
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+#: the tensor-parallel collectives, and the all-to-all of expert parallelism (its own group)
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class LayerCost:
     tied_params: float = 0.0  # parameters it reads that another layer owns (a tied LM head)
     fwd_matmul_flops: float = 0.0  # this rank's forward matmul FLOPs
     attention_matmul_flops: float = 0.0  # of which core attention (QKᵀ, ×V)
+    expert_params: float = 0.0  # of `params`, the routed experts' (expert data-parallel group)
+    mean_fwd_matmul_flops: float | None = None  # the mean rank's (None: fwd_matmul_flops)
 
     def __post_init__(self) -> None:
         for name in (
@@ -55,10 +58,15 @@ class LayerCost:
             "tied_params",
             "fwd_matmul_flops",
             "attention_matmul_flops",
+            "expert_params",
         ):
             value = getattr(self, name)
             if not value >= 0:  # also rejects NaN
                 raise AssertionError(f"layer cost {name} must be >= 0, got {value}")
+        if self.expert_params > self.params:
+            raise AssertionError("expert parameters exceed the layer's parameters")
+        if self.mean_fwd_matmul_flops is not None and not self.mean_fwd_matmul_flops >= 0:
+            raise AssertionError("mean forward matmul FLOPs must be >= 0")
         for kind, size in (*self.fwd_collectives, *self.bwd_collectives):
             if kind not in COLLECTIVES or not size >= 0:
                 raise AssertionError(f"bad collective ({kind!r}, {size})")
@@ -81,11 +89,24 @@ class LayerCost:
         """Recomputed bytes live during the layer's backward."""
         return self.activation_bytes - self.stash_bytes(mode)
 
+    @property
+    def model_matmul_flops(self) -> float:
+        """Forward matmul FLOPs of the mean rank (what model FLOPs count)."""
+        if self.mean_fwd_matmul_flops is None:
+            return self.fwd_matmul_flops
+        return self.mean_fwd_matmul_flops
+
+    @property
+    def dense_params(self) -> float:
+        """Parameters reduced over the data-parallel group (all but the routed experts)."""
+        return self.params - self.expert_params
+
     def recompute_matmul_flops(self, mode: str) -> float:
+        """Matmul FLOPs re-run under `mode` (the mean rank's)."""
         return {
             "none": 0.0,
             "selective": self.attention_matmul_flops,
-            "full": self.fwd_matmul_flops,
+            "full": self.model_matmul_flops,
         }[mode]
 
 
@@ -101,6 +122,8 @@ class ChainCost:
     microbatch: int
     sequence_parallel: bool
     boundary_bytes: float  # the activation between two stages (b·s·h·2: the full tensor)
+    ep: int = 1  # expert-parallel size the block was built for (its all-to-alls, its experts)
+    experts: int = 0  # routed experts per block (0: a dense model)
     # The chain whose computation times bound the backward a DDP overlap hides the gradient
     # reduction behind (None = this chain). A placement priced on lower bounds of the layer
     # latencies passes achievable ones here: its time then stays a lower bound of every
@@ -115,13 +138,23 @@ class ChainCost:
             raise AssertionError("a sequence-parallel chain needs tp > 1")
         if not self.boundary_bytes >= 0:
             raise AssertionError("boundary bytes must be >= 0")
+        if (
+            self.ep < 1
+            or (self.experts == 0 and self.ep > 1)
+            or (self.experts and self.experts % self.ep)
+        ):
+            raise AssertionError(f"ep {self.ep} does not fit {self.experts} experts")
+        if self.experts == 0 and self.block.expert_params > 0:
+            raise AssertionError("a dense chain has no expert parameters")
         if self.window is not None:
             w = self.window
-            same = (w.blocks, w.tp, w.microbatch, w.sequence_parallel) == (
+            same = (w.blocks, w.tp, w.microbatch, w.sequence_parallel, w.ep, w.experts) == (
                 self.blocks,
                 self.tp,
                 self.microbatch,
                 self.sequence_parallel,
+                self.ep,
+                self.experts,
             )
             if not same or w.window is not None:
                 raise AssertionError("a window chain must be a plain chain of the same shape")
@@ -138,8 +171,8 @@ class ChainCost:
         """Model FLOPs of one microbatch (all ranks of a tensor-parallel group), PaLM's convention
         (Chowdhery et al. 2022, App. B): three passes over every matmul, forward + backward (= 2×
         forward), no recomputation."""
-        per_rank = self.first.fwd_matmul_flops + self.last.fwd_matmul_flops
-        return 3.0 * self.tp * (per_rank + self.blocks * self.block.fwd_matmul_flops)
+        per_rank = self.first.model_matmul_flops + self.last.model_matmul_flops
+        return 3.0 * self.tp * (per_rank + self.blocks * self.block.model_matmul_flops)
 
     def hardware_flops_per_microbatch(self, recompute: str) -> float:
         """Matmul FLOPs executed for one microbatch, recomputation included."""

@@ -42,6 +42,8 @@ def megatron_arguments(strategy: Strategy, blocks: int) -> list[str]:
         f"--micro-batch-size {s.microbatch}",
         f"--global-batch-size {s.global_batch}",
     ]
+    if s.ep > 1:
+        args.append(f"--expert-model-parallel-size {s.ep}")
     even = len(set(stages)) == 1
     if not even:
         args.append(f"--pipeline-model-parallel-layout {pipeline_layout(stages, s.interleave)}")

@@ -24,9 +24,19 @@ weights' all-gather is not overlapped); plus the all-reduce of a tied word embed
 between the first and the last rank. O_j = the optimizer step, HBM-bound: optimizer bytes per
 parameter / HBM bandwidth, on 1/dp of the parameters with the distributed optimizer.
 
+Expert parallelism (ep > 1, a mixture-of-experts chain): a block's ``all_to_all`` collectives (the
+token dispatch and combine) run on its expert-parallel group (ep ranks tp apart, the slowest of
+the layout) and count in C_B; the routed experts' gradients are reduced (and with the
+distributed optimizer their state sharded and their weights all-gathered) over the expert
+data-parallel group of d/ep ranks, the other parameters' over the data-parallel group, one after
+the other; with DDP overlap the exposed part is ``max(both reductions − that backward, the last
+bucket)``, the last bucket being one full bucket on the slower of the two groups, or all the
+gradients when they are fewer.
+
 Memory of rank j: ``params_j · state + inflight_j · n_j · stash + working + [j = 0]·inflight_j·
 act_E + [j = p−1]·act_H`` with ``state`` bytes per parameter (the optimizer-state part divided by
-dp under the distributed optimizer: Megatron's ``6 + 12/d`` accounting with our 2-byte gradients),
+dp under the distributed optimizer — by d/ep for expert parameters: Megatron's ``6 + 12/d``
+accounting with our 2-byte gradients),
 `stash` / `working` from `phaze.step.layers` for the recompute mode, `inflight` from the schedule.
 
 Network: every collective is a ring on the network (`phaze.network`: the two-level
@@ -102,7 +112,7 @@ class StepConstants:
 # ---------------------------------------------------------------------------------------------
 @dataclass
 class Layout:
-    """Where Megatron's layout puts the groups of (t, p, d) on the network."""
+    """Where Megatron's layout puts the groups of (t, p, d, ep) on the network."""
 
     tp: int
     pp: int
@@ -118,15 +128,33 @@ class Layout:
     tied_lat: float
     sends: dict  # "next"/"prev" -> (bytes/s, latency) of each pair (t, d, p), and (d, p): does
     # any pair of the tensor-parallel group leave its node (scatter/gather applies)
+    ep: int = 1
+    ep_bw: np.ndarray | None = None  # the expert-parallel groups' all-to-all (a2a_params), one
+    ep_lat: np.ndarray | None = None  # entry per distinct group shape; unused at ep 1
+    edp_bw: np.ndarray | None = None  # (p,): slowest expert data-parallel group of stage j
+    edp_lat: np.ndarray | None = None
 
     @classmethod
-    def build(cls, net: Network, t: int, p: int, d: int) -> Layout:
+    def build(cls, net: Network, t: int, p: int, d: int, ep: int = 1) -> Layout:
+        if ep < 1 or d % ep:
+            raise AssertionError(f"ep {ep} must divide dp {d}")
         k = np.arange(t)[:, None, None]
         r = np.arange(d)[None, :, None]
         j = np.arange(p)[None, None, :]
         rank = k + t * (r + d * j)  # (t, d, p)
         tp_bw, tp_lat = net.ring_params(rank.transpose(1, 2, 0).reshape(d * p, t))
         dp_bw, dp_lat = net.ring_params(rank.transpose(0, 2, 1).reshape(t * p, d))
+        dp_bw, dp_lat = dp_bw.reshape(t, p).min(axis=0), dp_lat.reshape(t, p).max(axis=0)
+        ep_bw, ep_lat, edp_bw, edp_lat = None, None, dp_bw, dp_lat
+        if ep > 1:  # dp_rank = ep_rank + ep·edp_rank
+            e = d // ep
+            split = rank.reshape(t, e, ep, p)  # (t, edp_rank, ep_rank, p)
+            a2a_bw, a2a_lat = net.a2a_params(split.transpose(0, 1, 3, 2).reshape(-1, ep))
+            shapes = np.unique(np.stack([a2a_bw, a2a_lat], axis=1), axis=0)
+            ep_bw, ep_lat = shapes[:, 0], shapes[:, 1]
+            edp_bw, edp_lat = net.ring_params(split.transpose(0, 2, 3, 1).reshape(-1, e))
+            edp_bw = edp_bw.reshape(t * ep, p).min(axis=0)
+            edp_lat = edp_lat.reshape(t * ep, p).max(axis=0)
         sends = {}
         for name, step in (("next", 1), ("prev", -1)):
             other = np.roll(rank, -step, axis=2)  # the counterpart at stage j ± 1
@@ -147,19 +175,45 @@ class Layout:
             tp_lat=float(tp_lat.max()),
             tp_group_bw=tp_bw.reshape(d, p),
             tp_group_lat=tp_lat.reshape(d, p),
-            dp_bw=dp_bw.reshape(t, p).min(axis=0),
-            dp_lat=dp_lat.reshape(t, p).max(axis=0),
+            dp_bw=dp_bw,
+            dp_lat=dp_lat,
             tied_bw=tbw,
             tied_lat=tlat,
             sends=sends,
+            ep=ep,
+            ep_bw=ep_bw,
+            ep_lat=ep_lat,
+            edp_bw=edp_bw,
+            edp_lat=edp_lat,
         )
 
+    @property
+    def edp(self) -> int:
+        return self.dp // self.ep
+
     def collectives_s(self, collectives) -> float:
-        """Time of a layer's tensor-parallel collectives on the slowest group."""
+        """Time of a layer's tensor-parallel collectives on the slowest group (its all-to-alls
+        on the slowest expert-parallel group)."""
+        return self.tensor_parallel_s(collectives) + self.expert_parallel_s(collectives)
+
+    def tensor_parallel_s(self, collectives) -> float:
         return sum(
             float(collective_seconds(kind, size, self.tp, self.tp_bw, self.tp_lat))
             for kind, size in collectives
+            if kind != "all_to_all"
         )
+
+    def expert_parallel_s(self, collectives) -> float:
+        """A layer's all-to-alls on the slowest expert-parallel group (the group whose sum is the
+        largest: with a two-level network or a torus the slowest group can depend on the size)."""
+        sizes = [size for kind, size in collectives if kind == "all_to_all"]
+        if not sizes or self.ep == 1:
+            return 0.0
+        total = sum(
+            collective_seconds("all_to_all", size, self.ep, self.ep_bw, self.ep_lat)
+            for size in sizes
+        )
+        return float(np.max(total))
 
     def send_s(self, nbytes: float, direction: str, sequence_parallel: bool, sg: bool):
         """(d, p) seconds for one send of an activation (or its gradient) of `nbytes` (the full
@@ -198,8 +252,8 @@ class PlacedChain:
     optimizer, ddp) setting of the same (t, b, sequence parallelism, p, d) shares."""
 
     def __init__(self, chain: ChainCost, layout: Layout, consts: StepConstants):
-        if chain.tp != layout.tp:
-            raise AssertionError("the chain was built for another tp than the layout's")
+        if chain.tp != layout.tp or chain.ep != layout.ep:
+            raise AssertionError("the chain was built for another tp or ep than the layout's")
         self.chain, self.layout, self.consts = chain, layout, consts
         coll = layout.collectives_s
         self.coll = {
@@ -210,6 +264,11 @@ class PlacedChain:
                 ("last", chain.last),
             )
         }
+        # the block's all-to-alls (part of coll["block"]): reported on their own
+        self.block_a2a = (
+            layout.expert_parallel_s(chain.block.fwd_collectives),
+            layout.expert_parallel_s(chain.block.bwd_collectives),
+        )
         sp, sg = chain.sequence_parallel, consts.scatter_gather
         self.x_next = layout.send_s(chain.boundary_bytes, "next", sp, sg)  # (d, p)
         self.x_prev = layout.send_s(chain.boundary_bytes, "prev", sp, sg)
@@ -250,8 +309,10 @@ class StageTerms:
         # per block
         self.compute_per_block = B.fwd_s + B.bwd_s
         self.recompute_per_block = rc
-        self.tp_per_block = bf * (2 if full else 1) + bb
-        self.slope = self.compute_per_block + rc + self.tp_per_block
+        af, ab = placed.block_a2a
+        self.ep_per_block = af * (2 if full else 1) + ab
+        self.tp_per_block = bf * (2 if full else 1) + bb - self.ep_per_block
+        self.slope = self.compute_per_block + rc + self.tp_per_block + self.ep_per_block
         # the backward the DDP overlap hides behind (ChainCost.window)
         win = chain.overlap_window
         self.bwd_slope = win.block.bwd_s + win.block.recompute_s(recompute) + bb
@@ -268,8 +329,10 @@ class StageTerms:
         self.bwd_intercept = np.where(first, win.first.bwd_s + eb, 0.0) + np.where(
             last, win.last.bwd_s + hb, 0.0
         )
-        # parameters (a last stage with a tied LM head keeps its own copy of the embedding)
+        # parameters (a last stage with a tied LM head keeps its own copy of the embedding); of
+        # them the routed experts' (only blocks hold experts)
         self.param_slope = B.params
+        self.expert_slope = B.expert_params
         tied_copy = H.tied_params if p > 1 else 0.0
         self.param_intercept = np.where(first, E.params, 0.0) + np.where(
             last, H.params + tied_copy, 0.0
@@ -282,10 +345,12 @@ class StageTerms:
         self.slope += self.param_slope * self.accumulate_per_param
         self.intercept = self.intercept + self.param_intercept * self.accumulate_per_param
         self.dp_bw, self.dp_lat = layout.dp_bw, layout.dp_lat
+        self.edp, self.edp_bw, self.edp_lat = layout.edp, layout.edp_bw, layout.edp_lat
         self.tied_s = np.where(first | last, placed.tied_s, 0.0)
         # memory
         self.inflight = np.array([schedule.inflight(j) for j in range(p)])
         self.state = consts.state_bytes(distributed_optimizer, layout.dp)
+        self.expert_state = consts.state_bytes(distributed_optimizer, layout.edp)
         self.stash = B.stash_bytes(recompute)
         self.working = B.working_bytes(recompute)
         self.mem_intercept = np.where(first, self.inflight * E.activation_bytes, 0.0) + np.where(
@@ -304,23 +369,47 @@ class StageTerms:
     def params(self, n):
         return self._col(self.param_intercept, n) + n * self.param_slope
 
+    def expert_params(self, n):
+        return np.asarray(n, dtype=float) * self.expert_slope
+
     def backward(self, n):
         """The backward part of T_j (what a DDP overlap can hide the reduction behind)."""
         return self._col(self.bwd_intercept, n) + n * self.bwd_slope
 
+    def _groups(self, n):
+        """(parameters, group size, bandwidth, latency) of the dense part and, with routed
+        experts, of the expert part (reduced over the expert data-parallel group)."""
+        expert = self.expert_params(n)
+        dense = (self.params(n) - expert, self.d, self.dp_bw, self.dp_lat)
+        if self.expert_slope == 0:
+            return (dense,)
+        return dense, (expert, self.edp, self.edp_bw, self.edp_lat)
+
     def reduction(self, n):
         """The gradient reduction over rank j's data-parallel group (all-reduce, or
-        reduce-scatter with the distributed optimizer), before any overlap."""
-        c = self.consts
-        d, bw, lat = self.d, self._col(self.dp_bw, n), self._col(self.dp_lat, n)
-        grads = self.params(n) * c.grad_bytes_per_param
-        return collective_seconds(self._reduce_kind, grads, d, bw, lat)
+        reduce-scatter with the distributed optimizer), before any overlap; the experts' over
+        their own group, after the dense one."""
+        grad = self.consts.grad_bytes_per_param
+        return sum(
+            collective_seconds(
+                self._reduce_kind, params * grad, d, self._col(bw, n), self._col(lat, n)
+            )
+            for params, d, bw, lat in self._groups(n)
+        )
 
     def bucket_reduction(self, n):
-        """The reduction of one full DDP bucket over rank j's data-parallel group."""
-        d, bw, lat = self.d, self._col(self.dp_bw, n), self._col(self.dp_lat, n)
+        """The reduction of one full DDP bucket over rank j's data-parallel group (the slower of
+        the dense and the expert group)."""
         bucket = np.full(np.shape(n), float(self.consts.ddp_bucket_bytes))
-        return collective_seconds(self._reduce_kind, bucket, d, bw, lat)
+        return np.max(
+            [
+                collective_seconds(
+                    self._reduce_kind, bucket, d, self._col(bw, n), self._col(lat, n)
+                )
+                for _, d, bw, lat in self._groups(n)
+            ],
+            axis=0,
+        )
 
     def last_bucket(self, n):
         """The reduction of the last DDP bucket (a full bucket, or all the gradients when they
@@ -330,13 +419,14 @@ class StageTerms:
 
     def after_reduction(self, n):
         """What follows the reduction, never overlapped: the distributed optimizer's all-gather
-        of the updated weights and the tied embedding's all-reduce."""
+        of the updated weights (each part over its group) and the tied embedding's all-reduce."""
         out = self._col(self.tied_s, n) + np.zeros(np.shape(n))
         if self.zero:
-            c = self.consts
-            d, bw, lat = self.d, self._col(self.dp_bw, n), self._col(self.dp_lat, n)
-            weights = self.params(n) * c.weight_bytes_per_param
-            out = out + collective_seconds("all_gather", weights, d, bw, lat)
+            w = self.consts.weight_bytes_per_param
+            for params, d, bw, lat in self._groups(n):
+                out = out + collective_seconds(
+                    "all_gather", params * w, d, self._col(bw, n), self._col(lat, n)
+                )
         return out
 
     @property
@@ -352,8 +442,10 @@ class StageTerms:
 
     def optimizer(self, n):
         c = self.consts
-        shard = self.d if self.zero else 1
-        return self.params(n) * c.optimizer_bytes_per_param / (c.hbm_bandwidth_Bps * shard)
+        return sum(
+            params * c.optimizer_bytes_per_param / (c.hbm_bandwidth_Bps * (d if self.zero else 1))
+            for params, d, _, _ in self._groups(n)
+        )
 
     def tail(self, n):
         """D_j + O_j."""
@@ -361,8 +453,10 @@ class StageTerms:
 
     def memory(self, n):
         blocks_held = np.asarray(n, dtype=float) > 0
+        expert = self.expert_params(n)
         return (
-            self.params(n) * self.state
+            (self.params(n) - expert) * self.state
+            + expert * self.expert_state
             + self._col(self.inflight, n) * n * self.stash
             + np.where(blocks_held, self.working, 0.0)
             + self._col(self.mem_intercept, n)
@@ -373,17 +467,22 @@ class StageTerms:
 # one strategy
 # ---------------------------------------------------------------------------------------------
 def check_chain(chain: ChainCost, strategy: Strategy) -> None:
+    """The chain fits the strategy's (tp, microbatch, sequence parallelism, ep); a strategy the
+    model cannot run (ep for a dense model, ep not dividing the experts, ...) is a PhazeError."""
+    strategy.check_experts(chain.experts)
     if chain.tp != strategy.tp or chain.microbatch != strategy.microbatch:
         raise AssertionError("the chain was built for another tp or microbatch")
     if chain.sequence_parallel != strategy.sequence_parallel:
         raise AssertionError("the chain was built for the other sequence-parallel setting")
+    if chain.ep != strategy.ep:
+        raise AssertionError("the chain was built for another expert-parallel size")
 
 
 def stage_terms(
     chain: ChainCost, strategy: Strategy, net: Network, consts: StepConstants
 ) -> StageTerms:
     check_chain(chain, strategy)
-    layout = Layout.build(net, strategy.tp, strategy.pp, strategy.dp)
+    layout = Layout.build(net, strategy.tp, strategy.pp, strategy.dp, strategy.ep)
     return StageTerms(
         PlacedChain(chain, layout, consts),
         strategy.schedule,
@@ -411,7 +510,8 @@ def price(
 
     `peak_flops` = one device's peak (dense, the training precision); `hbm_bytes` = its memory
     capacity (None: `fits_memory` is None). The breakdown holds the terms of the slowest rank
-    (compute, recompute, tensor-parallel and pipeline communication, m times each; the bubble) and
+    (compute, recompute, tensor-parallel, expert-parallel and pipeline communication, m times each;
+    the bubble) and
     of the rank with the largest tail (data-parallel communication, optimizer step): it sums to
     the iteration time."""
     stages = strategy.check_layers(chain.blocks)
@@ -430,6 +530,7 @@ def price(
         "compute_s": m * (n[c] * terms.compute_per_block + terms.compute_0[c]),
         "recompute_s": m * n[c] * terms.recompute_per_block,
         "tensor_parallel_comm_s": m * (n[c] * terms.tp_per_block + terms.tp_0[c]),
+        "expert_parallel_comm_s": m * n[c] * terms.ep_per_block,
         "pipeline_comm_s": m * terms.pp_comm[c],
         "grad_accumulation_s": m * float(terms.params(n)[c]) * terms.accumulate_per_param,
         "pipeline_bubble_s": bubble,
@@ -464,6 +565,7 @@ def price(
                 "tail_s": float(tail[j]),
                 "memory_bytes": float(memory[j]),
                 "params": float(params[j]),
+                "expert_params": float(terms.expert_params(n)[j]),
             }
             for j in range(strategy.pp)
         ],

@@ -2,7 +2,11 @@
 
 A strategy is ``tp · pp · dp = devices`` ranks (Megatron's layout, tensor-parallel innermost, then
 data-parallel, pipeline outermost: ``rank = tp_rank + tp·(dp_rank + dp·pp_rank)``, pipeline rank 0
-= the first stage), ``microbatch · dp`` sequences per microbatch round (it must divide the global
+= the first stage), ``ep`` expert-parallel ranks inside each data-parallel group (Megatron's
+expert-model parallelism, order ``tp-cp-ep-dp-pp`` with the experts' tensor-parallel size equal to
+tp: ``dp_rank = ep_rank + ep·edp_rank``, so an expert-parallel group is ep ranks tp apart and the
+expert data-parallel group, over which expert gradients are reduced, dp/ep ranks tp·ep apart;
+ep must divide dp), ``microbatch · dp`` sequences per microbatch round (it must divide the global
 batch: ``m = global_batch / (microbatch · dp)`` microbatches per pipeline), V model chunks per
 pipeline rank (interleaved 1F1B when V > 1), a recomputation mode, sequence parallelism, the
 distributed optimizer (ZeRO-1), the data-parallel gradient reduction overlapped with backward or
@@ -149,10 +153,11 @@ class Strategy:
     distributed_optimizer: bool = False
     ddp: str = "overlap"
     stages: tuple[int, ...] | None = None  # blocks per pipeline stage; None = even split
+    ep: int = 1  # expert-parallel ranks (inside the data-parallel group); 1 = none
 
     def reason(self) -> str:
         """'' when the strategy is well formed (independently of the model), else why not."""
-        for name in ("devices", "tp", "pp", "microbatch", "global_batch", "interleave"):
+        for name in ("devices", "tp", "pp", "microbatch", "global_batch", "interleave", "ep"):
             if int(getattr(self, name)) != getattr(self, name) or getattr(self, name) < 1:
                 return f"{name} must be an integer >= 1, got {getattr(self, name)}"
         if self.recompute not in RECOMPUTE_MODES:
@@ -169,6 +174,11 @@ class Strategy:
                 f"global batch ({self.global_batch}) must be divisible by microbatch·dp = "
                 f"{self.microbatch}·{self.dp} = {self.microbatch * self.dp}"
             )
+        if self.dp % self.ep:
+            return (
+                f"the expert-parallel size ep ({self.ep}) must divide the data-parallel size "
+                f"dp ({self.dp})"
+            )
         if self.sequence_parallel and self.tp == 1:
             return "sequence parallelism needs tensor parallelism (tp > 1)"
         if self.distributed_optimizer and self.dp == 1:
@@ -179,6 +189,29 @@ class Strategy:
 
     def __post_init__(self) -> None:
         why = self.reason()
+        if why:
+            raise PhazeError(why)
+
+    def experts_reason(self, experts: int) -> str:
+        """'' when the strategy suits a model with `experts` routed experts per block (0: a
+        dense model), else why not (Megatron-LM's checks: ``--num-experts`` divisible by
+        ``--expert-model-parallel-size``; MoELayer raises in training with tensor parallelism
+        and no sequence parallelism)."""
+        if experts == 0:
+            if self.ep > 1:
+                return f"expert parallelism (ep = {self.ep}) needs a mixture-of-experts model"
+            return ""
+        if experts % self.ep:
+            return f"the expert-parallel size ep ({self.ep}) must divide the {experts} experts"
+        if self.tp > 1 and not self.sequence_parallel:
+            return (
+                "a mixture-of-experts model with tensor parallelism needs sequence parallelism "
+                "(Megatron-LM's MoE layer refuses to train without it)"
+            )
+        return ""
+
+    def check_experts(self, experts: int) -> None:
+        why = self.experts_reason(experts)
         if why:
             raise PhazeError(why)
 
@@ -207,6 +240,11 @@ class Strategy:
         return self.devices // (self.tp * self.pp)
 
     @property
+    def edp(self) -> int:
+        """The expert data-parallel size: the ranks one expert's gradients are reduced over."""
+        return self.dp // self.ep
+
+    @property
     def microbatches(self) -> int:
         """Microbatches per pipeline per iteration (m)."""
         return self.global_batch // (self.microbatch * self.dp)
@@ -221,6 +259,7 @@ class Strategy:
             "tp": self.tp,
             "pp": self.pp,
             "dp": self.dp,
+            "ep": self.ep,
             "microbatch": self.microbatch,
             "interleave": self.interleave,
             "recompute": self.recompute,
@@ -239,3 +278,11 @@ class Strategy:
 
     def dp_group(self, tp_rank: int = 0, pp_rank: int = 0) -> list[int]:
         return [self.rank(tp_rank, i, pp_rank) for i in range(self.dp)]
+
+    def ep_group(self, tp_rank: int = 0, edp_rank: int = 0, pp_rank: int = 0) -> list[int]:
+        """The ranks that exchange tokens (all-to-all) for one expert layer's dispatch."""
+        return [self.rank(tp_rank, e + self.ep * edp_rank, pp_rank) for e in range(self.ep)]
+
+    def edp_group(self, tp_rank: int = 0, ep_rank: int = 0, pp_rank: int = 0) -> list[int]:
+        """The ranks holding the same experts: their gradients are reduced over it."""
+        return [self.rank(tp_rank, ep_rank + self.ep * i, pp_rank) for i in range(self.edp)]
