@@ -379,3 +379,53 @@ def test_memory_capacity_is_checked():
     r = run(big, devices=1, tp=1, pp=1, microbatch=1, global_batch=1)
     assert r["peak_memory_bytes"] > 16 * 12 * 4096**2 * 32
     assert r["fits_memory"] is False
+
+
+def test_a_table_of_runs_validates_a_mixture_of_experts_run():
+    """The packaged Mixtral 8x7B release-test run (a table of runs: registry model, preset, every
+    setting, the measured iteration time): the prediction is evaluate's time of exactly that
+    strategy, expert parallelism included, and the published TFLOP/s per GPU come out of phaze's
+    own model-FLOP count at the source's logged figure (414.8, Megatron-LM's count) — two counts
+    of the same matmuls agreeing, not a fit."""
+    from phaze.fidelity.validate import read_runs, run_strategy, validate
+    from phaze.trace.models import get_model_spec
+
+    packaged = REPO / "phaze" / "fidelity" / "data" / "megatron_mixtral_release.csv"
+    (row,) = read_runs(packaged)
+    strategy = run_strategy(row)
+    assert (strategy.tp, strategy.pp, strategy.dp, strategy.ep) == (1, 4, 16, 8)
+    report = validate(CFG, packaged)
+    (r,) = report["rows"]
+    assert r["published_time_s"] == 3.275 and r["ep"] == 8
+    h100 = load_preset("h100-sxm")
+    want = evaluate_strategy(
+        get_model_spec("mixtral-8x7b"), strategy, h100, seq=4096, config=CFG, name="h100-sxm"
+    )
+    assert math.isclose(r["predicted_time_s"], want["iteration_time_s"])
+    assert r["published_tflops_per_gpu"] == pytest.approx(414.8, rel=0.01)
+    assert r["breakdown"]["expert_parallel_comm_s"] > 0 and r["fits_memory"]
+    assert abs(r["error"]) < 0.25  # the measured run, not a fitted one: docs/fidelity.md
+
+
+RUN_HEADER = (
+    "model,preset,gpus,seq,global_batch,microbatch,tensor_parallel,pipeline_parallel,interleave,"
+    "expert_parallel,recompute,sequence_parallel,distributed_optimizer,ddp,iteration_time_s"
+)
+
+
+@pytest.mark.parametrize(
+    "line,needle",
+    [
+        ("mixtral-8x7b,h100-sxm,64,4096,256,1,1,4,8,3,none,0,1,overlap,3.2", "ep (3) must divide"),
+        ("llama3-8b,h100-sxm,64,4096,256,1,1,4,8,2,none,0,1,overlap,3.2", "needs a mixture"),
+        ("mixtral-8x7b,h100-sxm,64,4096,256,1,1,4,8,8,none,2,1,overlap,3.2", "must be 0 or 1"),
+        ("mixtral-8x7b,h100-sxm,64,4096,256,1,1,4,8,8,none,0,1,torch,3.2", "overlap or after"),
+        ("mixtral-8x7b,h100-sxm,64,4096,256,1,1,4,8,8,none,0,1,overlap,-1", "iteration_time_s"),
+    ],
+)
+def test_a_bad_run_row_exits_2_with_one_line(tmp_path, phaze_cli, line, needle):
+    (tmp_path / "runs.csv").write_text(RUN_HEADER + "\n" + line + "\n")
+    bad = phaze_cli("validate", "--reference", str(tmp_path / "runs.csv"))
+    assert bad.returncode == 2, bad.stderr
+    (msg,) = bad.stderr.strip().splitlines()
+    assert msg.startswith("phaze validate: error:") and needle in msg

@@ -582,6 +582,8 @@ def _ops_and_latencies(tmp_path, t):
             group_size=1,  # no collective: the group of one rank
             attention=attention,
             replicated=False,
+            moe_role="",  # a dense model's ops: no mixture-of-experts role, no expert
+            expert=-1,
             flops=1e9 if op == 0 else 0.0,
             **{"pass": "fwd"},
         )

@@ -217,8 +217,12 @@ def _estimate_group(
         secs = np.zeros(len(c))
         kinds = c["collective"].fillna("all_reduce").replace("", "all_reduce")
         for i, (name, size, group) in enumerate(zip(kinds, c["bytes_in"], c["group_size"])):
+            if int(group) <= 1:
+                # one rank sends nothing: e.g. a mixture-of-experts all-to-all, traced on an
+                # expert-parallel group of 1 (the step model prices it on its own group)
+                continue
             # the tensor-parallel group is ranks 0..g-1 (consecutive, as Megatron places them)
-            secs[i] = net.collective(str(name), float(size), range(max(int(group), 1)))
+            secs[i] = net.collective(str(name), float(size), range(int(group)))
         cols = np.flatnonzero(is_coll)
         lat_all[:, cols] = secs[None, :]
         lat_one[:, cols] = secs[None, :]

@@ -14,9 +14,12 @@ two shared stages, each a statement about how GPU training runs rather than a tu
   vocab-parallel cross-entropy (max, sum of exp, target logit), which the trace leaves out, and
   the sequence-parallel form of the embedding/head collectives.
 * **Sequence parallelism**: the ops outside the tensor-parallel region (the trace's
-  ``replicated`` ops: layer norms, dropouts, residual adds, biases after row-parallel GEMMs) run
-  on s/t tokens, so their time is divided by t, and every all-reduce becomes a reduce-scatter +
-  all-gather of the same tensor (Korthikanti et al. 2022 §4.2.2).
+  ``replicated`` ops: layer norms, dropouts, residual adds, biases after row-parallel GEMMs, a
+  mixture-of-experts router and token permutation) run on s/t tokens, so their time is divided by
+  t, every all-reduce becomes a reduce-scatter + all-gather of the same tensor (Korthikanti et al.
+  2022 §4.2.2), and an expert-parallel all-to-all moves the rank's s/t tokens (Megatron's
+  dispatcher: all-to-all of the sequence shard, then an all-gather over the tensor-parallel
+  group, which takes the place of the all-reduce's second half).
 * **Core attention** (for selective recomputation): the trace's ``attention`` ops — QKᵀ, scale,
   mask, softmax, dropout, ×V.
 """
@@ -205,9 +208,9 @@ def layer_works(
         flops = float(o.loc[o["kind"] == "matmul", "flops"].sum())
         attention_flops = float(o.loc[(o["kind"] == "matmul") & attention, "flops"].sum())
         colls = [
-            (c["collective"] or "all_reduce", float(c["bytes_in"]))
+            (c["collective"] or "all_reduce", collective_bytes(c))
             for _, c in o[o["kind"] == "collective"].iterrows()
-            if int(c["group_size"]) > 1
+            if int(c["group_size"]) > 1 or c["collective"] == "all_to_all"
         ]
         for sp, work in works.items():
             total = attention_s = 0.0
@@ -223,11 +226,11 @@ def layer_works(
                 work.bound_s[k["bound"]] = work.bound_s.get(k["bound"], 0.0) + lat
                 if all(attention[i] for i in k["ops"]):
                     attention_s += lat
-            coll = (
-                [x for _, size in colls for x in (("reduce_scatter", size), ("all_gather", size))]
-                if sp
-                else list(colls)
-            )
+            coll = [
+                sequence_parallel_form(kind, size, tp) if sp else [(kind, size)]
+                for kind, size in colls
+            ]
+            coll = [x for parts in coll for x in parts]
             if pass_ == "fwd":
                 work.fwd_s, work.attention_core_fwd_s, work.fwd_flops = total, attention_s, flops
                 work.attention_fwd_flops = attention_flops
@@ -236,6 +239,25 @@ def layer_works(
                 work.bwd_s, work.bwd_flops, work.bwd_collectives = total, flops, coll
                 work.kernels_bwd = len(kernels)
     return works
+
+
+def collective_bytes(op) -> float:
+    """The size a collective op is priced at: its input (an all-reduce's buffer); an all-to-all's
+    larger side (what the rank sends or what it receives, which differ when the token
+    distribution is imbalanced)."""
+    if op["collective"] == "all_to_all":
+        return float(max(op["bytes_in"], op["bytes_out"]))
+    return float(op["bytes_in"])
+
+
+def sequence_parallel_form(kind: str, size: float, tp: int) -> list[tuple[str, float]]:
+    """A collective as sequence parallelism runs it: an all-reduce as a reduce-scatter and an
+    all-gather of the same tensor, an all-to-all of the rank's 1/tp of the tokens."""
+    if kind == "all_to_all":
+        return [("all_to_all", size / tp)]
+    if kind == "all_reduce":
+        return [("reduce_scatter", size), ("all_gather", size)]
+    return [(kind, size)]
 
 
 #: the trace's loss kernels (PyTorch's fused log-softmax + NLL), replaced by Megatron's

@@ -60,18 +60,22 @@ _SPECS: dict[str, object] = {}
 
 
 @lru_cache(maxsize=64)
-def _trace_cached(key: str, microbatch: int, tp: int, seq: int):
+def _trace_cached(key: str, microbatch: int, tp: int, seq: int, ep: int, imbalance: float):
     from phaze.trace.tracer import trace_model
 
     # fuse=False: the GPU kernel fusion is modelled here (compute.py), not upstream's pairing;
     # verify=False: blocks of these models are identical (the trace stage's tests check that).
-    return trace_model(_SPECS[key], microbatch, tp, seq, fuse=False, verify=False)
+    return trace_model(
+        _SPECS[key], microbatch, tp, seq, fuse=False, verify=False, moe_imbalance=imbalance, ep=ep
+    )
 
 
-def trace_for(spec, microbatch: int, tp: int, seq: int):
+def trace_for(spec, microbatch: int, tp: int, seq: int, ep: int = 1, imbalance: float = 1.0):
+    """The trace of one rank at (microbatch, tp, ep) (cached per block shape); a
+    mixture-of-experts model routes its tokens by the stated distribution of `imbalance`."""
     key = _spec_key(spec)
     _SPECS[key] = spec
-    return _trace_cached(key, microbatch, tp, seq)
+    return _trace_cached(key, microbatch, tp, seq, ep, float(imbalance))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,6 +85,7 @@ def _layer_cost(work: LayerWork, row, tp: int, sp: bool, tied_bytes: float = 0.0
     split = tp if sp else 1
     # with sequence parallelism what lies outside the tensor-parallel region is split by t
     outside = float(row["replicated_activation_bytes"]) * (1 - 1 / split)
+    mean = row.get("mean_fwd_matmul_flops")
     return LayerCost(
         fwd_s=work.fwd_s,
         bwd_s=work.bwd_s,
@@ -94,27 +99,40 @@ def _layer_cost(work: LayerWork, row, tp: int, sp: bool, tied_bytes: float = 0.0
         tied_params=tied_bytes / ELEM_BYTES,
         fwd_matmul_flops=work.fwd_flops,
         attention_matmul_flops=work.attention_fwd_flops,
+        expert_params=float(row.get("expert_param_bytes", 0.0)) / ELEM_BYTES,
+        mean_fwd_matmul_flops=None if mean is None else float(mean),
     )
 
 
 _CHAINS: dict[tuple, dict[bool, ChainCost]] = {}
 
 
-def gpu_chains(spec, tp: int, microbatch: int, seq: int, preset: dict, config: dict):
-    """{sequence_parallel: ChainCost} of the model at (tp, microbatch) on a GPU preset (both
-    settings for tp > 1, from one costing of the kernels); cached per process."""
+def gpu_chains(spec, tp: int, microbatch: int, seq: int, preset: dict, config: dict, ep: int = 1):
+    """{sequence_parallel: ChainCost} of the model at (tp, microbatch, ep) on a GPU preset (both
+    settings for tp > 1, from one costing of the kernels); cached per process. A
+    mixture-of-experts model routes its tokens by config ``trace.moe_imbalance``."""
+    moe = getattr(spec, "moe", None)
+    if ep > 1 and moe is None:
+        raise PhazeError(f"expert parallelism (ep = {ep}) needs a mixture-of-experts model")
+    if moe is not None and moe.experts % ep:
+        raise PhazeError(
+            f"the expert-parallel size ep ({ep}) must divide the {moe.experts} experts"
+        )
+    imbalance = float(config["trace"].get("moe_imbalance", 1.0)) if moe is not None else 1.0
     key = (
         _spec_key(spec),
         tp,
         microbatch,
         seq,
+        ep,
+        imbalance,
         json.dumps(preset, sort_keys=True, default=str),
         json.dumps([config["costmodel"], config["fidelity"]], sort_keys=True),
     )
     if key in _CHAINS:
         return _CHAINS[key]
     spec.check_tp(tp)
-    trace = trace_for(spec, microbatch, tp, seq)
+    trace = trace_for(spec, microbatch, tp, seq, ep, imbalance)
     layers = trace.layers.set_index("layer")
     cm = preset_costmodel(preset, config["costmodel"])
     common = {
@@ -154,6 +172,8 @@ def gpu_chains(spec, tp: int, microbatch: int, seq: int, preset: dict, config: d
             sequence_parallel=sp,
             boundary_bytes=float(microbatch * seq * spec.hidden * ELEM_BYTES),
             meta={"block_kernel_bounds_s": dict(sorted(blk.bound_s.items()))},
+            ep=ep,
+            experts=moe.experts if moe is not None else 0,
         )
     _CHAINS[key] = chains
     return chains
@@ -190,7 +210,9 @@ def evaluate_strategy(
     net = preset_network(preset, name, strategy.devices)
     spec.check_tp(strategy.tp)
     strategy.check_layers(spec.num_blocks)
-    chain = gpu_chains(spec, strategy.tp, strategy.microbatch, seq, preset, config)[
+    moe = getattr(spec, "moe", None)
+    strategy.check_experts(moe.experts if moe is not None else 0)
+    chain = gpu_chains(spec, strategy.tp, strategy.microbatch, seq, preset, config, strategy.ep)[
         strategy.sequence_parallel
     ]
     peak = preset_peak_flops(preset)
@@ -233,18 +255,20 @@ def optimize_strategy(
     microbatches,
     tps,
     name: str = "preset",
+    eps=(1,),
 ):
     """The fastest strategy that fits `hbm_bytes` per device under the step model (the exact
-    search of phaze.place.megatron over the tp and microbatch values given and the axes of config
-    ``place``). Returns (evaluate_strategy's dict of it or None, the search's Result)."""
+    search of phaze.place.megatron over the tp, microbatch and ep values given and the axes of
+    config ``place``). Returns (evaluate_strategy's dict of it or None, the search's Result)."""
     from phaze.place.megatron import optimize
 
     net = preset_network(preset, name, devices)
     chains = {}
     for t in tps:
         for b in microbatches:
-            for sp, chain in gpu_chains(spec, t, b, seq, preset, config).items():
-                chains[(t, b, sp)] = chain
+            for ep in eps:
+                for sp, chain in gpu_chains(spec, t, b, seq, preset, config, ep).items():
+                    chains[(t, b, sp, ep)] = chain
     found = optimize(
         chains,
         net,

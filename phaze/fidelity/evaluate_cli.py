@@ -2,7 +2,8 @@
 
 The step model of docs/step.md on a GPU preset (layer times summed from kernels). Impossible
 strategies (sequence parallelism with tp = 1, the distributed optimizer with dp = 1, an interleave
-that does not divide a stage's blocks, ...) exit 2 with one line.
+that does not divide a stage's blocks, an expert-parallel size that does not divide the experts or
+dp or is given for a dense model, ...) exit 2 with one line.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser)
     parser.add_argument("--tp", type=int, required=True, help="tensor-parallel width tp")
     parser.add_argument("--pp", type=int, required=True, help="pipeline stages p")
+    parser.add_argument(
+        "--ep",
+        type=int,
+        default=1,
+        help="expert-parallel size (a mixture-of-experts model; must divide its experts and dp)",
+    )
     parser.add_argument("--microbatch", type=int, required=True, help="microbatch size b")
     parser.add_argument(
         "--interleave",
@@ -113,10 +120,13 @@ def run(args: argparse.Namespace) -> int:
         distributed_optimizer=args.distributed_optimizer,
         ddp=args.ddp,
         stages=parse_stages(args.stages),
+        ep=args.ep,
     )
     spec, preset, config, seq = load_run(args)
     spec.check_tp(strategy.tp)
     strategy.check_layers(spec.num_blocks)
+    moe = getattr(spec, "moe", None)
+    strategy.check_experts(moe.experts if moe is not None else 0)
 
     from phaze.fidelity.evaluate import evaluate_strategy
 

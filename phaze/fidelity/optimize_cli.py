@@ -2,7 +2,9 @@
 step model (docs/step.md), with the Megatron-LM arguments that run it.
 
 Searched: tp from ``--tp`` or config ``trace.tp`` (those the model admits and that divide the
-devices), microbatch from ``--microbatch`` or config ``trace.microbatch``, the placement axes of
+devices), microbatch from ``--microbatch`` or config ``trace.microbatch``, for a mixture-of-experts
+model the expert-parallel size from ``--ep`` (default every divisor of its experts), the placement
+axes of
 config ``place`` (interleave, recompute, sequence_parallel, distributed_optimizer, ddp), every
 pipeline depth with tp·pp·dp = devices and microbatch·dp dividing the global batch, every split
 of the blocks over the stages. ``strategy`` is the object `phaze evaluate` prints: evaluating it
@@ -37,6 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         help="tensor-parallel widths to search (default: config trace.tp)",
     )
+    parser.add_argument(
+        "--ep",
+        type=int,
+        nargs="+",
+        help="expert-parallel sizes to search (a mixture-of-experts model; default: every "
+        "divisor of its experts; a dense model: 1)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -63,6 +72,21 @@ def run(args: argparse.Namespace) -> int:
             f"no tensor-parallel width of {wanted} fits {spec.name} "
             f"(valid: {list(spec.valid_tp)}) on {args.devices} devices"
         )
+    moe = getattr(spec, "moe", None)
+    experts = moe.experts if moe is not None else 0
+    if args.ep is None:
+        eps = [e for e in range(1, experts + 1) if experts % e == 0] if experts else [1]
+    else:
+        eps = sorted(set(args.ep))
+        for e in eps:
+            if e < 1:
+                raise PhazeError(f"--ep sizes must be >= 1, got {eps}")
+            if not experts and e > 1:
+                raise PhazeError(f"expert parallelism (ep = {e}) needs a mixture-of-experts model")
+            if experts and experts % e:
+                raise PhazeError(
+                    f"the expert-parallel size ep ({e}) must divide the {experts} experts"
+                )
     result, found = optimize_strategy(
         spec,
         preset,
@@ -74,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         microbatches=microbatches,
         tps=tps,
         name=args.arch,
+        eps=eps,
     )
     if result is None:
         why = "; ".join(f"{r} ({n})" for r, n in sorted(found.skipped.items())) or "none"
@@ -88,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         "megatron_args": megatron_arguments(found.strategy, spec.num_blocks),
         "search": {
             "tp": tps,
+            "ep": eps,
             "microbatch": microbatches,
             "configurations": found.configurations,
             "solved": found.solved,

@@ -10,6 +10,12 @@ A reference table may instead give ``mfu_percent`` (model FLOPs utilisation, Kor
 2022: model FLOPs 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h)) per iteration, no recomputation, over the
 GPU's 312 TFLOP/s), and per row ``recompute`` (full, selective, none; default full) and
 ``sequence_parallel`` (0 or 1; default 0), for runs with the later Megatron-LM features.
+
+A table with a ``model`` column is a table of **runs** of registry models (any family, dense or
+mixture-of-experts) on a GPU ``preset``, each with its measured ``iteration_time_s`` and every
+setting it ran with (:data:`RUN_COLUMNS`, ``expert_parallel`` included); its TFLOP/s per GPU are
+phaze's model FLOPs of the run (the trace's matmuls) over the published and the predicted time,
+so the two are comparable whatever FLOP count the source used.
 """
 
 from __future__ import annotations
@@ -46,14 +52,96 @@ OPTIONAL = {"recompute": "full", "sequence_parallel": "0"}
 PEAK_FLOPS = 312e12
 
 
-def read_reference(path: Path | str = REFERENCE) -> list[dict]:
-    path = Path(path)
+#: the integer columns of a table of runs (one row per measured training run of a registry model)
+_RUN_INTEGERS = (
+    "gpus",
+    "seq",
+    "global_batch",
+    "microbatch",
+    "tensor_parallel",
+    "pipeline_parallel",
+    "interleave",
+    "expert_parallel",
+)
+#: every column of a table of runs
+RUN_COLUMNS = (
+    "model",
+    "preset",
+    *_RUN_INTEGERS,
+    "recompute",
+    "sequence_parallel",
+    "distributed_optimizer",
+    "ddp",
+    "iteration_time_s",
+)
+
+
+def _csv_rows(path: Path) -> list[dict]:
     if not path.is_file():
         raise PhazeError(f"reference table not found: {path}")
     lines = [ln for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     rows = list(csv.DictReader(lines))
     if not rows:
         raise PhazeError(f"{path}: no data rows")
+    return rows
+
+
+def read_runs(path: Path | str) -> list[dict]:
+    """A table of runs (see the module docstring), checked: every column present, numbers
+    numbers, the flags 0 or 1, a known recompute and DDP mode, no run twice."""
+    path = Path(path)
+    rows = _csv_rows(path)
+    missing = [c for c in RUN_COLUMNS if c not in rows[0]]
+    if missing:
+        raise PhazeError(f"{path}: a table of runs needs the columns {missing}")
+    out, seen = [], {}
+    for i, r in enumerate(rows, 1):
+        where = f"{path}: row {i}"
+        if None in r or any(r[k] is None for k in RUN_COLUMNS):
+            raise PhazeError(f"{where}: has more or fewer fields than the header")
+        row = {"model": r["model"].strip(), "preset": r["preset"].strip()}
+        for k in _RUN_INTEGERS:
+            try:
+                v = float(r[k])
+            except ValueError:
+                raise PhazeError(f"{where}: {k} must be a number, got {r[k]!r}") from None
+            row[k] = checks.integer(v, f"{where}: {k}", 1)
+        try:
+            t = float(r["iteration_time_s"])
+        except ValueError:
+            raise PhazeError(
+                f"{where}: iteration_time_s must be a number, got {r['iteration_time_s']!r}"
+            ) from None
+        row["iteration_time_s"] = checks.number(t, f"{where}: iteration_time_s", 0.0, strict=True)
+        for k in ("sequence_parallel", "distributed_optimizer"):
+            if r[k].strip() not in ("0", "1"):
+                raise PhazeError(f"{where}: {k} must be 0 or 1, got {r[k]!r}")
+            row[k] = r[k].strip() == "1"
+        if r["recompute"].strip() not in ("full", "selective", "none"):
+            raise PhazeError(
+                f"{where}: recompute must be full, selective or none, got {r['recompute']!r}"
+            )
+        row["recompute"] = r["recompute"].strip()
+        if r["ddp"].strip() not in ("overlap", "after"):
+            raise PhazeError(f"{where}: ddp must be overlap or after, got {r['ddp']!r}")
+        row["ddp"] = r["ddp"].strip()
+        row["source"] = (r.get("source") or "").strip()
+        run = tuple(v for k, v in row.items() if k not in ("iteration_time_s", "source"))
+        if run in seen:
+            raise PhazeError(f"{where} repeats the run of row {seen[run]}")
+        seen[run] = i
+        out.append(row)
+    return out
+
+
+def is_runs_table(path: Path | str) -> bool:
+    """Whether a reference CSV is a table of runs (it has a ``model`` column)."""
+    return "model" in _csv_rows(Path(path))[0]
+
+
+def read_reference(path: Path | str = REFERENCE) -> list[dict]:
+    path = Path(path)
+    rows = _csv_rows(path)
     missing = [c for c in REQUIRED if c not in rows[0]]
     if missing:
         raise PhazeError(f"{path}: missing columns {missing}")
@@ -146,6 +234,12 @@ def published_strategy(row: dict):
     every GPU, its recomputation and sequence parallelism (Table 1: full, none), and the gradient
     reduction of its DDP implementation (PyTorch's overlaps it with backward, Megatron's own runs
     after it)."""
+    return _strategy(row, ddp="overlap" if row["ddp"] == "torch" else "after")
+
+
+def _strategy(row: dict, **settings):
+    """A reference row's strategy on every GPU: its parallel sizes, microbatch, interleaving,
+    recomputation and sequence parallelism, plus ``settings``."""
     from phaze.step.strategy import Strategy
 
     return Strategy(
@@ -157,7 +251,7 @@ def published_strategy(row: dict):
         interleave=row["interleave"],
         recompute=row["recompute"],
         sequence_parallel=row["sequence_parallel"],
-        ddp="overlap" if row["ddp"] == "torch" else "after",
+        **settings,
     )
 
 
@@ -187,10 +281,93 @@ def spearman(x: list[float], y: list[float]) -> float:
     return cov / (vx * vy)
 
 
+def run_strategy(row: dict):
+    """The strategy a run of a table of runs was trained with (every device used)."""
+    return _strategy(
+        row,
+        distributed_optimizer=row["distributed_optimizer"],
+        ddp=row["ddp"],
+        ep=row["expert_parallel"],
+    )
+
+
+def validate_runs(config: dict, reference: Path | str) -> dict:
+    """Predicted vs measured iteration times of a table of runs."""
+    from phaze.arch.presets import load_preset
+    from phaze.fidelity.evaluate import evaluate_strategy
+    from phaze.trace.models import get_model_spec
+
+    rows = []
+    for ref in read_runs(reference):
+        spec = get_model_spec(ref["model"])
+        preset = load_preset(ref["preset"])
+        strategy = run_strategy(ref)
+        result = evaluate_strategy(
+            spec, strategy, preset, seq=ref["seq"], config=config, name=ref["preset"]
+        )
+        published_s = ref["iteration_time_s"]
+        rows.append(
+            _report_row(
+                ref,
+                strategy,
+                result,
+                published_s,
+                result["model_flops"] / ref["gpus"],
+                model=ref["model"],
+                preset=ref["preset"],
+                ep=strategy.ep,
+                source=ref["source"],
+            )
+        )
+    return _summary(sorted({r["preset"] for r in rows}), rows)
+
+
+def _report_row(ref, strategy, result, published_s, flops_per_gpu, **label) -> dict:
+    """One validated run: ``label`` (what names it), its strategy, the published and predicted
+    times and TFLOP/s per GPU (``flops_per_gpu`` over each time), the prediction's breakdown."""
+    predicted_s = result["iteration_time_s"]
+    return {
+        **label,
+        "tp": strategy.tp,
+        "pp": strategy.pp,
+        "dp": strategy.dp,
+        "gpus": ref["gpus"],
+        "microbatch": ref["microbatch"],
+        "interleave": ref["interleave"],
+        "ddp": ref["ddp"],
+        "recompute": ref["recompute"],
+        "sequence_parallel": ref["sequence_parallel"],
+        "published_time_s": published_s,
+        "predicted_time_s": predicted_s,
+        "error": predicted_s / published_s - 1.0,
+        "published_tflops_per_gpu": flops_per_gpu / published_s / 1e12,
+        "predicted_tflops_per_gpu": flops_per_gpu / predicted_s / 1e12,
+        "breakdown": result["breakdown"],
+        "peak_memory_bytes": result["peak_memory_bytes"],
+        "fits_memory": result["fits_memory"],
+    }
+
+
+def _summary(presets, rows: list[dict]) -> dict:
+    errors = [abs(r["error"]) for r in rows]
+    return {
+        "preset": ",".join(presets),
+        "rows": rows,
+        "mean_abs_error": sum(errors) / len(errors),
+        "max_abs_error": max(errors),
+        "spearman": spearman(
+            [r["predicted_tflops_per_gpu"] for r in rows],
+            [r["published_tflops_per_gpu"] for r in rows],
+        ),
+    }
+
+
 def validate(config: dict, reference: Path | str = REFERENCE) -> dict:
     from phaze.arch.presets import load_preset
     from phaze.fidelity.evaluate import evaluate_strategy
 
+    if is_runs_table(reference):
+        return validate_runs(config, reference)
     preset = load_preset(PRESET)
     rows = []
     for ref in read_reference(reference):
@@ -205,45 +382,26 @@ def validate(config: dict, reference: Path | str = REFERENCE) -> dict:
             flops = eq3_flops(*shape)
             published_tflops = ref["achieved_tflops_per_gpu"]
         published_s = flops / (ref["gpus"] * published_tflops * 1e12)
-        predicted_s = result["iteration_time_s"]
         rows.append(
-            {
-                "params_billion": ref["params_billion"],
-                "tp": ref["tensor_parallel"],
-                "pp": ref["pipeline_parallel"],
-                "dp": strategy.dp,
-                "gpus": ref["gpus"],
-                "microbatch": ref["microbatch"],
-                "interleave": ref["interleave"],
-                "ddp": ref["ddp"],
-                "recompute": ref["recompute"],
-                "sequence_parallel": ref["sequence_parallel"],
-                "published_time_s": published_s,
-                "predicted_time_s": predicted_s,
-                "error": predicted_s / published_s - 1.0,
-                "published_tflops_per_gpu": published_tflops,
-                "predicted_tflops_per_gpu": flops / (ref["gpus"] * predicted_s) / 1e12,
-                "breakdown": result["breakdown"],
-                "peak_memory_bytes": result["peak_memory_bytes"],
-                "fits_memory": result["fits_memory"],
-            }
+            _report_row(
+                ref,
+                strategy,
+                result,
+                published_s,
+                flops / ref["gpus"],
+                params_billion=ref["params_billion"],
+            )
         )
-    errors = [abs(r["error"]) for r in rows]
-    return {
-        "preset": PRESET,
-        "rows": rows,
-        "mean_abs_error": sum(errors) / len(errors),
-        "max_abs_error": max(errors),
-        "spearman": spearman(
-            [r["predicted_tflops_per_gpu"] for r in rows],
-            [r["published_tflops_per_gpu"] for r in rows],
-        ),
-    }
+    return _summary([PRESET], rows)
 
 
 def format_table(report: dict) -> str:
+    named = any("model" in r for r in report["rows"])
+    width = max([7] + [len(r.get("model", "")) for r in report["rows"]])
     head = (
-        f"{'model':>7} {'t':>2} {'p':>3} {'d':>3} {'gpus':>5} {'b':>3} {'V':>2} {'ddp':>5} "
+        f"{'model':>{width}} {'t':>2} {'p':>3} {'d':>3} {'gpus':>5} {'b':>3} {'V':>2} "
+        + (f"{'e':>2} " if named else "")
+        + f"{'ddp':>7} "
         f"{'recompute':>12} "
         f"{'published_s':>11} {'predicted_s':>11} {'error':>7} {'pub_TF':>6} {'pred_TF':>7}  "
         f"largest non-compute terms (s)"
@@ -253,9 +411,12 @@ def format_table(report: dict) -> str:
         bd = {k: v for k, v in r["breakdown"].items() if k not in ("compute_s", "recompute_s")}
         top = sorted(bd.items(), key=lambda kv: -kv[1])[:2]
         terms = ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in top)
+        label = r["model"] if "model" in r else f"{r['params_billion']:g}B"
         lines.append(
-            f"{r['params_billion']:>6g}B {r['tp']:>2} {r['pp']:>3} {r['dp']:>3} {r['gpus']:>5} "
-            f"{r['microbatch']:>3} {r['interleave']:>2} {r['ddp']:>5} "
+            f"{label:>{width}} {r['tp']:>2} {r['pp']:>3} {r['dp']:>3} {r['gpus']:>5} "
+            f"{r['microbatch']:>3} {r['interleave']:>2} "
+            + (f"{r['ep']:>2} " if named else "")
+            + f"{r['ddp']:>7} "
             f"{r['recompute'] + ('+sp' if r['sequence_parallel'] else ''):>12} "
             f"{r['published_time_s']:>11.3f} {r['predicted_time_s']:>11.3f} "
             f"{r['error'] * 100:>+6.1f}% {r['published_tflops_per_gpu']:>6.0f} "

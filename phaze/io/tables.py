@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from phaze.errors import PhazeError
 from phaze.io.atomic import atomic_path
 from phaze.step.strategy import DDP_MODES, RECOMPUTE_MODES
+from phaze.trace.moe import ROLES as MOE_ROLES
 
 i64, f64, s, b = pa.int64(), pa.float64(), pa.string(), pa.bool_()
 
@@ -54,6 +55,10 @@ SCHEMAS: dict[str, pa.Schema] = {
         # core attention (forward) / outside the tensor-parallel region (phaze.trace.recorder)
         ("attention", b),
         ("replicated", b),
+        # mixture-of-experts layers (phaze.trace.moe_layer): the op's role ("" outside one) and
+        # its routed expert (-1 for none); absent from a table: DEFAULTS (a dense table)
+        ("moe_role", s),
+        ("expert", i64),
     ),
     "edges": _schema(
         ("layer", s),
@@ -77,6 +82,11 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("index", i64),
         ("fwd_flops", f64),
         ("bwd_flops", f64),
+        # of param_bytes, the routed experts' (what expert parallelism divides), and their count
+        ("expert_param_bytes", i64),
+        ("experts", i64),
+        # the expert-parallel size the trace is one rank of (1 for a dense model)
+        ("ep", i64),
     ),
     # --- arch --------------------------------------------------------------------------------
     "space": _schema(
@@ -132,6 +142,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("pp", i64),
         ("tp", i64),
         ("dp", i64),
+        # expert-parallel size (inside dp; 1 for a dense model, 0 where nothing fits)
+        ("ep", i64),
         # the placement axes (docs/step.md)
         ("interleave", i64),
         ("recompute", s),
@@ -148,6 +160,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("expert_pp", i64),
         ("expert_tp", i64),
         ("expert_dp", i64),
+        ("expert_ep", i64),
         ("expert_interleave", i64),
         ("expert_recompute", s),
         ("expert_sequence_parallel", b),
@@ -301,6 +314,7 @@ VALUES: dict[str, dict[str, str]] = {
         **dict.fromkeys(("bytes_in", "bytes_out", "weight_bytes"), GE0),
         "group_size": GE1,
         "fused_into": GE_NEG1,  # the op this one is fused into, -1 for none
+        "expert": GE_NEG1,  # the routed expert, -1 for none
     },
     "edges": {"bytes": GE0},
     "layers": dict.fromkeys(
@@ -314,9 +328,12 @@ VALUES: dict[str, dict[str, str]] = {
             "fwd_flops",
             "bwd_flops",
             "index",
+            "expert_param_bytes",
+            "experts",
         ),
         GE0,
-    ),
+    )
+    | {"ep": GE1},
     "space": {
         **dict.fromkeys(("n_tc", "n_vc", "tc_width", "tc_depth", "vc_width", "glb_bytes"), GE1),
         "freq_hz": GT0,
@@ -334,6 +351,7 @@ VALUES: dict[str, dict[str, str]] = {
         **dict.fromkeys(("expert_throughput_seq_s", "expert_time_per_batch_s", "expert_mfu"), GE0),
         # 0 where nothing fits
         **dict.fromkeys(("pp", "tp", "dp", "expert_pp", "expert_tp", "expert_dp"), GE0),
+        **dict.fromkeys(("ep", "expert_ep"), GE0),
         **dict.fromkeys(("interleave", "expert_interleave"), GE1),
     },
     "chunks": {"chunk": GE0},
@@ -351,6 +369,10 @@ VALUES: dict[str, dict[str, str]] = {
 # text columns that name one of a few values (the placement axes; place_model = config/schema.yaml
 # place.model), and text columns holding a JSON list (per pipeline stage)
 CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
+    # an op's role in a mixture-of-experts layer ("" outside one; phaze.trace.moe_layer)
+    "ops": {
+        "moe_role": ("", *MOE_ROLES),
+    },
     "place": {
         "place_model": ("megatron", "upstream"),
         **dict.fromkeys(("recompute", "expert_recompute"), RECOMPUTE_MODES),
@@ -375,6 +397,13 @@ NULLABLE: dict[str, frozenset[str]] = {
             "expert_mfu",
         )
     ),
+}
+# columns a table may lack, and the value they then have: a trace without the mixture-of-experts
+# columns (written before they existed, or made by hand) is a dense model's, whose ops belong to no
+# MoE layer and whose layers hold no experts
+DEFAULTS: dict[str, dict[str, object]] = {
+    "ops": {"moe_role": "", "expert": -1},
+    "layers": {"expert_param_bytes": 0, "experts": 0, "ep": 1},
 }
 # the column sets that identify a row (a table may have several): a key column may not be
 # missing and a repeated key is an error (the row would be counted twice)
@@ -455,6 +484,9 @@ def _check(df: pd.DataFrame, name: str) -> pa.Table:
     if name not in SCHEMAS:
         raise ValueError(f"unknown table schema {name!r} (known: {sorted(SCHEMAS)})")
     schema = SCHEMAS[name]
+    absent = {c: v for c, v in DEFAULTS.get(name, {}).items() if c not in df.columns}
+    if absent:
+        df = df.assign(**absent)
     missing = [f.name for f in schema if f.name not in df.columns]
     if missing:
         raise PhazeError(f"table {name!r} is missing columns {missing}")
@@ -470,7 +502,8 @@ def _check(df: pd.DataFrame, name: str) -> pa.Table:
 
 
 def write_table(df: pd.DataFrame, path: str | os.PathLike, name: str) -> None:
-    """Validate ``df`` against schema ``name`` and write it to ``path`` atomically."""
+    """Validate ``df`` against schema ``name`` (absent DEFAULTS columns filled) and write it to
+    ``path`` atomically."""
     table = _check(df, name)
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
@@ -479,8 +512,9 @@ def write_table(df: pd.DataFrame, path: str | os.PathLike, name: str) -> None:
 def read_table(
     path: str | os.PathLike, name: str | None = None, nonempty: bool = False
 ) -> pd.DataFrame:
-    """Read a Parquet table. With a schema ``name``: its columns must be present and castable to
-    the schema's types (they are cast), and its values and keys valid (``check_values``);
+    """Read a Parquet table. With a schema ``name``: its columns must be present (a DEFAULTS
+    column may be absent: it gets its value) and castable to the schema's types (they are cast),
+    and its values and keys valid (``check_values``);
     ``nonempty`` makes a table without rows an error too."""
     path = Path(path)
     if not path.exists():
@@ -494,6 +528,10 @@ def read_table(
     if name is None:
         return table.to_pandas()
     schema = SCHEMAS[name]
+    for col, value in DEFAULTS.get(name, {}).items():
+        if col not in table.column_names:
+            column = pa.array([value] * table.num_rows, type=schema.field(col).type)
+            table = table.append_column(pa.field(col, column.type), column)
     missing = [f for f in schema.names if f not in table.column_names]
     if missing:
         raise PhazeError(f"{path} is not a {name!r} table: missing columns {missing}")

@@ -59,7 +59,7 @@ BIG = 1e18
 
 @dataclass
 class SpaceChain:
-    """One (t, b) of every architecture: the skeleton chains per sequence-parallel setting, and
+    """One (t, b[, ep]) of every architecture: the skeleton chains per sequence-parallel setting, and
     arrays over architectures: ``lower`` (each layer pass's lower bound, keys `LOWER`),
     ``window`` (serial upper bounds, same keys), ``attention`` (core attention's forward)."""
 
@@ -299,11 +299,19 @@ def _cheap_bound(
     return (m - 1.0 / v) * S / terms.p + S / v + tail
 
 
+def _space_key(key: tuple) -> tuple[int, int, int]:
+    """(tp, microbatch, ep) of a `time_lower_bounds` key: (t, b) means ep = 1."""
+    return (*key, 1) if len(key) == 2 else tuple(key)
+
+
 def _jobs(chains, net, consts, devices, global_batch, hbm_bytes, axes) -> list[tuple]:
     """Every configuration to bound, most promising first: (configuration, its terms, allowed
     splits, the capacities with those allowed splits, its chain, its cheap bound per arch)."""
+    chains = {_space_key(k): sc for k, sc in chains.items()}
     skeletons = {
-        (t, b, sp): chain for (t, b), sc in chains.items() for sp, chain in sc.skeleton.items()
+        (t, b, sp, ep): chain
+        for (t, b, ep), sc in chains.items()
+        for sp, chain in sc.skeleton.items()
     }
     configs = configurations(skeletons, net, consts, devices, global_batch, axes, Counter())
     jobs = []
@@ -311,7 +319,8 @@ def _jobs(chains, net, consts, devices, global_batch, hbm_bytes, axes) -> list[t
         if cfg.ddp == "after" and "overlap" in axes.ddp:
             continue  # never faster than overlap for the same split (module docstring)
         terms = cfg.terms()
-        chain = chains[(cfg.placed.layout.tp, cfg.placed.chain.microbatch)]
+        layout = cfg.placed.layout
+        chain = chains[(layout.tp, cfg.placed.chain.microbatch, layout.ep)]
         sched = cfg.schedule
         by_allowed: dict[bytes, tuple] = {}
         for h, hbm in enumerate(hbm_bytes):
@@ -341,7 +350,7 @@ def _jobs(chains, net, consts, devices, global_batch, hbm_bytes, axes) -> list[t
 
 
 def time_lower_bounds(
-    chains: dict[tuple[int, int], SpaceChain],
+    chains: dict[tuple, SpaceChain],
     net: Network,
     consts: StepConstants,
     devices: int,
@@ -350,7 +359,8 @@ def time_lower_bounds(
     axes: Axes,
 ) -> np.ndarray:
     """Per HBM capacity and architecture (shape (len(hbm_bytes), archs)), a lower bound on the
-    step time of every placement the exact search (`phaze.place.megatron.optimize`) allows, on
+    step time of every placement the exact search (`phaze.place.megatron.optimize`) allows over
+    the (tp, microbatch[, ep]) keys of `chains` (a key without ep means ep = 1), on
     every layer time at or above its lower bound: inf where nothing fits. A configuration whose
     allowed splits are the same at several capacities is bounded once for all of them."""
     A = next(iter(chains.values())).n_archs

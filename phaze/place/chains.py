@@ -14,7 +14,9 @@ Per layer and rank (one tensor-parallel width t, one microbatch b):
   sequence-parallel layer, whose replicated ops only get t times shorter (conservative by their
   (1 − 1/t) share) — while its memory (the part outside the tensor-parallel region divided by t),
   its input and its pipeline sends shrink as the model says;
-* parameters = ``param_bytes`` / ``step.weight_bytes_per_param``; memory from the trace's saved
+* parameters = ``param_bytes`` / ``step.weight_bytes_per_param``, of them the routed experts'
+  ``expert_param_bytes`` (a mixture-of-experts trace at expert-parallel size ep: the rank's E/ep
+  experts; its all-to-alls are ops of the layer, in its schedule); memory from the trace's saved
   tensors.
 
 A bound-tier chain (lower-bound latencies) carries the achievable one as its DDP window
@@ -55,6 +57,7 @@ def chain_layers(layers: pd.DataFrame, where: str) -> dict[str, pd.Series]:
             "stash_recompute_bytes",
             "boundary_bytes",
             "fwd_matmul_flops",
+            "expert_param_bytes",
         )
         if c in blocks.columns
     ]
@@ -93,6 +96,7 @@ class ChainTables:
         microbatch: int,
         weight_bytes_per_param: float,
         where: str,
+        ep: int = 1,
     ):
         if tp > 1 and not layers["tensor_parallel"].astype(bool).all():
             raise PhazeError(
@@ -102,6 +106,17 @@ class ChainTables:
         self.rows = chain_layers(layers, where)
         self.blocks = int((layers["kind"] == "block").sum())
         self.tp, self.microbatch, self.where = tp, microbatch, where
+        block = self.rows["block"]
+        self.experts = int(block["experts"]) if "experts" in block.index else 0
+        traced_ep = int(block["ep"]) if "ep" in block.index else 1
+        if traced_ep != ep:
+            raise PhazeError(f"{where}: the trace is at expert-parallel size {traced_ep}, not {ep}")
+        if ep > 1 and (not self.experts or self.experts % ep):
+            raise PhazeError(
+                f"{where}: expert-parallel size {ep} needs a mixture-of-experts trace whose "
+                f"experts it divides (the trace has {self.experts})"
+            )
+        self.ep = ep
         self.weight_bytes = float(weight_bytes_per_param)
         self.ops = ops
         self.attention_flops = _matmul_attention_flops(ops) if ops is not None else {}
@@ -120,6 +135,12 @@ class ChainTables:
             tied_params=float(row.get("tied_param_bytes", 0.0)) / self.weight_bytes,
             fwd_matmul_flops=float(row.get("fwd_matmul_flops", 0.0)),
             attention_matmul_flops=float(self.attention_flops.get(row["signature"], 0.0)),
+            expert_params=float(row.get("expert_param_bytes", 0.0)) / self.weight_bytes,
+            mean_fwd_matmul_flops=(
+                float(row["mean_fwd_matmul_flops"])
+                if "mean_fwd_matmul_flops" in row.index
+                else None
+            ),
         )
 
     def skeleton(self, sp: bool) -> ChainCost:
@@ -180,6 +201,8 @@ class ChainTables:
                     microbatch=self.microbatch,
                     sequence_parallel=sp,
                     boundary_bytes=float(self.rows["block"]["boundary_bytes"]),
+                    ep=self.ep,
+                    experts=self.experts,
                 )
             out[sp] = ChainCost(
                 **main,
@@ -189,5 +212,7 @@ class ChainTables:
                 sequence_parallel=sp,
                 boundary_bytes=float(self.rows["block"]["boundary_bytes"]),
                 window=win,
+                ep=self.ep,
+                experts=self.experts,
             )
         return out

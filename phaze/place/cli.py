@@ -1,9 +1,10 @@
 """`python -m phaze place`: pipeline/data/tensor-parallel placement.
 
 Two modes:
-* tables (the workflow's): ``--model --tp T.. --trace-dirs D.. --schedules S.. [--latencies L..]
-  --space F --hbm-gib H --microbatch B --out place.parquet`` — one row per architecture ×
-  cluster size, under config ``place.model`` (megatron: the step model, searching the placement
+* tables (the workflow's): ``--model --tp T.. [--ep E..] --trace-dirs D.. --schedules S..
+  [--latencies L..] --space F --hbm-gib H --microbatch B --out place.parquet`` — one trace dir
+  per tp (per (tp, ep) for a mixture-of-experts model traced at expert-parallel sizes ep); one
+  row per architecture × cluster size, under config ``place.model`` (megatron: the step model, searching the placement
   axes of config ``place``; upstream: Phaze's objective); ``--export-instance FILE.json`` instead
   writes upstream's instance format for one architecture (``--archs ID``).
 * ``--instance FILE.json`` — solve an instance in upstream's format with upstream's semantics and
@@ -29,6 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model name (recorded in the output)")
     parser.add_argument(
         "--tp", type=int, nargs="+", help="tensor-parallel widths, one per trace dir"
+    )
+    parser.add_argument(
+        "--ep",
+        type=int,
+        nargs="+",
+        help="expert-parallel size of each trace dir (a mixture-of-experts model; default 1 each)",
     )
     parser.add_argument(
         "--trace-dirs", nargs="+", help="trace output dir per tp (holds layers.parquet)"
@@ -124,8 +131,15 @@ def _run_tables(args) -> int:
         raise PhazeError(
             f"--latencies ({len(args.latencies)}) needs one entry per tp ({len(args.tp)})"
         )
-    if len(set(args.tp)) != len(args.tp):
-        raise PhazeError(f"--tp lists a width twice: {args.tp}")
+    eps = args.ep or [1] * len(args.tp)
+    if len(eps) != len(args.tp):
+        raise PhazeError(f"--ep ({len(eps)}) needs one entry per tp ({len(args.tp)})")
+    if any(e < 1 for e in eps):
+        raise PhazeError(f"expert-parallel sizes must be >= 1, got {eps}")
+    traces = list(zip(args.tp, eps))
+    if len(set(traces)) != len(traces):
+        twice = "a width twice" if all(e == 1 for e in eps) else "a (tp, ep) pair twice"
+        raise PhazeError(f"--tp lists {twice}: {args.tp}" + (f", --ep {eps}" if args.ep else ""))
     if not math.isfinite(args.hbm_gib) or args.hbm_gib <= 0:
         raise PhazeError(f"--hbm-gib must be a finite number > 0, got {args.hbm_gib}")
     if args.microbatch < 1:
@@ -151,20 +165,26 @@ def _run_tables(args) -> int:
         return pd.concat([read_table(f, schema) for f in files], ignore_index=True)
 
     latencies = args.latencies or [None] * len(args.tp)
-    for t, trace_dir, sched, lat in zip(args.tp, args.trace_dirs, args.schedules, latencies):
+    # keyed by tp when every trace is at ep = 1 (a dense model), else by (tp, ep)
+    keyed = (lambda t, e: t) if all(e == 1 for e in eps) else (lambda t, e: (t, e))
+    for (t, e), trace_dir, sched, lat in zip(traces, args.trace_dirs, args.schedules, latencies):
         if t < 1:
             raise PhazeError(f"tensor-parallel width must be >= 1, got {t}")
         layers = read_table(Path(trace_dir) / "layers.parquet", "layers", nonempty=True)
         traced = sorted(set(layers["tp"])) if "tp" in layers.columns else [t]
         if traced != [t]:
             raise PhazeError(f"--tp {t} but {trace_dir} is a trace at tp {traced}")
-        layers_by_t[t] = layers
+        traced = sorted(set(layers["ep"])) if "ep" in layers.columns else [1]
+        if traced != [e]:
+            raise PhazeError(f"--ep {e} but {trace_dir} is a trace at ep {traced}")
+        k = keyed(t, e)
+        layers_by_t[k] = layers
         schedules = tables(sched, "schedule", "schedule", t)
         check_values(schedules, "schedule", f"schedules for tp={t} ({sched})")
-        schedules_by_t[t] = schedules
+        schedules_by_t[k] = schedules
         if lat is not None:
-            latencies_by_t[t] = tables(lat, "latency", "latency", t)
-            ops_by_t[t] = read_table(Path(trace_dir) / "ops.parquet", "ops")
+            latencies_by_t[k] = tables(lat, "latency", "latency", t)
+            ops_by_t[k] = read_table(Path(trace_dir) / "ops.parquet", "ops")
     space = read_table(args.space, "space")
     if args.archs:
         wanted = [a for a in args.archs.split(",") if a]
@@ -176,6 +196,8 @@ def _run_tables(args) -> int:
     costmodel = config["costmodel"]
 
     if args.export_instance:
+        if any(e > 1 for e in eps):
+            raise PhazeError("--export-instance writes upstream's format: give ep = 1 traces only")
         archs = sorted(
             set(space["arch"])
             & set.intersection(*[set(df["arch"]) for df in schedules_by_t.values()])

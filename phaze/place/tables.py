@@ -66,7 +66,7 @@ class PlaceSettings:
     bytes_per_element: int  # upstream
     dp_must_divide_batch: bool  # upstream
     dp_must_divide_devices: bool  # upstream
-    expert: dict | None  # {"pp", "dp", "tp"} or None
+    expert: dict | None  # {"pp", "dp", "tp"[, "ep"]} or None
     network: dict | None  # config place.network (two levels) or None = flat link
     preset_networks: bool  # a preset's own network: section wins for its architecture
 
@@ -255,6 +255,7 @@ def _empty_columns(prefix: str) -> dict:
         f"{prefix}pp": 0,
         f"{prefix}tp": 0,
         f"{prefix}dp": 0,
+        f"{prefix}ep": 0,
         **{f"{prefix}{k}": v for k, v in AXIS_DEFAULTS.items()},
         f"{prefix}stages": "[]",
         f"{prefix}stage_mem_bytes": "[]",
@@ -279,6 +280,7 @@ def _result_columns(
         f"{prefix}pp": p.pp,
         f"{prefix}tp": p.t,
         f"{prefix}dp": p.d,
+        f"{prefix}ep": 1,  # the upstream model places ep = 1 traces (every expert on a rank)
         **{f"{prefix}{k}": v for k, v in AXIS_DEFAULTS.items()},
         f"{prefix}recompute": recompute,
         f"{prefix}stages": _stage_json(p, names),
@@ -327,6 +329,7 @@ def _megatron_columns(prefix: str, strategy, priced: dict | None, settings, bloc
         f"{prefix}pp": s.pp,
         f"{prefix}tp": s.tp,
         f"{prefix}dp": s.dp,
+        f"{prefix}ep": s.ep,
         f"{prefix}interleave": s.interleave,
         f"{prefix}recompute": s.recompute,
         f"{prefix}sequence_parallel": s.sequence_parallel,
@@ -397,24 +400,37 @@ def upstream_network(settings: PlaceSettings, preset_name, costmodel, devices):
     return PlaceNetwork(net, settings.scatter_gather), label
 
 
+def _by_trace(tables: dict | None) -> dict | None:
+    """A per-trace mapping keyed by tp (ep = 1) or by (tp, ep), keyed by (tp, ep)."""
+    if tables is None:
+        return None
+    return {(k if isinstance(k, tuple) else (k, 1)): v for k, v in tables.items()}
+
+
 def place_architectures(
     settings: PlaceSettings,
-    layers_by_t: dict[int, pd.DataFrame],
-    schedules_by_t: dict[int, pd.DataFrame],
+    layers_by_t: dict,
+    schedules_by_t: dict,
     space: pd.DataFrame,
     costmodel: dict,
     devices_list: list[int],
     latency_column: str = "makespan_s",
-    ops_by_t: dict[int, pd.DataFrame] | None = None,
-    latencies_by_t: dict[int, pd.DataFrame] | None = None,
+    ops_by_t: dict | None = None,
+    latencies_by_t: dict | None = None,
 ) -> pd.DataFrame:
-    """One row per architecture (those scheduled for every t) × cluster size. `ops_by_t` (the
-    traces' ops) and `latencies_by_t` (the operators' latencies) are needed when the megatron
-    model searches selective recomputation."""
-    layers_by_t = {t: check_layers(df, f"layers (t={t})") for t, df in layers_by_t.items()}
+    """One row per architecture (those scheduled for every trace) × cluster size. The tables are
+    keyed by tensor-parallel width t, or by (t, ep) for the traces of a mixture-of-experts model at
+    expert-parallel size ep (the megatron model searches ep; the upstream model places the ep = 1
+    traces). `ops_by_t` (the traces' ops) and `latencies_by_t` (the operators' latencies) are
+    needed when the megatron model searches selective recomputation."""
+    layers_by_t, schedules_by_t = _by_trace(layers_by_t), _by_trace(schedules_by_t)
+    ops_by_t, latencies_by_t = _by_trace(ops_by_t), _by_trace(latencies_by_t)
+    layers_by_t = {
+        k: check_layers(df, f"layers (t={k[0]}, ep={k[1]})") for k, df in layers_by_t.items()
+    }
     lookups = {
-        t: layer_latencies(df, latency_column, f"schedule (t={t})")
-        for t, df in schedules_by_t.items()
+        k: layer_latencies(df, latency_column, f"schedule (t={k[0]}, ep={k[1]})")
+        for k, df in schedules_by_t.items()
     }
     arch_sets = [set(df["arch"]) for df in schedules_by_t.values()]
     common = set.intersection(*arch_sets)
@@ -426,7 +442,12 @@ def place_architectures(
     if unknown:
         raise PhazeError(f"scheduled architectures missing from the space table: {unknown[:5]}")
     if settings.place_model == "upstream":
-        context = _upstream_context(settings, layers_by_t, lookups)
+        dense = {t: df for (t, ep), df in layers_by_t.items() if ep == 1}
+        if not dense:
+            raise PhazeError("place.model upstream places the ep = 1 traces; none was given")
+        context = _upstream_context(
+            settings, dense, {t: lookups[(t, ep)] for t, ep in layers_by_t if ep == 1}
+        )
         place = _upstream_rows
     else:
         context = _megatron_context(
@@ -539,24 +560,25 @@ def _megatron_context(
             "every tp (--latencies); or leave selective out of place.recompute"
         )
     tables = {
-        t: ChainTables(
-            layers_by_t[t],
-            ops_by_t.get(t) if ops_by_t else None,
+        (t, ep): ChainTables(
+            layers_by_t[(t, ep)],
+            ops_by_t.get((t, ep)) if ops_by_t else None,
             t,
             settings.microbatch,
             settings.step["weight_bytes_per_param"],
-            f"tp={t}",
+            f"tp={t}" + (f", ep={ep}" if ep > 1 else ""),
+            ep,
         )
-        for t in layers_by_t
+        for t, ep in layers_by_t
     }
     attention = None
     if "selective" in settings.axes.recompute:
-        attention = {t: attention_seconds(ops_by_t[t], latencies_by_t[t]) for t in layers_by_t}
+        attention = {k: attention_seconds(ops_by_t[k], latencies_by_t[k]) for k in layers_by_t}
     windows = None
     if latency_column != "makespan_s":  # a bound: the achievable times hide the reduction
         windows = {
-            t: layer_latencies(df, "makespan_s", f"schedule (t={t})")
-            for t, df in schedules_by_t.items()
+            k: layer_latencies(df, "makespan_s", f"schedule (t={k[0]}, ep={k[1]})")
+            for k, df in schedules_by_t.items()
         }
     return {"tables": tables, "attention": attention, "windows": windows, "lookups": lookups}
 
@@ -570,15 +592,15 @@ def _megatron_rows(settings, context, arch_row, preset, costmodel, devices_list)
     arch, b = arch_row["arch"], settings.microbatch
     tables, attention, windows = context["tables"], context["attention"], context["windows"]
     chains = {}
-    for t, table in tables.items():
+    for (t, ep), table in tables.items():
         got = table.chains(
             arch,
-            context["lookups"][t],
-            attention[t] if attention else None,
-            windows[t] if windows else None,
+            context["lookups"][(t, ep)],
+            attention[(t, ep)] if attention else None,
+            windows[(t, ep)] if windows else None,
         )
         for sp, chain in got.items():
-            chains[(t, b, sp)] = chain
+            chains[(t, b, sp, ep)] = chain
     blocks = next(iter(tables.values())).blocks
     cm = arch_costmodel(costmodel, preset)
     bw, lat = link_parameters(costmodel, preset)
@@ -594,7 +616,7 @@ def _megatron_rows(settings, context, arch_row, preset, costmodel, devices_list)
         priced = None
         if found.strategy is not None:
             s = found.strategy
-            priced = price(chains[(s.tp, b, s.sequence_parallel)], s, net, consts, peak, hbm)
+            priced = price(chains[(s.tp, b, s.sequence_parallel, s.ep)], s, net, consts, peak, hbm)
         else:
             skipped = "; ".join(f"{r} ({n})" for r, n in sorted(found.skipped.items()))
             row["reason"] = (
@@ -604,10 +626,13 @@ def _megatron_rows(settings, context, arch_row, preset, costmodel, devices_list)
         row.update(_megatron_columns("", found.strategy, priced, settings, blocks))
         e = settings.expert
         es, epriced, ereason = None, None, ""
+        e_ep = int((e or {}).get("ep", 1))
         if not e:
             ereason = f"no expert placement configured for {settings.model}"
-        elif int(e["tp"]) not in tables:
-            ereason = f"no trace for the expert's tensor-parallel width t={e['tp']}"
+        elif (int(e["tp"]), e_ep) not in tables:
+            ereason = f"no trace for the expert's tensor-parallel width t={e['tp']}" + (
+                f" at expert-parallel size {e_ep}" if e_ep > 1 else ""
+            )
         elif int(e["pp"]) * int(e["dp"]) * int(e["tp"]) != devices:
             ereason = (
                 f"the step model uses every device: pp·dp·tp = "
@@ -626,10 +651,11 @@ def _megatron_rows(settings, context, arch_row, preset, costmodel, devices_list)
                 tp=int(e["tp"]),
                 pp=int(e["pp"]),
                 stages=split,
+                ep=e_ep,
             )
             if es is not None:
                 epriced = price(
-                    chains[(es.tp, b, es.sequence_parallel)], es, net, consts, peak, hbm
+                    chains[(es.tp, b, es.sequence_parallel, es.ep)], es, net, consts, peak, hbm
                 )
         row["expert_feasible"] = es is not None
         row["expert_reason"] = ereason

@@ -7,13 +7,14 @@ the tensors crossing each layer boundary).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from phaze.errors import PhazeError
 from phaze.trace.models import ModelSpec
+from phaze.trace.moe_layer import EXPERT_ATTR, EXPERT_PARAM, ROLE_ATTR, apply_moe
 from phaze.trace.recorder import RawOp, Recorder, tensor_bytes
 from phaze.trace.tensor_parallel import apply_tensor_parallel, apply_vocab_parallel
 
@@ -30,6 +31,7 @@ class Capture:
     input_bytes: dict[str, int]  # what enters each layer (the recompute stash)
     output_bytes: dict[str, int]  # what leaves each layer for the next one
     collapsed_views: int = 0  # view/reshape operators folded into edges
+    expert_param_bytes: dict[str, int] = field(default_factory=dict)  # of param_bytes: experts'
 
 
 def find_blocks(model: nn.Module, num_blocks: int) -> nn.ModuleList:
@@ -52,11 +54,23 @@ def find_blocks(model: nn.Module, num_blocks: int) -> nn.ModuleList:
     return best
 
 
-def build_model(spec: ModelSpec, num_blocks: int, tp: int = 1, seq: int | None = None):
+def build_model(
+    spec: ModelSpec,
+    num_blocks: int,
+    tp: int = 1,
+    seq: int | None = None,
+    moe_imbalance: float = 1.0,
+    ep: int = 1,
+):
     """The model with ``num_blocks`` blocks on the meta device, train mode, rewritten to one
-    rank's share of width-``tp`` tensor parallelism (blocks, word embedding and LM head).
-    Returns (model, blocks)."""
+    rank's share of width-``tp`` tensor parallelism (blocks, word embedding and LM head); a
+    mixture-of-experts model gets phaze's MoE layer in every block, with the rank's share of
+    expert parallelism of size ``ep``, routing its tokens by the stated distribution with
+    ``moe_imbalance`` (phaze.trace.moe). Returns (model, blocks)."""
     spec.check_tp(tp)
+    spec.check_ep(ep)
+    if spec.moe is not None:
+        spec.moe.check_imbalance(moe_imbalance, spec.name)
     config = spec.hf_config(num_blocks, seq)
     cls = spec.model_class()
     try:
@@ -69,6 +83,8 @@ def build_model(spec: ModelSpec, num_blocks: int, tp: int = 1, seq: int | None =
     model.train()  # the training graph: dropout as configured (see docs/trace.md)
     blocks = find_blocks(model, num_blocks)
     for block in blocks:
+        if spec.moe is not None:
+            apply_moe(block, spec.moe, spec.hidden, tp, moe_imbalance, spec.name, ep)
         apply_tensor_parallel(block, spec.family, tp)
     apply_vocab_parallel(model, tp)
     return model, blocks
@@ -98,8 +114,16 @@ def _hidden(args, kwargs, output=None):
     return kwargs.get("hidden_states")
 
 
-def capture(spec: ModelSpec, num_blocks: int, microbatch: int, seq: int, tp: int) -> Capture:
-    model, blocks = build_model(spec, num_blocks, tp, seq)
+def capture(
+    spec: ModelSpec,
+    num_blocks: int,
+    microbatch: int,
+    seq: int,
+    tp: int,
+    moe_imbalance: float = 1.0,
+    ep: int = 1,
+) -> Capture:
+    model, blocks = build_model(spec, num_blocks, tp, seq, moe_imbalance, ep)
     params = dict(model.named_parameters())  # de-duplicates tied weights
     recorder = Recorder(params, seq=seq)
     names = ["embedding"] + [f"block.{i}" for i in range(num_blocks)] + ["head"]
@@ -131,6 +155,19 @@ def capture(spec: ModelSpec, num_blocks: int, microbatch: int, seq: int, tp: int
     for i, block in enumerate(blocks):
         handles.append(block.register_forward_pre_hook(pre_hook(i), with_kwargs=True))
         handles.append(block.register_forward_hook(post_hook(i), with_kwargs=True))
+    # MoE roles (phaze.trace.moe_layer): entered before any other pre-hook of the module runs
+    # (a tensor-parallel f registered on it belongs to the role), left after its output
+    for module in model.modules():
+        role = getattr(module, ROLE_ATTR, None)
+        if role is None:
+            continue
+        expert = getattr(module, EXPERT_ATTR, -1)
+        handles.append(
+            module.register_forward_pre_hook(
+                lambda m, a, r=role, e=expert: recorder.enter_moe(r, e), prepend=True
+            )
+        )
+        handles.append(module.register_forward_hook(lambda m, a, o: recorder.exit_moe()))
     inputs = model_inputs(spec, microbatch, seq)
     try:
         with (
@@ -165,6 +202,7 @@ def capture(spec: ModelSpec, num_blocks: int, microbatch: int, seq: int, tp: int
     output_bytes["head"] = 0
     param_bytes = {n: 0 for n in names}
     tied_param_bytes = {n: 0 for n in names}
+    expert_param_bytes = {n: 0 for n in names}
     unused = []
     for pname, p in params.items():
         layer = recorder.param_layer.get(pname)
@@ -172,6 +210,8 @@ def capture(spec: ModelSpec, num_blocks: int, microbatch: int, seq: int, tp: int
             unused.append(pname)
             continue
         param_bytes[layer] += tensor_bytes(p)
+        if getattr(p, EXPERT_PARAM, False):
+            expert_param_bytes[layer] += tensor_bytes(p)
         for user in recorder.param_users[pname] - {layer}:
             tied_param_bytes[user] += tensor_bytes(p)
     if unused:
@@ -187,4 +227,5 @@ def capture(spec: ModelSpec, num_blocks: int, microbatch: int, seq: int, tp: int
         input_bytes,
         output_bytes,
         recorder.collapsed_views,
+        expert_param_bytes,
     )

@@ -18,6 +18,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--microbatch", type=int, required=True, help="microbatch size b")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel width tp (1, 2, 4, 8)")
     parser.add_argument(
+        "--ep",
+        type=int,
+        default=1,
+        help="expert-parallel size ep (a mixture-of-experts model: the rank holds E/ep experts)",
+    )
+    parser.add_argument(
         "--seq",
         type=int,
         help="sequence length (default: config trace.seq[model], else the model's)",
@@ -42,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
     trace_cfg = load_config(args.config)["trace"]
     spec = get_model_spec(args.model)
     spec.check_tp(args.tp)  # fail fast, before importing torch
+    spec.check_ep(args.ep)
+    if spec.moe is not None:
+        spec.moe.check_imbalance(trace_cfg["moe_imbalance"], spec.name)
     seq = args.seq or trace_cfg["seq"].get(args.model) or spec.seq
 
     from phaze.trace.tracer import trace_model
@@ -54,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
         seq=seq,
         fuse=trace_cfg["fuse"],
         verify=not args.no_verify,
+        moe_imbalance=trace_cfg["moe_imbalance"],
+        ep=args.ep,
     )
     write_trace(trace, Path(args.out), spec)
     return 0

@@ -3,7 +3,8 @@
 Per (layer, pass): operators get ids 0..n-1 in execution order; an edge joins a producer and a
 consumer in the same layer and pass (tensors from other layers or from the forward pass are the
 layer's inputs, not edges). Classification: ``matmul`` (ops torch.utils.flop_counter counts),
-``collective`` (phaze::all_reduce), ``nop`` (allocation only), ``vector`` (everything else).
+``collective`` (phaze::all_reduce, phaze::all_to_all), ``nop`` (allocation only), ``vector``
+(everything else).
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ from collections import defaultdict
 
 import pandas as pd
 
-from phaze.trace.recorder import NOP_OPS, RawOp
+from phaze.trace.recorder import COLLECTIVE_OPS, NOP_OPS, RawOp
 
-ALL_REDUCE = "phaze.all_reduce.default"
 OP_COLUMNS = [
     "layer",
     "pass",
@@ -40,12 +40,17 @@ OP_COLUMNS = [
     "out_shapes",
     "attention",
     "replicated",
+    "moe_role",
+    "expert",
 ]
+#: the mixture-of-experts columns: in a layer's signature only when the layer has a MoE op, so a
+#: dense layer's signature is what it was before they existed
+MOE_COLUMNS = ("moe_role", "expert")
 EDGE_COLUMNS = ["layer", "pass", "src", "dst", "bytes"]
 
 
 def classify(op: RawOp) -> str:
-    if op.aten == ALL_REDUCE:
+    if op.aten in COLLECTIVE_OPS:
         return "collective"
     if op.flops > 0 or op.mnkb != (0, 0, 0, 0):
         return "matmul"
@@ -90,12 +95,14 @@ def op_graph_rows(ops: list[RawOp], layer: str, fuse: bool) -> tuple[list[dict],
                     "weight_bytes": sum(x.bytes for x in o.inputs if x.param is not None),
                     "fused_into": -1,
                     "core": "tc" if kind == "matmul" else "vc",
-                    "collective": "all_reduce" if kind == "collective" else "",
+                    "collective": COLLECTIVE_OPS.get(o.aten, ""),
                     "group_size": o.group_size,
                     "in_shapes": _shapes(x.shape for x in o.inputs),
                     "out_shapes": _shapes(o.out_shapes),
                     "attention": o.attention,
                     "replicated": o.replicated,
+                    "moe_role": o.moe_role,
+                    "expert": o.expert,
                     "_pointwise": o.pointwise,
                 }
             )
@@ -136,8 +143,10 @@ def _fuse(rows: list[dict], edges: dict[tuple[int, int], int]) -> None:
 def signature(op_rows: list[dict], edge_rows: list[dict], extra: dict | None = None) -> str:
     """Hash of a layer's op graph: every column except the layer name, plus the edges. Shapes are
     included, so the same block at another t or microbatch gets another signature."""
+    moe = any(r["moe_role"] for r in op_rows)
+    columns = [c for c in OP_COLUMNS if c != "layer" and (moe or c not in MOE_COLUMNS)]
     payload = {
-        "ops": [[r[c] for c in OP_COLUMNS if c != "layer"] for r in op_rows],
+        "ops": [[r[c] for c in columns] for r in op_rows],
         "edges": [[r[c] for c in EDGE_COLUMNS if c != "layer"] for r in edge_rows],
         "extra": extra or {},
     }

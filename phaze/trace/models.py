@@ -1,4 +1,5 @@
-"""The model registry: the paper's eight workloads by name, or any Hugging Face ``config.json``.
+"""The model registry: the paper's eight workloads and today's GQA and MoE models by name, or any
+Hugging Face ``config.json``.
 
 A :class:`ModelSpec` is plain data (sizes, valid tensor-parallel widths) so the CLI and the
 Snakefile can use it without importing torch; ``spec.hf_config(num_blocks)`` and
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from phaze.errors import PhazeError
 from phaze.io import checks
+from phaze.trace.moe import MoESpec, moe_layout
 
 # Tensor-parallel widths the workflow considers (Megatron within a node).
 TP_CANDIDATES = (1, 2, 4, 8)
@@ -27,6 +29,10 @@ FAMILIES: dict[str, dict] = {
     "gpt2": {"config": "GPT2Config", "model": "GPT2LMHeadModel"},
     "opt": {"config": "OPTConfig", "model": "OPTForCausalLM"},
     "llama": {"config": "LlamaConfig", "model": "LlamaForCausalLM"},
+    # mixture-of-experts families: attention as Llama's, the MoE layer phaze's own
+    # (phaze/trace/moe_layer.py)
+    "mixtral": {"config": "MixtralConfig", "model": "MixtralForCausalLM"},
+    "qwen2_moe": {"config": "Qwen2MoeConfig", "model": "Qwen2MoeForCausalLM"},
 }
 # HF `model_type` -> our family (whose tensor-parallel rules apply: same module names)
 MODEL_TYPES = {
@@ -37,6 +43,8 @@ MODEL_TYPES = {
     "llama": "llama",
     "mistral": "llama",
     "qwen2": "llama",
+    "mixtral": "mixtral",
+    "qwen2_moe": "qwen2_moe",
 }
 
 
@@ -53,18 +61,55 @@ class ModelSpec:
     kv_heads: int
     config_kwargs: dict = field(default_factory=dict, hash=False, compare=False)
     config_path: str | None = None
+    moe: MoESpec | None = None  # the mixture-of-experts layer of every block (ffn = an expert's)
+
+    def __post_init__(self) -> None:
+        # Grouped-query attention: every key/value head serves heads/kv_heads query heads.
+        if self.kv_heads < 1 or self.heads % self.kv_heads:
+            raise PhazeError(
+                f"{self.name}: num_key_value_heads = {self.kv_heads} must divide "
+                f"num_attention_heads = {self.heads} (grouped-query attention: each key/value "
+                "head serves a whole group of query heads)"
+            )
+
+    def _widths(self) -> list[tuple[int, str]]:
+        """What tensor parallelism slices, with how the error names it."""
+        widths = [(self.heads, f"its {self.heads} attention heads")]
+        if self.kv_heads != self.heads:
+            widths.append((self.kv_heads, f"its {self.kv_heads} key/value heads"))
+        if self.moe is None:
+            widths.append((self.ffn, f"its FFN width {self.ffn}"))
+        else:
+            widths.append((self.ffn, f"its expert FFN width {self.ffn}"))
+            if self.moe.shared_ffn:
+                widths.append(
+                    (self.moe.shared_ffn, f"its shared-expert FFN width {self.moe.shared_ffn}")
+                )
+        return widths
 
     @property
     def valid_tp(self) -> tuple[int, ...]:
-        """Powers of two <= 8 that divide the head count (and the FFN width and key/value heads,
-        which Megatron slices the same way); only 1 for architectures we cannot slice."""
+        """Powers of two <= 8 that divide the head count, the key/value heads (Megatron-LM
+        requires ``num_query_groups % tensor_model_parallel_size == 0``: each rank holds whole
+        key/value heads) and the FFN widths (an expert's and the shared expert's: Megatron's
+        expert tensor parallelism slices each expert like a dense MLP); only 1 for architectures
+        we cannot slice."""
         if self.family not in FAMILIES:
             return (1,)
-        return tuple(
-            t
-            for t in TP_CANDIDATES
-            if self.heads % t == 0 and self.ffn % t == 0 and self.kv_heads % t == 0
-        )
+        return tuple(t for t in TP_CANDIDATES if all(n % t == 0 for n, _ in self._widths()))
+
+    def check_ep(self, ep: int) -> None:
+        """Expert parallelism needs routed experts, and ep must divide their count."""
+        if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1:
+            raise PhazeError(f"the expert-parallel size ep must be an integer >= 1 (got {ep!r})")
+        if self.moe is None:
+            if ep != 1:
+                raise PhazeError(
+                    f"{self.name}: expert parallelism (ep = {ep}) needs a mixture-of-experts "
+                    "model; this one is dense (ep = 1)"
+                )
+            return
+        self.moe.check_ep(ep, self.name)
 
     def check_tp(self, tp: int) -> None:
         if tp in self.valid_tp:
@@ -79,13 +124,7 @@ class ModelSpec:
                 f"{self.name}: tensor-parallel slicing of model_type "
                 f"{self.family.removeprefix('hf:')!r} is not supported; only t=1"
             )
-        reasons = []
-        if self.heads % tp:
-            reasons.append(f"its {self.heads} attention heads")
-        if self.kv_heads % tp and self.kv_heads != self.heads:
-            reasons.append(f"its {self.kv_heads} key/value heads")
-        if self.ffn % tp:
-            reasons.append(f"its FFN width {self.ffn}")
+        reasons = [why for n, why in self._widths() if n % tp]
         raise PhazeError(
             f"tensor-parallel width t={tp} must divide {' and '.join(reasons)} "
             f"for {self.name} (valid t: {list(self.valid_tp)})"
@@ -107,6 +146,10 @@ class ModelSpec:
         config.num_hidden_layers = num_blocks if num_blocks is not None else self.num_blocks
         # Training graph: no KV cache (its concatenations are inference work).
         config.use_cache = False
+        if self.moe is not None:
+            # the MoE layer computes its own auxiliary loss per block (phaze/trace/moe_layer.py),
+            # as Megatron does; HF's would run once over all blocks' router logits in the head
+            config.output_router_logits = False
         # Explicit matmul/softmax/dropout ops: SDPA on the meta device lowers to a math fallback
         # whose op mix depends on the backend, and the scheduler wants the attention ops anyway.
         config._attn_implementation = "eager"
@@ -198,6 +241,97 @@ def _bert_style(name, family) -> ModelSpec:
     return ModelSpec(name, family, 24, 1024, 16, 4096, 30522, 512, 16, kwargs)
 
 
+def _spec_from_config_dict(name: str, seq: int, raw: dict) -> ModelSpec:
+    """A registry model written as its Hugging Face ``config.json`` (``raw``, with
+    ``model_type``): sizes read from the config's own keys, the MoE layer by ``moe_layout``."""
+    moe = moe_layout(raw, name)
+    heads = raw["num_attention_heads"]
+    kwargs = {k: v for k, v in raw.items() if k != "model_type"}
+    return ModelSpec(
+        name,
+        MODEL_TYPES[raw["model_type"]],
+        raw["num_hidden_layers"],
+        raw["hidden_size"],
+        heads,
+        moe.expert_ffn if moe else raw["intermediate_size"],
+        raw["vocab_size"],
+        seq,
+        raw.get("num_key_value_heads", heads),
+        kwargs,
+        moe=moe,
+    )
+
+
+# Today's workloads, each a public config.json's fields (model type, sizes, the fields that change
+# the graph); docs/trace.md names the sources. seq = the length each was trained at.
+_LLAMA3_COMMON = {
+    "model_type": "llama",
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+}
+LLAMA3_8B = {
+    **_LLAMA3_COMMON,
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "intermediate_size": 14336,
+}
+LLAMA3_70B = {
+    **_LLAMA3_COMMON,
+    "hidden_size": 8192,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "intermediate_size": 28672,
+}
+MIXTRAL_8X7B = {
+    "model_type": "mixtral",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "vocab_size": 32000,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "sliding_window": None,
+    "router_aux_loss_coef": 0.02,
+    "router_jitter_noise": 0.0,
+    "tie_word_embeddings": False,
+}
+QWEN15_MOE_A27B = {
+    "model_type": "qwen2_moe",
+    "hidden_size": 2048,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "intermediate_size": 5632,
+    "moe_intermediate_size": 1408,
+    "shared_expert_intermediate_size": 5632,
+    "num_experts": 60,
+    "num_experts_per_tok": 4,
+    "norm_topk_prob": False,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "vocab_size": 151936,
+    "max_position_embeddings": 8192,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "qkv_bias": True,
+    "use_sliding_window": False,
+    "router_aux_loss_coef": 0.001,
+    "tie_word_embeddings": False,
+}
+
 _REGISTRY: dict[str, ModelSpec] = {
     s.name: s
     for s in (
@@ -254,6 +388,10 @@ _REGISTRY: dict[str, ModelSpec] = {
         _gpt2_style("megatron-gpt-2.5b", 54, 1920, 20, 7680, 1024),
         _gpt2_style("megatron-gpt-8.3b", 72, 3072, 24, 12288, 1024),
         _gpt2_style("gpt3-175b", 96, 12288, 96, 49152, 2048),
+        _spec_from_config_dict("llama3-8b", 8192, LLAMA3_8B),
+        _spec_from_config_dict("llama3-70b", 8192, LLAMA3_70B),
+        _spec_from_config_dict("mixtral-8x7b", 4096, MIXTRAL_8X7B),
+        _spec_from_config_dict("qwen1.5-moe-a2.7b", 8192, QWEN15_MOE_A27B),
     )
 }
 
@@ -317,9 +455,12 @@ def _spec_from_path(path: Path) -> ModelSpec:
             raise PhazeError(f"{path}: cannot find any of {keys} in the config")
         return default
 
+    moe = moe_layout(config.to_dict(), str(path))
     hidden = first("hidden_size", "n_embd", "d_model")
     heads = first("num_attention_heads", "n_head")
     ffn = first("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)
+    if moe is not None:
+        ffn = moe.expert_ffn
     seq = first("max_position_embeddings", "n_positions", default=2048)
     kv_heads = first("num_key_value_heads", default=heads)
     family = MODEL_TYPES.get(config.model_type, f"hf:{config.model_type}")
@@ -335,4 +476,5 @@ def _spec_from_path(path: Path) -> ModelSpec:
         seq=seq,
         kv_heads=kv_heads,
         config_path=str(path.resolve()),
+        moe=moe,
     )

@@ -11,7 +11,9 @@ they alias, so consumers get an edge straight to the real producer.
 
 Layer attribution: forward ops take the layer the module hooks say is running; backward ops take
 the layer whose forward created the autograd node being executed (autograd sequence numbers are
-assigned in forward order, so the layer boundaries recorded in forward are ranges of them).
+assigned in forward order, so the layer boundaries recorded in forward are ranges of them). The
+role of an op in a mixture-of-experts layer (router, dispatch, expert e, ...: phaze.trace.
+moe_layer) is attributed the same way, from the hooks of the layer's modules.
 
 Two flags per tensor, by data flow (what sequence parallelism and selective recomputation need):
 
@@ -39,7 +41,11 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakIdKeyDictionary
 
+from phaze.trace.moe_layer import ALL_TO_ALL_OP
 from phaze.trace.tensor_parallel import ALL_REDUCE_OP, SLICED
+
+#: phaze's collective custom ops -> the ``collective`` column's name for them
+COLLECTIVE_OPS = {ALL_REDUCE_OP: "all_reduce", ALL_TO_ALL_OP: "all_to_all"}
 
 # Training precision: bf16/fp16 activations and weights.
 FLOAT_BYTES = 2
@@ -96,6 +102,8 @@ class RawOp:
     group_size: int
     attention: bool = False  # part of core attention (forward)
     replicated: bool = False  # outside the tensor-parallel region (t > 1)
+    moe_role: str = ""  # role in a mixture-of-experts layer ("" outside one)
+    expert: int = -1  # routed expert whose op this is (moe_role "expert"), else -1
 
 
 @dataclass(eq=False)  # identity semantics: a mode must stay hashable
@@ -128,29 +136,50 @@ class Recorder(TorchDispatchMode):
                 self._sliced.add(name)
         self.tensor_parallel = bool(self._sliced)
         self._marks_seq: list[int] = []
-        self._marks_layer: list[str] = []
-        self._last_bwd_layer = "head"
+        self._marks_layer: list[tuple[str, str, int]] = []  # (layer, MoE role, expert)
+        self._roles: list[tuple[str, int]] = []  # the enclosing MoE roles (a stack)
+        self.moe_role, self.expert = "", -1
+        self.param_role: dict = {}  # parameter name -> (MoE role, expert) of its first use
+        self._last_bwd = ("head", "", -1)
         self.enter_layer("embedding")
 
     # --- layer attribution -----------------------------------------------------------------
+    def _mark(self) -> None:
+        self._marks_seq.append(torch._C._autograd._get_sequence_nr())
+        self._marks_layer.append((self.layer, self.moe_role, self.expert))
+
     def enter_layer(self, name: str) -> None:
         """Called by module hooks in forward: ops from now on (and their backward) are ``name``'s."""
         self.layer = name
-        self._marks_seq.append(torch._C._autograd._get_sequence_nr())
-        self._marks_layer.append(name)
+        self._roles.clear()
+        self.moe_role, self.expert = "", -1
+        self._mark()
 
-    def _backward_layer(self) -> str:
+    def enter_moe(self, role: str, expert: int = -1) -> None:
+        """A MoE module starts (forward): its ops (and their backward) get ``role``, ``expert``."""
+        self._roles.append((self.moe_role, self.expert))
+        self.moe_role, self.expert = role, expert
+        self._mark()
+
+    def exit_moe(self) -> None:
+        self.moe_role, self.expert = self._roles.pop()
+        self._mark()
+
+    def _backward_place(self) -> tuple[str, str, int]:
+        """(layer, MoE role, expert) of the backward op running now."""
         node = torch._C._current_autograd_node()
         if node is None:  # e.g. the loss gradient seed, created before the engine runs
-            return self._last_bwd_layer
+            return self._last_bwd
         seq = node._sequence_nr()
         if seq == _NO_SEQ:
             variable = getattr(node, "variable", None)
             name = self._param_name.get(variable) if variable is not None else None
-            return self.param_layer.get(name, self._last_bwd_layer)
+            if name in self.param_layer:
+                return (self.param_layer[name], *self.param_role[name])
+            return self._last_bwd
         i = bisect.bisect_right(self._marks_seq, seq) - 1
-        self._last_bwd_layer = self._marks_layer[max(i, 0)]
-        return self._last_bwd_layer
+        self._last_bwd = self._marks_layer[max(i, 0)]
+        return self._last_bwd
 
     # --- saved activations (forward) --------------------------------------------------------
     def pack_hook(self, t: torch.Tensor):
@@ -199,13 +228,17 @@ class Recorder(TorchDispatchMode):
             self.collapsed_views += 1
             return out
 
-        layer = self.layer if self.pass_ == "fwd" else self._backward_layer()
+        if self.pass_ == "fwd":
+            layer, moe_role, expert = self.layer, self.moe_role, self.expert
+        else:
+            layer, moe_role, expert = self._backward_place()
         index = len(self.ops)
         inputs = []
         for t in flat_in:
             src, param = self._origin.get(t, (-1, None))
             if param is not None:
                 self.param_layer.setdefault(param, layer)
+                self.param_role.setdefault(param, (moe_role, expert))
                 self.param_users.setdefault(param, set()).add(layer)
             inputs.append(RawInput(src, param, tuple(t.shape), tensor_bytes(t)))
         flops = 0.0
@@ -217,7 +250,7 @@ class Recorder(TorchDispatchMode):
             batch = a.shape[0] if a.dim() == 3 else 1
             mnkb = (a.shape[-2], b.shape[-1], a.shape[-1], batch)
         group_size = 1
-        if name == ALL_REDUCE_OP:
+        if name in COLLECTIVE_OPS:
             group_size = int(args[1] if len(args) > 1 else kwargs["group_size"])
         activations = [t for t in flat_in if self._origin.get(t, (-1, None))[1] is None]
         region = name != ALL_REDUCE_OP and (
@@ -247,6 +280,8 @@ class Recorder(TorchDispatchMode):
                 group_size=group_size,
                 attention=self.pass_ == "fwd" and (makes_attention or reads_attention),
                 replicated=self.tensor_parallel and not region,
+                moe_role=moe_role,
+                expert=expert,
             )
         )
         for o in flat_out:

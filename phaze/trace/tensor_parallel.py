@@ -112,6 +112,24 @@ TP_RULES: dict[str, dict[str, list[str]]] = {
     },
 }
 TP_RULES["megatron-bert"] = TP_RULES["bert"]
+# Mixture-of-experts blocks: attention as Llama's (grouped-query heads sliced with the query
+# heads); the routed experts are sliced by phaze.trace.moe_layer itself (Megatron's expert tensor
+# parallelism: each expert's FFN like a dense MLP); Qwen2-MoE's shared expert is a dense MLP with
+# its own f and g, as Megatron's SharedExpertMLP (its sigmoid gate stays replicated).
+_ATTENTION_ONLY = {
+    "group_inputs": ["self_attn"],
+    "column": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+    "row": ["self_attn.o_proj"],
+    "attention": ["self_attn"],
+}
+TP_RULES["mixtral"] = _ATTENTION_ONLY
+_SHARED = "mlp.shared_expert.mlp"
+TP_RULES["qwen2_moe"] = {
+    "group_inputs": [*_ATTENTION_ONLY["group_inputs"], _SHARED],
+    "column": [*_ATTENTION_ONLY["column"], f"{_SHARED}.gate_proj", f"{_SHARED}.up_proj"],
+    "row": [*_ATTENTION_ONLY["row"], f"{_SHARED}.down_proj"],
+    "attention": ["self_attn"],
+}
 
 # Attention attributes that count heads or per-rank widths (divided by t when present).
 _HEAD_ATTRS = (
@@ -251,5 +269,8 @@ def apply_vocab_parallel(model: nn.Module, t: int) -> None:
         head.out_features = rows
         model.set_output_embeddings(head)  # BERT: also re-points predictions.bias
         head.register_forward_pre_hook(_group_input_hook(t), with_kwargs=True)
-    # HF's losses view the logits as (-1, config.vocab_size): each rank's loss sees its rows.
+    # HF's losses view the logits as (-1, config.vocab_size) — the MoE causal LMs pass their own
+    # copy, model.vocab_size: each rank's loss sees its rows.
     model.config.vocab_size = rows
+    if isinstance(getattr(model, "vocab_size", None), int):
+        model.vocab_size = rows

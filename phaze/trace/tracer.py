@@ -7,6 +7,7 @@ op graph, parameters and activation bytes) instead of assuming it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pandas as pd
@@ -15,6 +16,7 @@ from phaze.errors import PhazeError
 from phaze.trace.capture import Capture, capture
 from phaze.trace.graph import op_graph_rows, signature, to_frames
 from phaze.trace.models import ModelSpec
+from phaze.trace.moe import rank_tokens_per_expert
 
 
 @dataclass
@@ -24,6 +26,7 @@ class Trace:
     layers: pd.DataFrame
     recorded_ops: int = 0  # operators the one-block trace recorded (views excluded)
     collapsed_views: int = 0  # view/reshape operators it folded into edges
+    moe: dict | None = None  # the MoE layer and its stated token distribution (trace.json)
 
 
 def _layer_kind(name: str) -> str:
@@ -52,6 +55,7 @@ def _block_facts(cap: Capture, graphs, name: str) -> tuple:
         cap.input_bytes[name],
         cap.output_bytes[name],
         cap.tied_param_bytes[name],
+        cap.expert_param_bytes[name],
     )
 
 
@@ -62,18 +66,25 @@ def trace_model(
     seq: int | None = None,
     fuse: bool = True,
     verify: bool = True,
+    moe_imbalance: float = 1.0,
+    ep: int = 1,
 ) -> Trace:
+    """One configuration's trace (one rank's); ``moe_imbalance`` is the stated token
+    distribution's factor for a mixture-of-experts model (phaze.trace.moe.tokens_per_expert;
+    ignored by dense models) and ``ep`` its expert-parallel size (1 for a dense model)."""
     if microbatch < 1:
         raise PhazeError(f"microbatch must be >= 1 (got {microbatch})")
     seq = seq or spec.seq
     if seq < 2:
         raise PhazeError(f"sequence length must be >= 2 (got {seq})")
     spec.check_tp(tp)
-
-    cap = capture(spec, 1, microbatch, seq, tp)
+    spec.check_ep(ep)
+    if spec.moe is not None:
+        spec.moe.check_imbalance(moe_imbalance, spec.name)
+    cap = capture(spec, 1, microbatch, seq, tp, moe_imbalance, ep)
     graphs = _graphs(cap, fuse)
     if verify:
-        cap2 = capture(spec, 2, microbatch, seq, tp)
+        cap2 = capture(spec, 2, microbatch, seq, tp, moe_imbalance, ep)
         graphs2 = _graphs(cap2, fuse)
         reference = _block_facts(cap, graphs, "block.0")
         for name in ("block.0", "block.1"):
@@ -81,7 +92,8 @@ def trace_model(
             if got != reference:
                 raise PhazeError(
                     f"{spec.name}: {name} of a 2-block trace differs from the 1-block trace "
-                    f"(signature; param, activation, attention, replicated, input, output, tied bytes: {got} vs {reference}); "
+                    "(signature; param, activation, attention, replicated, input, output, tied, "
+                    f"expert param bytes: {got} vs {reference}); "
                     "its blocks are not identical, so replicating one block would be wrong"
                 )
 
@@ -95,11 +107,23 @@ def trace_model(
         op_rows += rows
         edge_rows += erows
     ops, edges = to_frames(op_rows, edge_rows)
-    layers = _layers_table(spec, cap, graphs, microbatch, seq, tp)
-    return Trace(ops, edges, layers, len(cap.ops), cap.collapsed_views)
+    layers = _layers_table(spec, cap, graphs, microbatch, seq, tp, ep)
+    moe = None
+    if spec.moe is not None:
+        moe = {
+            **dataclasses.asdict(spec.moe),
+            "imbalance": float(moe_imbalance),
+            "ep": ep,
+            # token rows of each of the rank's routed experts per block and microbatch (expert 0
+            # the busiest): the m of its GEMMs
+            "tokens_per_expert": rank_tokens_per_expert(
+                microbatch * seq, spec.moe.experts, spec.moe.top_k, moe_imbalance, ep
+            ),
+        }
+    return Trace(ops, edges, layers, len(cap.ops), cap.collapsed_views, moe)
 
 
-def _layers_table(spec, cap: Capture, graphs, microbatch, seq, tp) -> pd.DataFrame:
+def _layers_table(spec, cap: Capture, graphs, microbatch, seq, tp, ep) -> pd.DataFrame:
     def flops(name, pass_, matmul_only=False):
         return float(
             sum(
@@ -124,6 +148,13 @@ def _layers_table(spec, cap: Capture, graphs, microbatch, seq, tp) -> pd.DataFra
                 # the layer that uses them first; a pipeline stage holding this layer WITHOUT that
                 # one needs its own copy (as Megatron keeps on the last stage)
                 "tied_param_bytes": cap.tied_param_bytes[src],
+                # of param_bytes, the routed experts' weights (what expert parallelism divides
+                # by its size; the router, shared expert and attention are not divided)
+                "expert_param_bytes": cap.expert_param_bytes[src],
+                # routed experts in the layer (0: dense)
+                "experts": spec.moe.experts if spec.moe is not None and kind == "block" else 0,
+                # the expert-parallel size the trace is one rank of
+                "ep": ep,
                 "activation_bytes": cap.activation_bytes[src],
                 # of which core attention saves (what selective recomputation drops) and what
                 # lies outside the tensor-parallel region (what sequence parallelism splits; t > 1)

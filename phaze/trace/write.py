@@ -30,6 +30,8 @@ def write_trace(trace, out_dir: Path, spec: ModelSpec) -> None:
             "heads": spec.heads,
             "ffn": spec.ffn,
             "vocab": spec.vocab,
+            "kv_heads": spec.kv_heads,
+            "moe": trace.moe,
             "microbatch": int(first["microbatch"]),
             "seq_len": int(first["seq_len"]),
             "tp": int(first["tp"]),
