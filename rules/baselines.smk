@@ -12,9 +12,9 @@ rule estimate_space:
     output:
         f"{ESTIMATE}/space.parquet",
     log:
-        f"{LOGS}/estimate/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/space.log",
+        f"{LOGS}/estimate/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/space.log",
     benchmark:
-        f"{BENCH}/estimate/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/space.tsv"
+        f"{BENCH}/estimate/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/space.tsv"
     conda:
         "../environment.yml"
     params:
@@ -55,9 +55,9 @@ rule estimate_blind:
     output:
         f"{ESTIMATE}/blind.parquet",
     log:
-        f"{LOGS}/estimate/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/blind.log",
+        f"{LOGS}/estimate/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/blind.log",
     benchmark:
-        f"{BENCH}/estimate/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/blind.tsv"
+        f"{BENCH}/estimate/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/blind.tsv"
     conda:
         "../environment.yml"
     params:
@@ -81,9 +81,9 @@ rule schedule_blind:
     output:
         f"{SCHED}/blind.parquet",
     log:
-        f"{LOGS}/schedule/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/blind.log",
+        f"{LOGS}/schedule/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/blind.log",
     benchmark:
-        f"{BENCH}/schedule/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/blind.tsv"
+        f"{BENCH}/schedule/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/blind.tsv"
     conda:
         "../environment.yml"
     params:

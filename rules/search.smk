@@ -118,9 +118,9 @@ rule estimate_round:
     output:
         f"{ESTIMATE}/r{{round}}_c{{chunk}}.parquet",
     log:
-        f"{LOGS}/estimate/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/r{{round}}_c{{chunk}}.log",
+        f"{LOGS}/estimate/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/r{{round}}_c{{chunk}}.log",
     benchmark:
-        f"{BENCH}/estimate/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/r{{round}}_c{{chunk}}.tsv"
+        f"{BENCH}/estimate/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/r{{round}}_c{{chunk}}.tsv"
     conda:
         "../environment.yml"
     resources:
@@ -147,9 +147,9 @@ rule schedule_bounds:
     output:
         f"{SCHED}/bounds/r{{round}}_c{{chunk}}.parquet",
     log:
-        f"{LOGS}/schedule/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/bounds/r{{round}}_c{{chunk}}.log",
+        f"{LOGS}/schedule/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/bounds/r{{round}}_c{{chunk}}.log",
     benchmark:
-        f"{BENCH}/schedule/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/bounds/r{{round}}_c{{chunk}}.tsv"
+        f"{BENCH}/schedule/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/bounds/r{{round}}_c{{chunk}}.tsv"
     conda:
         "../environment.yml"
     params:
@@ -220,9 +220,9 @@ rule schedule_ilp:
     output:
         f"{SCHED}/{{stage}}/r{{round}}_c{{chunk}}.parquet",
     log:
-        f"{LOGS}/schedule/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/{{stage}}/r{{round}}_c{{chunk}}.log",
+        f"{LOGS}/schedule/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/{{stage}}/r{{round}}_c{{chunk}}.log",
     benchmark:
-        f"{BENCH}/schedule/{{model}}/b{{mbs}}_s{{seq}}_tp{{tp}}/{{stage}}/r{{round}}_c{{chunk}}.tsv"
+        f"{BENCH}/schedule/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/{{stage}}/r{{round}}_c{{chunk}}.tsv"
     conda:
         "../environment.yml"
     params:

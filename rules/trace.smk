@@ -1,19 +1,20 @@
-# Stage 1: trace. One job per model x microbatch x tensor-parallel width (x sequence length).
+# Stage 1: trace. One job per model x microbatch x shard (tensor-parallel width, and for a
+# mixture-of-experts model expert-parallel size: tp2, tp2_ep4) x sequence length.
 
 
 rule trace:
     input:
         W.trace_config_inputs,
     output:
-        ops="results/trace/{model}/b{mbs}_s{seq}_tp{tp}/ops.parquet",
-        edges="results/trace/{model}/b{mbs}_s{seq}_tp{tp}/edges.parquet",
-        layers="results/trace/{model}/b{mbs}_s{seq}_tp{tp}/layers.parquet",
+        ops="results/trace/{model}/b{mbs}_s{seq}_{shard}/ops.parquet",
+        edges="results/trace/{model}/b{mbs}_s{seq}_{shard}/edges.parquet",
+        layers="results/trace/{model}/b{mbs}_s{seq}_{shard}/layers.parquet",
     log:
-        "results/logs/trace/{model}/b{mbs}_s{seq}_tp{tp}.log",
+        "results/logs/trace/{model}/b{mbs}_s{seq}_{shard}.log",
     benchmark:
-        "results/benchmarks/trace/{model}/b{mbs}_s{seq}_tp{tp}.tsv"
+        "results/benchmarks/trace/{model}/b{mbs}_s{seq}_{shard}.tsv"
     wildcard_constraints:
-        tp=r"1|2|4|8",
+        shard=r"tp(1|2|4|8)(_ep\d+)?",
     conda:
         "../environment.yml"
     resources:
@@ -23,8 +24,9 @@ rule trace:
         code=code_version("trace"),
         cfg=W.trace_params(),
         model=W.trace_model,
+        shard=W.trace_shard_args,
         out=lambda wc, output: os.path.dirname(output.ops),
     shell:
         "python3 -m phaze trace --model {params.model:q} --microbatch {wildcards.mbs}"
-        ' --tp {wildcards.tp} --seq {wildcards.seq} --config "$PHAZE_CONFIG"'
+        ' {params.shard} --seq {wildcards.seq} --config "$PHAZE_CONFIG"'
         " --out {params.out:q} > {log:q} 2>&1"

@@ -581,3 +581,35 @@ def test_matmul_cli_errors_exit_2_with_one_line(argv, needle, capsys):
     assert main(["estimate", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("phaze estimate: error:") and needle in err[0]
+
+
+def test_expert_parallel_all_to_all_runs_on_ranks_tp_apart(cm):
+    """An all-to-all of group ep in a trace at tensor-parallel width t (the width its all-reduces
+    have) runs on ranks 0, t, 2t, ... (Megatron's tp-cp-ep-dp-pp order) and is priced at the
+    larger of what a rank sends and receives; on a two-level network of 4 devices per node,
+    ep 4 at t 2 spans two nodes where 4 consecutive ranks would not."""
+    from phaze.config import schema_defaults
+    from phaze.estimate.stage import tensor_parallel_width
+    from phaze.network import HierarchicalNetwork, LinkLevel
+
+    ops = fixture_ops()
+    coll = ops[ops.kind == "collective"].iloc[0]
+    t = int(coll.group_size)
+    assert tensor_parallel_width(ops) == t > 1
+    a2a = coll.copy()
+    a2a["op"] = int(ops["op"].max()) + 1
+    a2a["collective"], a2a["group_size"] = "all_to_all", 4
+    a2a["bytes_in"], a2a["bytes_out"] = 1.0e6, 1.5e6
+    ops = pd.concat([ops, a2a.to_frame().T.astype(ops.dtypes)], ignore_index=True)
+    assert tensor_parallel_width(ops) == t  # an all-to-all is not a tensor-parallel collective
+    net = {
+        "devices_per_node": 4,
+        "intra_node": {"bandwidth_Bps": 1e11, "latency_s": 1e-6},
+        "inter_node": {"bandwidth_Bps": 1e9, "latency_s": 1e-5},
+    }
+    place = {**schema_defaults()["place"], "network": net}
+    out = estimate(ops, small_space().iloc[:1], cm, place)
+    got = float(out.loc[out.op == a2a.op, "latency_allcores_s"].iloc[0])
+    two = HierarchicalNetwork(4, LinkLevel(1e11, 1e-6), LinkLevel(1e9, 1e-5))
+    assert got == pytest.approx(two.all_to_all(1.5e6, range(0, 4 * t, t)))
+    assert got > 2 * two.all_to_all(1.5e6, range(4))  # consecutive ranks: one node, NVLink-like

@@ -19,6 +19,7 @@ from phaze.io.manifest import write_manifest
 from phaze.search.files import load_manifest
 from phaze.workflow import Sweep, code_version, config_section
 from phaze.workflow.provenance import PACKAGE_ROOT
+from phaze.workflow.sweep import parse_shard, shard_name
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -110,22 +111,61 @@ def wc(**kw):
 def test_axes_and_paths(sweep):
     assert sweep.models == ["opt-350m", "gpt2-xl"]
     assert sweep.tps("opt-350m") == [1, 2, 4] and sweep.tps("gpt2-xl") == [1]  # 25 heads
-    assert sweep.tag("opt-350m", 2, 4) == "b2_s2048_tp4"
-    assert sweep.trace_dir("gpt2-xl", 1, 1) == "results/trace/gpt2-xl/b1_s256_tp1"
+    assert sweep.tag("opt-350m", 2, "tp4") == "b2_s2048_tp4"
+    assert sweep.trace_dir("gpt2-xl", 1, "tp1") == "results/trace/gpt2-xl/b1_s256_tp1"
+    assert sweep.shards("opt-350m") == [(1, 1), (2, 1), (4, 1)]  # dense: ep 1 only
     assert sweep.place_outputs("blind") == [
         f"results/place/{{model}}/h{h}_b{{mbs}}/blind.parquet" for h in ("32", "80.5")
     ]
-    assert sweep.trace_dir_of(wc(model="m", mbs="1", seq="8", tp="2")) == (
+    assert sweep.trace_dir_of(wc(model="m", mbs="1", seq="8", shard="tp2")) == (
         "results/trace/m/b1_s8_tp2"
     )
+    assert Sweep.trace_shard_args(wc(shard="tp2")) == "--tp 2"
+    assert Sweep.trace_shard_args(wc(shard="tp2_ep4")) == "--tp 2 --ep 4"
     assert sweep.space_bounds_file("gpt2-xl", 2) == "results/search/space/gpt2-xl/b2.parquet"
     args = build_parser().parse_args(
         ["search", "bounds", *sweep.space_bounds_args(wc(model="opt-350m", mbs="2")), "--out", "x"]
     )
-    assert args.tp == [1, 2, 4] and args.microbatch == 2
-    assert args.trace_dirs == [sweep.trace_dir("opt-350m", 2, t) for t in (1, 2, 4)]
+    assert args.tp == [1, 2, 4] and args.microbatch == 2 and args.ep is None
+    assert args.trace_dirs == [sweep.trace_dir("opt-350m", 2, f"tp{t}") for t in (1, 2, 4)]
     inputs = sweep.space_bounds_inputs(wc(model="opt-350m", mbs="2"))
     assert inputs["layers"] == [f"{d}/layers.parquet" for d in args.trace_dirs]
+
+
+def test_expert_parallel_shards(tmp_path):
+    """A mixture-of-experts model traces every trace.ep dividing its experts at every width, in
+    its own directories (tp2_ep4); the space bound and the placement read them all with --ep; a
+    dense model beside it keeps its ep-free paths and commands; no size dividing the experts is
+    an error naming the model."""
+    cfg = validate_config(
+        {
+            "models": ["mixtral-8x7b", "opt-350m"],
+            "trace": {"microbatch": [1], "tp": [1, 2], "ep": [1, 3, 4]},
+        }
+    )
+    sweep = Sweep(cfg, FakeCheckpoints(tmp_path))
+    assert sweep.eps("mixtral-8x7b") == [1, 4] and sweep.eps("opt-350m") == [1]
+    assert sweep.shard_names("mixtral-8x7b") == ["tp1", "tp1_ep4", "tp2", "tp2_ep4"]
+    assert parse_shard("tp2_ep4") == (2, 4) and parse_shard("tp8") == (8, 1)
+    assert all(parse_shard(shard_name(t, e)) == (t, e) for t in (1, 8) for e in (1, 2, 16))
+    args = build_parser().parse_args(
+        [
+            "search",
+            "bounds",
+            *sweep.space_bounds_args(wc(model="mixtral-8x7b", mbs="1")),
+            "--out",
+            "x",
+        ]
+    )
+    assert list(zip(args.tp, args.ep)) == [(1, 1), (1, 4), (2, 1), (2, 4)]
+    assert args.trace_dirs[1] == "results/trace/mixtral-8x7b/b1_s4096_tp1_ep4"
+    dense = build_parser().parse_args(
+        ["search", "bounds", *sweep.space_bounds_args(wc(model="opt-350m", mbs="1")), "--out", "x"]
+    )
+    assert dense.ep is None and dense.trace_dirs[0] == "results/trace/opt-350m/b1_s2048_tp1"
+    bad = validate_config({"models": ["mixtral-8x7b"], "trace": {"ep": [3]}})
+    with pytest.raises(PhazeError, match="mixtral-8x7b: no size of trace.ep"):
+        Sweep(bad, FakeCheckpoints(tmp_path)).shards("mixtral-8x7b")
 
 
 def test_rounds_from_the_checkpoints(sweep):
@@ -187,7 +227,7 @@ def test_manifests_list_exactly_the_jobs_inputs_with_their_metadata(sweep, tmp_p
         ("opt-350m", 2, "r1_c0.parquet"),
     ]
     assert all(
-        e["path"].startswith(sweep.schedule_dir(e["model"], e["microbatch"], e["tp"]))
+        e["path"].startswith(sweep.schedule_dir(e["model"], e["microbatch"], f"tp{e['tp']}"))
         for e in sched
     )
     assert len([e for e in sched if e["tier"] == "blind"]) == (3 + 1) * 2
@@ -297,7 +337,7 @@ def test_placement_commands_parse_and_write_the_rules_outputs(sweep, kind, names
     inputs = sweep.place_inputs(kind)(w)
     for a in args:
         assert a.stage == "place" and a.tp == [1, 2, 4] and a.microbatch == 1
-        assert a.trace_dirs == [sweep.trace_dir("opt-350m", 1, t) for t in (1, 2, 4)]
+        assert a.trace_dirs == [sweep.trace_dir("opt-350m", 1, f"tp{t}") for t in (1, 2, 4)]
         files = [f for s in a.schedules for f in s.split(",")]
         assert files == inputs["schedules"]
         assert [f"{d}/layers.parquet" for d in a.trace_dirs] == inputs["layers"]

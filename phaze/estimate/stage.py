@@ -92,6 +92,13 @@ def _unique(frame: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     return frame.drop_duplicates(keys).reset_index(drop=True), codes
 
 
+def tensor_parallel_width(ops: pd.DataFrame) -> int:
+    """The tensor-parallel width of a trace: the group of its tensor-parallel collectives (every
+    trace at tp > 1 has them: the vocab-parallel embedding's all-reduce at least), else 1."""
+    coll = ops[(ops["kind"] == "collective") & (ops["collective"].fillna("") != "all_to_all")]
+    return int(coll["group_size"].max()) if len(coll) else 1
+
+
 def _estimate_group(
     ops: pd.DataFrame, space: pd.DataFrame, cm: dict, net: Network, detail: bool = True
 ) -> dict[str, np.ndarray]:
@@ -216,13 +223,20 @@ def _estimate_group(
         c = ops.loc[is_coll]
         secs = np.zeros(len(c))
         kinds = c["collective"].fillna("all_reduce").replace("", "all_reduce")
-        for i, (name, size, group) in enumerate(zip(kinds, c["bytes_in"], c["group_size"])):
+        tp = tensor_parallel_width(ops)
+        for i, (name, size, out, group) in enumerate(
+            zip(kinds, c["bytes_in"], c["bytes_out"], c["group_size"])
+        ):
             if int(group) <= 1:
-                # one rank sends nothing: e.g. a mixture-of-experts all-to-all, traced on an
-                # expert-parallel group of 1 (the step model prices it on its own group)
-                continue
-            # the tensor-parallel group is ranks 0..g-1 (consecutive, as Megatron places them)
-            secs[i] = net.collective(str(name), float(size), range(int(group)))
+                continue  # one rank sends nothing (an expert-parallel group of 1)
+            if name == "all_to_all":
+                # the expert-parallel group: ep ranks tp apart (Megatron's tp-cp-ep-dp-pp order,
+                # docs/step.md); a rank sends and receives, the larger side decides
+                ranks, size = range(0, tp * int(group), tp), max(size, out)
+            else:
+                # the tensor-parallel group is ranks 0..g-1 (consecutive, as Megatron places them)
+                ranks = range(int(group))
+            secs[i] = net.collective(str(name), float(size), ranks)
         cols = np.flatnonzero(is_coll)
         lat_all[:, cols] = secs[None, :]
         lat_one[:, cols] = secs[None, :]

@@ -188,6 +188,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("pp", i64),
         ("tp", i64),
         ("dp", i64),
+        # expert-parallel size inside dp (1: a dense model; -1 when unknown)
+        ("ep", i64),
         ("throughput_seq_s", f64),
         ("speedup_vs_tpuv4_expert", f64),
         ("devices", i64),
@@ -216,6 +218,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("pp", i64),
         ("tp", i64),
         ("dp", i64),
+        # expert-parallel size inside dp (1: a dense model; -1 when unknown)
+        ("ep", i64),
         ("throughput_seq_s", f64),
         ("speedup_vs_tpuv4_expert", f64),
         ("speedup_vs_tpuv4_upstream_expert", f64),

@@ -154,6 +154,8 @@ class ChainTables:
             microbatch=self.microbatch,
             sequence_parallel=sp,
             boundary_bytes=float(self.rows["block"]["boundary_bytes"]),
+            ep=self.ep,
+            experts=self.experts,
         )
 
     def chains(

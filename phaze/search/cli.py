@@ -79,6 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--microbatch", type=int, required=True)
     p.add_argument("--tp", type=int, nargs="+", required=True, help="tensor-parallel widths")
     p.add_argument(
+        "--ep",
+        type=int,
+        nargs="+",
+        help="expert-parallel size of each trace dir (a mixture-of-experts model; default 1 each)",
+    )
+    p.add_argument(
         "--trace-dirs", nargs="+", required=True, help="one trace directory per width of --tp"
     )
     p.add_argument("--space", required=True, help="space.parquet")

@@ -58,15 +58,22 @@ class TraceBounds(NamedTuple):
 
 
 class Trace:
-    """One width's trace: layers, ops, the layer graphs' structure, the chain tables."""
+    """One rank shape's trace (tensor-parallel width tp, expert-parallel size ep): layers, ops,
+    the layer graphs' structure, the chain tables."""
 
-    def __init__(self, trace_dir: str, tp: int, microbatch: int, weight_bytes: float):
+    def __init__(self, trace_dir: str, tp: int, microbatch: int, weight_bytes: float, ep: int = 1):
         d = Path(trace_dir)
-        self.tp = tp
+        self.tp, self.ep = tp, ep
         self.layers = check_layers(read_table(d / "layers.parquet", "layers"), f"{d}")
         self.ops = read_table(d / "ops.parquet", "ops").reset_index(drop=True)
         self.plans = layer_plans(d, self.ops)
-        self.tables = ChainTables(self.layers, self.ops, tp, microbatch, weight_bytes, f"{d}")
+        self.tables = ChainTables(
+            self.layers, self.ops, tp, microbatch, weight_bytes, f"{d}", ep=ep
+        )
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.tp, self.ep)
 
     def bounds(self, space: pd.DataFrame, config: dict) -> TraceBounds:
         """The layers' bounds, core attention and the latency arrays over ``space``."""
@@ -149,14 +156,19 @@ def bounds_table(args, config: dict) -> pd.DataFrame:
     """The ``bounds`` table of one model and microbatch (module docstring)."""
     if len(args.tp) != len(args.trace_dirs):
         raise PhazeError("--tp and --trace-dirs need one trace directory per width")
+    eps = args.ep or [1] * len(args.tp)
+    if len(eps) != len(args.tp):
+        raise PhazeError(f"--ep ({len(eps)}) needs one entry per --tp ({len(args.tp)})")
+    if len(set(zip(args.tp, eps))) != len(eps):
+        raise PhazeError(f"--tp/--ep list a trace twice: {list(zip(args.tp, eps))}")
     space = read_table(args.space, "space", nonempty=True).reset_index(drop=True)
     place = config["place"]
     model, b = args.model, int(args.microbatch)
     hbm_all = [hbm_bytes_of(h) for h in place["hbm_gib"]]
     settings = PlaceSettings.from_config(config, model, hbm_all[0], b)
     traces = [
-        Trace(d, int(t), b, config["step"]["weight_bytes_per_param"])
-        for t, d in zip(args.tp, args.trace_dirs)
+        Trace(d, int(t), b, config["step"]["weight_bytes_per_param"], int(e))
+        for t, e, d in zip(args.tp, eps, args.trace_dirs)
     ]
     if len({tr.tables.blocks for tr in traces}) != 1:
         raise PhazeError(f"{model}: the traces of the widths have different block counts")
@@ -164,8 +176,8 @@ def bounds_table(args, config: dict) -> pd.DataFrame:
     ups: list[str] = [""] * len(space)
     for positions in _blocks(space):
         block = space.iloc[positions].reset_index(drop=True)
-        bounds = {tr.tp: tr.bounds(block, config) for tr in traces}
-        latencies = [lat for tr in traces for lat in bounds[tr.tp].latencies]
+        bounds = {tr.key: tr.bounds(block, config) for tr in traces}
+        latencies = [lat for tr in traces for lat in bounds[tr.key].latencies]
         for r, u in zip(positions, joined(_dominated_by(block, latencies))):
             ups[r] = u
         for preset, idx in _groups(block):
@@ -200,7 +212,9 @@ def _times(settings, traces, bounds, idx, size, preset, devices, hbm_all, config
     cm = arch_costmodel(config["costmodel"], preset)
     bw, lat = link_parameters(config["costmodel"], preset)
     if settings.place_model == "upstream":
-        totals = {tr.tp: tr.total_lower(bounds[tr.tp].layers, size)[idx] for tr in traces}
+        if any(tr.ep > 1 for tr in traces):
+            raise PhazeError("place.model upstream places every expert on each rank: ep = 1 only")
+        totals = {tr.tp: tr.total_lower(bounds[tr.key].layers, size)[idx] for tr in traces}
         params = {tr.tp: float(tr.layers["param_bytes"].sum()) for tr in traces}
         net, _label = upstream_network(settings, preset, config["costmodel"], devices)
         M = settings.microbatches
@@ -214,8 +228,8 @@ def _times(settings, traces, bounds, idx, size, preset, devices, hbm_all, config
         )
         return np.broadcast_to(time, (len(hbm_all), len(time)))  # memory limits dropped
     chains = {
-        (tr.tp, settings.microbatch): tr.space_chain(
-            bounds[tr.tp].layers, bounds[tr.tp].attention, size
+        (tr.tp, settings.microbatch, tr.ep): tr.space_chain(
+            bounds[tr.key].layers, bounds[tr.key].attention, size
         ).take(idx)
         for tr in traces
     }

@@ -8,7 +8,9 @@ take ``wc`` are what rules pass to ``input:``/``params:``; they read the search'
 raises Snakemake's IncompleteCheckpointException until that checkpoint has run (Snakemake then
 re-evaluates the DAG). Tests pass a stand-in object with the same ``get(...).output`` interface.
 
-Layout under ``results/`` (``{tag}`` = ``b{microbatch}_s{seq}_tp{tp}``):
+Layout under ``results/`` (``{tag}`` = ``b{microbatch}_s{seq}_{shard}``, the shard of the model one
+rank holds: ``tp{tp}``, or ``tp{tp}_ep{ep}`` for a mixture-of-experts model at expert-parallel
+size ep > 1):
 
     trace/{model}/{tag}/{ops,edges,layers}.parquet          rule trace
     arch/space.parquet, arch/chunks.parquet                 rules arch, search_plan
@@ -129,21 +131,42 @@ class Sweep:
         valid = get_model_spec(self.model_arg[model]).valid_tp
         return [t for t in self.config["trace"]["tp"] if t in valid]
 
+    def eps(self, model: str) -> list[int]:
+        """Expert-parallel sizes traced for a model: config trace.ep that divide its routed
+        experts (a mixture-of-experts model), 1 for a dense model."""
+        moe = get_model_spec(self.model_arg[model]).moe
+        if moe is None:
+            return [1]
+        eps = [e for e in self.config["trace"]["ep"] if moe.experts % e == 0]
+        if not eps:
+            raise PhazeError(
+                f"{model}: no size of trace.ep {self.config['trace']['ep']} divides its "
+                f"{moe.experts} routed experts"
+            )
+        return eps
+
+    def shards(self, model: str) -> list[tuple[int, int]]:
+        """The (tp, ep) shapes of one rank traced for a model."""
+        return [(t, e) for t in self.tps(model) for e in self.eps(model)]
+
+    def shard_names(self, model: str) -> list[str]:
+        return [shard_name(t, e) for t, e in self.shards(model)]
+
     def seq(self, model: str) -> int:
         arg = self.model_arg[model]
         return self.config["trace"]["seq"].get(arg) or get_model_spec(arg).seq
 
-    def tag(self, model: str, mbs, tp) -> str:
-        return f"b{mbs}_s{self.seq(model)}_tp{tp}"
+    def tag(self, model: str, mbs, shard: str) -> str:
+        return f"b{mbs}_s{self.seq(model)}_{shard}"
 
-    def trace_dir(self, model: str, mbs, tp) -> str:
-        return f"{self.results}/trace/{model}/{self.tag(model, mbs, tp)}"
+    def trace_dir(self, model: str, mbs, shard: str) -> str:
+        return f"{self.results}/trace/{model}/{self.tag(model, mbs, shard)}"
 
-    def schedule_dir(self, model: str, mbs, tp) -> str:
-        return f"{self.results}/schedule/{model}/{self.tag(model, mbs, tp)}"
+    def schedule_dir(self, model: str, mbs, shard: str) -> str:
+        return f"{self.results}/schedule/{model}/{self.tag(model, mbs, shard)}"
 
-    def estimate_dir(self, model: str, mbs, tp) -> str:
-        return f"{self.results}/estimate/{model}/{self.tag(model, mbs, tp)}"
+    def estimate_dir(self, model: str, mbs, shard: str) -> str:
+        return f"{self.results}/estimate/{model}/{self.tag(model, mbs, shard)}"
 
     def place_dir(self, model: str, hbm, mbs) -> str:
         return f"{self.results}/place/{model}/h{gib_str(hbm)}_b{mbs}"
@@ -229,7 +252,13 @@ class Sweep:
     # From wildcards, not from `input`: params are re-evaluated inside remote (cluster) jobs,
     # where the named inputs of unpack()ed functions are not available.
     def trace_dir_of(self, wc) -> str:
-        return f"{self.results}/trace/{wc.model}/b{wc.mbs}_s{wc.seq}_tp{wc.tp}"
+        return f"{self.results}/trace/{wc.model}/b{wc.mbs}_s{wc.seq}_{wc.shard}"
+
+    @staticmethod
+    def trace_shard_args(wc) -> str:
+        """The trace CLI's --tp (and --ep) of a shard wildcard."""
+        t, e = parse_shard(wc.shard)
+        return f"--tp {t}" + (f" --ep {e}" if e > 1 else "")
 
     def trace_inputs(self, wc) -> dict[str, str]:
         d = self.trace_dir_of(wc)
@@ -246,23 +275,31 @@ class Sweep:
         ]
 
     def space_bounds_inputs(self, wc) -> dict:
-        tps = self.tps(wc.model)
+        shards = self.shard_names(wc.model)
         return {
-            n: [f"{self.trace_dir(wc.model, wc.mbs, t)}/{n}.parquet" for t in tps]
+            n: [f"{self.trace_dir(wc.model, wc.mbs, x)}/{n}.parquet" for x in shards]
             for n in ("ops", "edges", "layers")
         } | {"space": self.space}
 
+    def _shard_args(self, model: str, mbs) -> list[str]:
+        """--tp (--ep) --trace-dirs of every shard of a model (--ep only for expert parallelism:
+        a dense model's commands stay as they were)."""
+        shards = self.shards(model)
+        argv = ["--tp", *(str(t) for t, _ in shards)]
+        if any(e > 1 for _, e in shards):
+            argv += ["--ep", *(str(e) for _, e in shards)]
+        return argv + [
+            "--trace-dirs",
+            *(self.trace_dir(model, mbs, shard_name(t, e)) for t, e in shards),
+        ]
+
     def space_bounds_args(self, wc) -> list[str]:
-        tps = self.tps(wc.model)
         return [
             "--model",
             wc.model,
             "--microbatch",
             str(wc.mbs),
-            "--tp",
-            *map(str, tps),
-            "--trace-dirs",
-            *(self.trace_dir(wc.model, wc.mbs, t) for t in tps),
+            *self._shard_args(wc.model, wc.mbs),
             "--space",
             self.space,
         ]
@@ -409,8 +446,8 @@ class Sweep:
         for q in range(int(r) + 1):
             for m, b in self.pairs_of_round(q):
                 chosen = {stage: self.ilp_chunks(q, m, b, stage) for stage in self.stages}
-                for t in self.tps(m):
-                    d = self.schedule_dir(m, b, t)
+                for t, e in self.shards(m):
+                    d = self.schedule_dir(m, b, shard_name(t, e))
                     out += [
                         _schedule_record(f"{d}/bounds/r{q}_c{c}.parquet", m, b, t, "bounds")
                         for c in self.round_chunks(q, m, b)
@@ -421,10 +458,12 @@ class Sweep:
                         for c in chunks
                     ]
         out += [
-            _schedule_record(f"{self.schedule_dir(m, b, t)}/blind.parquet", m, b, t, "blind")
+            _schedule_record(
+                f"{self.schedule_dir(m, b, shard_name(t, e))}/blind.parquet", m, b, t, "blind"
+            )
             for m in self.models
             for b in self.microbatches
-            for t in self.tps(m)
+            for t, e in self.shards(m)
         ]
         return out
 
@@ -495,14 +534,14 @@ class Sweep:
         return write_manifest(path, doc)
 
     # --- placement jobs ------------------------------------------------------------------------
-    def _place_tables(self, wc, kind: str) -> tuple[list[int], list[list[str]], list[list[str]]]:
-        """The widths and, per width, the schedule files and the operator-latency files (of
+    def _place_tables(self, wc, kind: str) -> tuple[list[str], list[list[str]], list[list[str]]]:
+        """The shards and, per shard, the schedule files and the operator-latency files (of
         the same chunks) a placement job of `kind` reads."""
         m, b = wc.model, int(wc.mbs)
-        tps = self.tps(m)
+        shards = self.shard_names(m)
         scheds, lats = [], []
-        for t in tps:
-            d, e = self.schedule_dir(m, b, t), self.estimate_dir(m, b, t)
+        for x in shards:
+            d, e = self.schedule_dir(m, b, x), self.estimate_dir(m, b, x)
             if kind == "bounds":
                 chunks = self.round_chunks(wc.round, m, b)
                 scheds.append([f"{d}/bounds/r{wc.round}_c{c}.parquet" for c in chunks])
@@ -521,36 +560,34 @@ class Sweep:
                 lats.append([f"{e}/r{wc.round}_c{c}.parquet" for c in chunks])
             else:
                 lats.append([f"{e}/{c}.parquet" for c in chunks])
-        return tps, scheds, lats
+        return shards, scheds, lats
 
     def place_inputs(self, kind: str):
         """Input function of a placement rule: layers per width, schedules, space (and, when the
         megatron model prices selective recomputation, the ops and operator latencies)."""
 
         def inputs(wc) -> dict:
-            tps, scheds, lats = self._place_tables(wc, kind)
+            shards, scheds, lats = self._place_tables(wc, kind)
+            dirs = [self.trace_dir(wc.model, wc.mbs, x) for x in shards]
             out = {
-                "layers": [f"{self.trace_dir(wc.model, wc.mbs, t)}/layers.parquet" for t in tps],
+                "layers": [f"{d}/layers.parquet" for d in dirs],
                 "schedules": [f for fs in scheds for f in fs],
                 "space": self.space,
             }
             if self.needs_latencies:
-                out["ops"] = [f"{self.trace_dir(wc.model, wc.mbs, t)}/ops.parquet" for t in tps]
+                out["ops"] = [f"{d}/ops.parquet" for d in dirs]
                 out["latencies"] = [f for fs in lats for f in fs]
             return out
 
         return inputs
 
     def _place_args(self, wc, kind: str) -> list[str]:
-        tps, scheds, lats = self._place_tables(wc, kind)
+        _, scheds, lats = self._place_tables(wc, kind)
         argv = [
             "place",
             "--model",
             wc.model,
-            "--tp",
-            *map(str, tps),
-            "--trace-dirs",
-            *(self.trace_dir(wc.model, wc.mbs, t) for t in tps),
+            *self._shard_args(wc.model, wc.mbs),
             "--schedules",
             *(",".join(fs) for fs in scheds),
             "--microbatch",
@@ -599,13 +636,13 @@ class Sweep:
 
     # --- placement-blind baseline --------------------------------------------------------------
     def blind_trace(self, wc) -> str:
-        return self.trace_dir(wc.model, self.blind_mbs, 1)
+        return self.trace_dir(wc.model, self.blind_mbs, BLIND_SHARD)
 
     def blind_inputs(self, wc) -> dict[str, str]:
         m = wc.model
         return {
             "layers": f"{self.blind_trace(wc)}/layers.parquet",
-            "latency": f"{self.results}/estimate/{m}/{self.tag(m, self.blind_mbs, 1)}/space.parquet",
+            "latency": f"{self.estimate_dir(m, self.blind_mbs, BLIND_SHARD)}/space.parquet",
             "space": self.space,
         }
 
@@ -619,6 +656,21 @@ class _Wildcards:
 
 def _schedule_record(path: str, model: str, mbs, tp: int, tier: str) -> dict:
     return {"path": path, "model": model, "microbatch": int(mbs), "tp": int(tp), "tier": tier}
+
+
+#: the placement-blind baseline's shard: one accelerator holds the whole model
+BLIND_SHARD = "tp1"
+
+
+def shard_name(tp: int, ep: int = 1) -> str:
+    """The path name of one rank's shard: ``tp{tp}``, with ``_ep{ep}`` at ep > 1."""
+    return f"tp{tp}" + (f"_ep{ep}" if ep > 1 else "")
+
+
+def parse_shard(name: str) -> tuple[int, int]:
+    """(tp, ep) of a shard name (`shard_name`)."""
+    tp, _, ep = name.removeprefix("tp").partition("_ep")
+    return int(tp), int(ep or 1)
 
 
 def _paths(doc: dict) -> list[str]:
