@@ -24,9 +24,11 @@ rule trace:
         code=code_version("trace"),
         cfg=W.trace_params(),
         model=W.trace_model,
-        shard=W.trace_shard_args,
+        tp=W.shard_tp,
+        ep=W.shard_ep,
         out=lambda wc, output: os.path.dirname(output.ops),
     shell:
         "python3 -m phaze trace --model {params.model:q} --microbatch {wildcards.mbs}"
-        ' {params.shard} --seq {wildcards.seq} --config "$PHAZE_CONFIG"'
+        " --tp {params.tp:q} --ep {params.ep:q} --seq {wildcards.seq}"
+        ' --config "$PHAZE_CONFIG"'
         " --out {params.out:q} > {log:q} 2>&1"

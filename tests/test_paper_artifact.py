@@ -16,7 +16,7 @@ SAMPLE = {
     "model": "gpt3-175b",
     "mbs": "2",
     "seq": "2048",
-    "tp": "8",
+    "shard": "tp8",
     "chunk": "3",
     "round": "12",
     "tag": "b2_s2048_tp8",

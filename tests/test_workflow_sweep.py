@@ -120,8 +120,8 @@ def test_axes_and_paths(sweep):
     assert sweep.trace_dir_of(wc(model="m", mbs="1", seq="8", shard="tp2")) == (
         "results/trace/m/b1_s8_tp2"
     )
-    assert Sweep.trace_shard_args(wc(shard="tp2")) == "--tp 2"
-    assert Sweep.trace_shard_args(wc(shard="tp2_ep4")) == "--tp 2 --ep 4"
+    assert (Sweep.shard_tp(wc(shard="tp2")), Sweep.shard_ep(wc(shard="tp2"))) == (2, 1)
+    assert (Sweep.shard_tp(wc(shard="tp2_ep4")), Sweep.shard_ep(wc(shard="tp2_ep4"))) == (2, 4)
     assert sweep.space_bounds_file("gpt2-xl", 2) == "results/search/space/gpt2-xl/b2.parquet"
     args = build_parser().parse_args(
         ["search", "bounds", *sweep.space_bounds_args(wc(model="opt-350m", mbs="2")), "--out", "x"]

@@ -255,10 +255,14 @@ class Sweep:
         return f"{self.results}/trace/{wc.model}/b{wc.mbs}_s{wc.seq}_{wc.shard}"
 
     @staticmethod
-    def trace_shard_args(wc) -> str:
-        """The trace CLI's --tp (and --ep) of a shard wildcard."""
-        t, e = parse_shard(wc.shard)
-        return f"--tp {t}" + (f" --ep {e}" if e > 1 else "")
+    def shard_tp(wc) -> int:
+        """The trace CLI's --tp of a shard wildcard."""
+        return parse_shard(wc.shard)[0]
+
+    @staticmethod
+    def shard_ep(wc) -> int:
+        """The trace CLI's --ep of a shard wildcard (1 for a dense model's)."""
+        return parse_shard(wc.shard)[1]
 
     def trace_inputs(self, wc) -> dict[str, str]:
         d = self.trace_dir_of(wc)
