@@ -12,9 +12,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -539,25 +536,21 @@ def _yaml(tmp_path, factor) -> str:
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
-def test_bad_input_exits_2_with_one_line(case, tmp_path):
+def test_bad_input_exits_2_with_one_line(case, tmp_path, monkeypatch, capsys):
+    """In process (`phaze.cli.main`, what `python -m phaze` runs): exit 2, one line naming the
+    field, no output directory."""
+    from phaze.cli import main
+
     argv, needle = BAD_INPUTS[case]
     out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["HF_HUB_OFFLINE"] = "1"
-    proc = subprocess.run(
-        [sys.executable, "-m", "phaze", "trace", "--microbatch", "1", *argv(tmp_path)]
-        + ["--out", str(out)],
-        cwd=REPO,  # `-m` puts the checkout first on sys.path
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2, proc.stderr
-    assert len(lines) == 1 and lines[0].startswith("phaze trace: error:"), proc.stderr
-    assert needle in lines[0] and "Traceback" not in proc.stderr
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(REPO)
+    code = main(["trace", "--microbatch", "1", *argv(tmp_path), "--out", str(out)])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("phaze trace: error:"), err
+    assert needle in lines[0] and "Traceback" not in err
     assert not out.exists()
 
 

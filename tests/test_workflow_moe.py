@@ -24,7 +24,9 @@ def moe_run(tmp_path_factory, copy_checkout, snakemake):
     )
     cfg = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
     cfg["models"] = ["models/tiny-mixtral/config.json"]
-    cfg["trace"] = {"microbatch": [1], "tp": [1, 2], "ep": [1, 2, 3]}
+    # tp 2: the all-to-alls run on ranks two apart, and MoE with tp > 1 needs sequence
+    # parallelism (the tp 1 trace is the placement-blind baseline's)
+    cfg["trace"] = {"microbatch": [1], "tp": [2], "ep": [1, 2, 3]}
     # one grid point beside the two TPU v4 presets (tpuv4 itself lies above the area budget: a
     # baseline, not an answer)
     cfg["arch"] = {**cfg["arch"], "n_vc": [1], "tc_depth": [128]}
@@ -33,7 +35,7 @@ def moe_run(tmp_path_factory, copy_checkout, snakemake):
         "devices": [64],
         "global_batch": 64,
         # Megatron's Mixtral recipe's shape (pp, ep) at this size
-        "expert": {"tiny-mixtral": {"pp": 2, "dp": 32, "tp": 1, "ep": 2}},
+        "expert": {"tiny-mixtral": {"pp": 2, "dp": 16, "tp": 2, "ep": 2}},
     }
     # small solver limits: the schedules only have to be valid, not tight, for these checks (the
     # clock too: the branch and bound of a MoE block's backward runs to time_limit_s)
@@ -51,18 +53,19 @@ def moe_run(tmp_path_factory, copy_checkout, snakemake):
 
 
 def test_every_expert_parallel_size_is_traced_and_searched(moe_run):
-    """ep 3 does not divide the 4 experts: traced are ep 1 and 2 at each width, in their own
-    shards; every placement table carries ep, and the search chose among ep 1 and 2."""
+    """ep 3 does not divide the 4 experts: traced are ep 1 and 2, in their own shards (and tp 1
+    for the placement-blind baseline); every placement table carries ep, and the search chose
+    among ep 1 and 2, with sequence parallelism (tp 2)."""
     traces = sorted(p.name for p in (moe_run / "results" / "trace" / "tiny-mixtral").iterdir())
-    assert traces == ["b1_s64_tp1", "b1_s64_tp1_ep2", "b1_s64_tp2", "b1_s64_tp2_ep2"]
-    layers = pd.read_parquet(moe_run / "results/trace/tiny-mixtral/b1_s64_tp1_ep2/layers.parquet")
+    assert traces == ["b1_s64_tp1", "b1_s64_tp2", "b1_s64_tp2_ep2"]
+    layers = pd.read_parquet(moe_run / "results/trace/tiny-mixtral/b1_s64_tp2_ep2/layers.parquet")
     block = layers[layers["kind"] == "block"].iloc[0]
     assert block["ep"] == 2 and block["experts"] == 4
     # the schedules hold the all-to-alls, priced on the flat link (group of 2)
     lat = pd.read_parquet(
-        next((moe_run / "results/estimate/tiny-mixtral/b1_s64_tp1_ep2").glob("r0_c*.parquet"))
+        next((moe_run / "results/estimate/tiny-mixtral/b1_s64_tp2_ep2").glob("r0_c*.parquet"))
     )
-    ops = pd.read_parquet(moe_run / "results/trace/tiny-mixtral/b1_s64_tp1_ep2/ops.parquet")
+    ops = pd.read_parquet(moe_run / "results/trace/tiny-mixtral/b1_s64_tp2_ep2/ops.parquet")
     a2a = ops[ops["collective"] == "all_to_all"][["signature", "pass", "op"]]
     priced = lat.merge(a2a, on=["signature", "pass", "op"])
     assert len(priced) and (priced["latency_allcores_s"] > 0).all()
@@ -71,7 +74,7 @@ def test_every_expert_parallel_size_is_traced_and_searched(moe_run):
     )
     feasible = place[place["feasible"]]
     assert len(feasible) and set(feasible["ep"]) <= {1, 2}
-    assert (feasible["dp"] % feasible["ep"] == 0).all()
+    assert (feasible["dp"] % feasible["ep"] == 0).all() and feasible["sequence_parallel"].all()
     expert = place[place["expert_feasible"]]
     assert len(expert) and (expert["expert_ep"] == 2).all() and (expert["expert_pp"] == 2).all()
 
