@@ -573,28 +573,30 @@ class TorusNetwork(_Collectives):
         """(bytes/s, per-step latency) of the all-to-all over each row of `ranks` in the ring
         form: ``λ·S/B + hops·L`` = ``(g − 1)/g · S/B' + (g − 1)·L'`` with
         ``B' = (g − 1)/(g·λ) · B`` and ``L' = hops·L/(g − 1)``."""
-        ranks = np.asarray(ranks)
-        groups, g = ranks.shape
-        bw = np.full(groups, self.link.effective_Bps)
-        lat = np.full(groups, self.link.latency_s)
-        if g == 1:
-            return bw, lat
-        seen: dict[tuple, tuple[float, float]] = {}
-        for i, row in enumerate(ranks):
-            key = tuple(int(r) for r in row)
-            if key not in seen:
-                lam, hops = self._a2a_shape(key)
-                seen[key] = (
-                    (g - 1) / (g * lam) * self.link.effective_Bps,
-                    hops * self.link.latency_s / (g - 1),
-                )
-            bw[i], lat[i] = seen[key]
-        return bw, lat
+
+        def form(key: tuple, g: int) -> tuple[float, float]:
+            lam, hops = self._a2a_shape(key)
+            return (
+                (g - 1) / (g * lam) * self.link.effective_Bps,
+                hops * self.link.latency_s / (g - 1),
+            )
+
+        return self._per_group(ranks, form)
 
     def ring_params(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(bytes/s, per-step latency) per row of `ranks` such that `ring_seconds` with g = the
         row's length gives `collective`: a phase ``(g − 1)/g · S/W + hops · L`` is the ring form
         with bandwidth W and latency ``hops · L / (g − 1)`` per step."""
+
+        def form(key: tuple, g: int) -> tuple[float, float]:
+            width, hops = self._ring_shape(key)
+            return width, hops * self.link.latency_s / (g - 1)
+
+        return self._per_group(ranks, form)
+
+    def _per_group(self, ranks, form) -> tuple[np.ndarray, np.ndarray]:
+        """``form(group, g)`` per row of `ranks`, each distinct group computed once; a group of
+        one rank keeps the link's own figures (it sends nothing)."""
         ranks = np.asarray(ranks)
         groups, g = ranks.shape
         bw = np.full(groups, self.link.effective_Bps)
@@ -605,8 +607,7 @@ class TorusNetwork(_Collectives):
         for i, row in enumerate(ranks):
             key = tuple(int(r) for r in row)
             if key not in seen:
-                width, hops = self._ring_shape(key)
-                seen[key] = (width, hops * self.link.latency_s / (g - 1))
+                seen[key] = form(key, g)
             bw[i], lat[i] = seen[key]
         return bw, lat
 

@@ -19,6 +19,7 @@ import pytest
 from phaze.errors import PhazeError
 from phaze.trace.models import get_model_spec
 from phaze.trace.moe import MoESpec, rank_tokens_per_expert, tokens_per_expert
+from tests.test_trace import _block
 
 REPO = Path(__file__).resolve().parents[1]
 TODAY = ["llama3-8b", "llama3-70b", "mixtral-8x7b", "qwen1.5-moe-a2.7b"]
@@ -46,15 +47,6 @@ def _trace(
     from phaze.trace.tracer import trace_model
 
     return trace_model(get_model_spec(model), microbatch, tp, seq=seq, moe_imbalance=imb, ep=ep)
-
-
-def _block(trace, pass_=None, kind=None):
-    ops = trace.ops[trace.ops["layer"] == "block.0"]
-    if pass_:
-        ops = ops[ops["pass"] == pass_]
-    if kind:
-        ops = ops[ops["kind"] == kind]
-    return ops
 
 
 def _row(trace):
