@@ -324,6 +324,24 @@ def _d_groups(d_values, devices, microbatches):
         start = stop
 
 
+def pipeline_time_s(max_load_s, microbatches_per_pipeline, stages, sync_s):
+    """The time per batch of a placement under upstream's objective, the one formula of this
+    module: ``max_load · (m + S − 1) + sync`` (sync: the data-parallel all-reduce after the
+    pipeline). Element-wise on arrays; a scalar when every argument is one."""
+    steps = np.asarray(microbatches_per_pipeline, dtype=float) + np.asarray(stages) - 1
+    return max_load_s * steps + sync_s
+
+
+def _placement_time(loads, params, pp, d, microbatches, allreduce):
+    """(time, max load, microbatches per pipeline, sync) of a chosen split: loads and parameter
+    bytes per stage, pp stages, d pipelines."""
+    mp = -(-microbatches // d)
+    p_sync = params[0] if allreduce.mode == "first" else max(params)
+    max_load = max(loads)
+    sync_s = float(allreduce(np.array([d]), np.array([p_sync]), [pp])[0, 0])
+    return float(pipeline_time_s(max_load, mp, pp, sync_s)), max_load, mp, sync_s
+
+
 def _final_round(w: _WidthDP, d_values, devices, microbatches, allreduce: AllReduce):
     """Upstream's objective (first stage's parameters synchronised): best (time, d, k_first, s,
     K) with upstream's preference on ties: smaller d, then shorter first stage, then fewer stages."""
@@ -338,8 +356,12 @@ def _final_round(w: _WidthDP, d_values, devices, microbatches, allreduce: AllRed
         m = max_load(K)  # (n_pairs, S)
         if not np.isfinite(m).any():
             continue
-        steps = (mp[:, None] + w.svec[None, :] - 1).astype(float)  # (n_d, S)
-        total = m[None, :, :] * steps[:, None, :] + allreduce(ds, params)[:, :, None]
+        total = pipeline_time_s(
+            m[None, :, :],
+            mp[:, None, None],
+            w.svec[None, None, :],
+            allreduce(ds, params)[:, :, None],
+        )
         di, ki, si = np.unravel_index(int(np.argmin(total)), total.shape)
         value = float(total[di, ki, si])
         if math.isfinite(value) and (best is None or value < best[0]):
@@ -377,23 +399,30 @@ def _final_round_max(
         mmin, pbest = m[arg, cols], p[arg, cols]
         if not np.isfinite(mmin).any():
             continue
-        steps = (mp[:, None] + w.svec[None, :] - 1).astype(float)
         finite = np.isfinite(mmin)
         total = np.where(
             finite[None, :],
-            mmin[None, :] * steps + allreduce(ds, np.where(finite, pbest, 0.0), w.svec),
+            pipeline_time_s(
+                mmin[None, :],
+                mp[:, None],
+                w.svec[None, :],
+                allreduce(ds, np.where(finite, pbest, 0.0), w.svec),
+            ),
             INF,
         )
         di, si = np.unravel_index(int(np.argmin(total)), total.shape)
         value = float(total[di, si])
         if math.isfinite(value) and (best is None or value < best[0]):
             best = (value, int(ds[di]), int(k[arg[si]]), int(si) + 1, int(c[arg[si], si]))
-        groups.append((ds, steps, mmin, pbest, finite))
+        groups.append((ds, mp, mmin, pbest, finite))
     bound = min(incumbent, best[0] if best else INF)
     limit = -INF
-    for ds, steps, mmin, pbest, finite in groups:
+    for ds, mp, mmin, pbest, finite in groups:
+        floor_s = allreduce(ds, params_floor, w.svec)
         lower = np.where(
-            finite[None, :], mmin[None, :] * steps + allreduce(ds, params_floor, w.svec), INF
+            finite[None, :],
+            pipeline_time_s(mmin[None, :], mp[:, None], w.svec[None, :], floor_s),
+            INF,
         )
         alive = (lower < bound) & finite[None, :]
         if alive.any():
@@ -487,11 +516,7 @@ def time_placement(
             )
         loads.append(c[1] if (rule.recompute and pos > 1) else c[0])
     params = [c[2] for c in costs]
-    mp = -(-microbatches // d)
-    p_sync = params[0] if allreduce.mode == "first" else max(params)
-    max_load = max(loads)
-    sync_s = float(allreduce(np.array([d]), np.array([p_sync]), [pp])[0, 0])
-    time = max_load * (mp + pp - 1) + sync_s
+    time, max_load, mp, sync_s = _placement_time(loads, params, pp, d, microbatches, allreduce)
     return Placement(
         t=t,
         d=d,
@@ -558,7 +583,7 @@ def _regime_lower_bound(
         if s_max < 1:
             continue
         mp = -(-microbatches // int(d))
-        best = min(best, work * (mp + s_max - 1) / s_max)
+        best = min(best, float(pipeline_time_s(work, mp, s_max, 0.0)) / s_max)
     return best
 
 
@@ -654,11 +679,7 @@ def _placement_from_pairs(g, rule, t, table, pairs, d, devices, microbatches, al
         loads.append(w.load_at(int(k), pos))
         mems.append(table.stage_memory(k, pos))
     params = [float(table.params[k]) for k in pairs]
-    mp = -(-microbatches // d)
-    p_sync = params[0] if allreduce.mode == "first" else max(params)
-    max_load = max(loads)
-    sync_s = float(allreduce(np.array([d]), np.array([p_sync]), [pp])[0, 0])
-    time = max_load * (mp + pp - 1) + sync_s
+    time, max_load, mp, sync_s = _placement_time(loads, params, pp, d, microbatches, allreduce)
     return Placement(
         t=t,
         d=d,
