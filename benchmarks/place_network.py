@@ -29,7 +29,8 @@ from phaze.arch.presets import load_preset
 from phaze.config import load_config
 from phaze.fidelity.evaluate import gpu_chains, trace_for
 from phaze.network import HierarchicalNetwork
-from phaze.place.tables import PlaceSettings, place_architectures
+from phaze.place.settings import PlaceSettings
+from phaze.place.tables import place_architectures
 from phaze.trace.models import get_model_spec
 
 PRESET = "a100-80gb"

@@ -51,7 +51,8 @@ def exact_check(trace_dirs, tps, model, b, space, config, bounds, top, sample, s
     """Bound / exact placement on the same layer bounds, for the top and a random sample."""
     from phaze.estimate.model import achievable_hbm_Bps
     from phaze.place.megatron import optimize
-    from phaze.place.tables import PlaceSettings, hbm_bytes_of, step_network
+    from phaze.place.objective_megatron import step_network
+    from phaze.place.settings import PlaceSettings, hbm_bytes_of
     from phaze.search.space_bounds import Trace
     from phaze.step.model import StepConstants
 

@@ -11,7 +11,7 @@ import yaml
 
 from phaze.cli import main
 from phaze.io import read_table, write_table
-from phaze.place.tables import expert_stages
+from phaze.place.objective_upstream import expert_stages
 from phaze.place.upstream import load_instance, solve_instance
 
 BLOCKS = 6

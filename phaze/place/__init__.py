@@ -10,7 +10,8 @@ Public API of the upstream objective:
 * ``time_placement(...)`` — time and memory of a given placement (used for expert placements).
 * ``phaze.place.upstream`` — upstream's JSON instances (``solve_instance``, ``load_instance``).
 * ``phaze.place.tables`` — the table mode: layer/schedule/space tables to placement rows, under
-  either placement model.
+  the objective of ``place.model`` (``phaze.place.objective``: ``objective_megatron``,
+  ``objective_upstream``).
 * ``PlaceNetwork`` (phaze.place.network) — a two-level network for the placement; pass it as
   ``AllReduce(mode="max", ..., network=...)`` and the same ``solve``/``time_placement`` cost
   pipeline transfers and all-reduces on the level they cross (Megatron's rank layout).

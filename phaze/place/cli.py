@@ -107,12 +107,9 @@ def _run_tables(args) -> int:
 
     from phaze.io import read_table, write_json_atomic, write_table
     from phaze.io.tables import check_values
-    from phaze.place.tables import (
-        PlaceSettings,
-        export_instance,
-        hbm_bytes_of,
-        place_architectures,
-    )
+    from phaze.place.settings import PlaceSettings, hbm_bytes_of
+    from phaze.place.tables import place_architectures
+    from phaze.place.upstream import export_instance
 
     if args.recompute is not None:
         raise PhazeError(

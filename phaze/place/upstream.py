@@ -31,6 +31,9 @@ from phaze.errors import PhazeError
 from phaze.io import checks
 from phaze.place.dp import AllReduce, Placement, data_parallel_degrees, solve
 from phaze.place.graph import LayerGraph, StageRule, _max_position, stage_costs
+from phaze.place.inputs import check_layers, layer_latencies
+from phaze.place.objective_upstream import arch_layer_graph
+from phaze.place.settings import PlaceSettings, link_parameters
 
 REQUIRED = (
     "maxMemoryPerDevice",
@@ -348,3 +351,54 @@ def dumps_result(out: dict) -> str:
         return x
 
     return json.dumps({k: clean(v) for k, v in out.items()}, indent=2)
+
+
+def export_instance(
+    settings: PlaceSettings,
+    layers_by_t,
+    schedules_by_t,
+    arch: str,
+    costmodel: dict,
+    preset: str | None,
+    devices: int,
+    latency_column: str = "makespan_s",
+) -> dict:
+    """Upstream's instance format from our tables for one architecture (seconds and bytes)."""
+    bw, _ = link_parameters(costmodel, preset)
+    nodes, edges = {}, {}
+    n_blocks = None
+    for t, layers in sorted(layers_by_t.items()):
+        layers = check_layers(layers, f"layers (t={t})")
+        lookup = layer_latencies(schedules_by_t[t], latency_column, f"schedule (t={t})")
+        g = arch_layer_graph(layers, lookup, arch, f"t={t}")
+        nodes[str(t)] = [
+            {
+                "id": i,
+                "parameterSize": float(g.params[i]),
+                "activationSize": float(g.acts[i]),
+                "optimalLatencyFw": float(g.fw[i]),
+                "optimalLatencyBw": float(g.bw[i]),
+                "isTensorParallelized": bool(g.tp[i]),
+            }
+            for i in range(g.n)
+        ]
+        edges[str(t)] = [
+            {"sourceId": int(s), "destId": int(d), "communicationCost": float(c)}
+            for s, d, c in zip(g.src, g.dst, g.edge_bytes)
+        ]
+        n_blocks = int((layers["kind"] == "block").sum())
+    e = settings.expert or {}
+    return {
+        "maxMemoryPerDevice": float(settings.hbm_bytes),
+        "maxDevices": int(devices),
+        "bandwidth": bw,
+        "mbsInBatch": settings.microbatches,
+        "nodes": nodes,
+        "edges": edges,
+        "activationRecomputation": "full" in settings.axes.recompute,
+        "optimizerAlgorithm": "Adam" if settings.optimizer == "adam" else "SGD",
+        "fixedPP": int(e.get("pp", 1)),
+        "fixedTMPC": int(e.get("tp", min(layers_by_t))),
+        "fixedDP": int(e.get("dp", 1)),
+        "numTransformerLayers": n_blocks,
+    }

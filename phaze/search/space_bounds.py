@@ -31,15 +31,15 @@ from phaze.place.bound import (
 )
 from phaze.place.chains import ChainTables
 from phaze.place.dp import data_parallel_degrees
-from phaze.place.tables import (
+from phaze.place.inputs import check_layers
+from phaze.place.objective_megatron import step_network
+from phaze.place.objective_upstream import upstream_network
+from phaze.place.settings import (
     PlaceSettings,
     arch_costmodel,
-    check_layers,
     hbm_bytes_of,
     link_parameters,
     network_for,
-    step_network,
-    upstream_network,
 )
 from phaze.schedule.space import attention_seconds, layer_bounds, layer_plans
 from phaze.search.dominance import candidate_steps, families, joined, verified
