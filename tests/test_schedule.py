@@ -131,7 +131,7 @@ def test_ilp_matches_brute_force_on_random_dags():
 
 def test_ilp_with_three_cores_matches_brute_force():
     # three cores per type: the core assignment is in the model from the first solve
-    from phaze.schedule.ilp import eager_z_types
+    from phaze.schedule.ilp_model import eager_z_types
 
     rng = random.Random(31)
     eager = checked = 0

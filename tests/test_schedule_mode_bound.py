@@ -9,7 +9,8 @@ import random
 import pytest
 
 from phaze.schedule.bounds import lower_bound
-from phaze.schedule.ilp import _SEGMENT_OPS, _dual_bound, _scip, mode_bound_model, segment_ops
+from phaze.schedule.ilp import _dual_bound, _scip
+from phaze.schedule.ilp_model import _SEGMENT_OPS, mode_bound_model, segment_ops
 from phaze.schedule.instance import make_instance
 from phaze.schedule.listsched import best_list_schedule
 from tests.test_schedule import _bf, random_instance

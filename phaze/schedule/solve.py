@@ -35,7 +35,8 @@ from phaze.errors import PhazeError
 from phaze.schedule.bnb import BNB_UNLIMITED, branch_and_bound
 from phaze.schedule.bounds import lower_bound
 from phaze.schedule.budget import NO_DEADLINE, Deadline
-from phaze.schedule.ilp import SolverWorker, ilp_fits
+from phaze.schedule.ilp import ilp_fits
+from phaze.schedule.ilp_worker import SolverWorker
 from phaze.schedule.instance import Instance
 from phaze.schedule.listsched import (
     KICKS,
