@@ -332,14 +332,27 @@ def pipeline_time_s(max_load_s, microbatches_per_pipeline, stages, sync_s):
     return max_load_s * steps + sync_s
 
 
-def _placement_time(loads, params, pp, d, microbatches, allreduce):
-    """(time, max load, microbatches per pipeline, sync) of a chosen split: loads and parameter
-    bytes per stage, pp stages, d pipelines."""
+def _placement(t, d, stages, devices_per_stage, loads, mems, params, microbatches, allreduce):
+    """The Placement of a chosen split: per stage its layers, devices, load, memory and parameter
+    bytes; d pipelines; timed by `pipeline_time_s`."""
+    pp = len(loads)
     mp = -(-microbatches // d)
     p_sync = params[0] if allreduce.mode == "first" else max(params)
     max_load = max(loads)
     sync_s = float(allreduce(np.array([d]), np.array([p_sync]), [pp])[0, 0])
-    return float(pipeline_time_s(max_load, mp, pp, sync_s)), max_load, mp, sync_s
+    return Placement(
+        t=t,
+        d=d,
+        stages=stages,
+        devices_per_stage=devices_per_stage,
+        time_per_batch=float(pipeline_time_s(max_load, mp, pp, sync_s)),
+        max_load=max_load,
+        stage_loads=loads,
+        stage_mem=mems,
+        stage_params=params,
+        microbatches_per_pipeline=mp,
+        extra={"allreduce_s": sync_s},
+    )
 
 
 def _final_round(w: _WidthDP, d_values, devices, microbatches, allreduce: AllReduce):
@@ -516,20 +529,8 @@ def time_placement(
             )
         loads.append(c[1] if (rule.recompute and pos > 1) else c[0])
     params = [c[2] for c in costs]
-    time, max_load, mp, sync_s = _placement_time(loads, params, pp, d, microbatches, allreduce)
-    return Placement(
-        t=t,
-        d=d,
-        stages=[s.tolist() for s in stages],
-        devices_per_stage=a,
-        time_per_batch=time,
-        max_load=max_load,
-        stage_loads=loads,
-        stage_mem=mems,
-        stage_params=params,
-        microbatches_per_pipeline=mp,
-        extra={"allreduce_s": sync_s},
-    ), ""
+    stage_layers = [s.tolist() for s in stages]
+    return _placement(t, d, stage_layers, a, loads, mems, params, microbatches, allreduce), ""
 
 
 def position_loads(
@@ -679,19 +680,10 @@ def _placement_from_pairs(g, rule, t, table, pairs, d, devices, microbatches, al
         loads.append(w.load_at(int(k), pos))
         mems.append(table.stage_memory(k, pos))
     params = [float(table.params[k]) for k in pairs]
-    time, max_load, mp, sync_s = _placement_time(loads, params, pp, d, microbatches, allreduce)
-    return Placement(
-        t=t,
-        d=d,
-        stages=[table.members(k).tolist() for k in pairs],
-        devices_per_stage=[int(w.a[k]) for k in pairs],
-        time_per_batch=time,
-        max_load=max_load,
-        stage_loads=loads,
-        stage_mem=mems,
-        stage_params=params,
-        microbatches_per_pipeline=mp,
-        extra={"allreduce_s": sync_s},
+    stage_layers = [table.members(k).tolist() for k in pairs]
+    devices_per_stage = [int(w.a[k]) for k in pairs]
+    return _placement(
+        t, d, stage_layers, devices_per_stage, loads, mems, params, microbatches, allreduce
     )
 
 
