@@ -147,6 +147,10 @@ class ChainTables:
         """The chain without computation (every layer time 0): what a placement's terms are
         when they do not depend on the architecture (memory, communication, parameters)."""
         layers = {n: self._layer(self.rows[n], 0.0, 0.0, 0.0, sp) for n in LAYERS}
+        return self._chain(layers, sp)
+
+    def _chain(self, layers: dict, sp: bool, window: ChainCost | None = None) -> ChainCost:
+        """The chain of this table's shard from its three layers' costs."""
         return ChainCost(
             **layers,
             blocks=self.blocks,
@@ -154,6 +158,7 @@ class ChainTables:
             microbatch=self.microbatch,
             sequence_parallel=sp,
             boundary_bytes=float(self.rows["block"]["boundary_bytes"]),
+            window=window,
             ep=self.ep,
             experts=self.experts,
         )
@@ -192,29 +197,6 @@ class ChainTables:
 
         out = {}
         for sp in (False, True) if self.tp > 1 else (False,):
-            main = build(lookup, sp)
-            win = None
-            if window is not None:
-                w = build(window, sp)
-                win = ChainCost(
-                    **w,
-                    blocks=self.blocks,
-                    tp=self.tp,
-                    microbatch=self.microbatch,
-                    sequence_parallel=sp,
-                    boundary_bytes=float(self.rows["block"]["boundary_bytes"]),
-                    ep=self.ep,
-                    experts=self.experts,
-                )
-            out[sp] = ChainCost(
-                **main,
-                blocks=self.blocks,
-                tp=self.tp,
-                microbatch=self.microbatch,
-                sequence_parallel=sp,
-                boundary_bytes=float(self.rows["block"]["boundary_bytes"]),
-                window=win,
-                ep=self.ep,
-                experts=self.experts,
-            )
+            win = None if window is None else self._chain(build(window, sp), sp)
+            out[sp] = self._chain(build(lookup, sp), sp, win)
         return out
