@@ -128,6 +128,18 @@ class Result:
         return max(0.0, (self.makespan_s - self.lower_bound_s) / self.makespan_s)
 
 
+def segment_buckets(inst: Instance, arts) -> dict[int, list[int]]:
+    """The ops between consecutive articulation ops `arts` (a segment each), keyed by the
+    number of articulation ops before them; the segments run one after another."""
+    artset = set(arts)
+    buckets: dict[int, list[int]] = {}
+    for i in range(inst.n):
+        if i not in artset:
+            b = sum(1 for a in arts if (inst.ancestors[i] >> a) & 1)
+            buckets.setdefault(b, []).append(i)
+    return buckets
+
+
 def articulation_ops(inst: Instance) -> list[int]:
     full = (1 << inst.n) - 1
     return [
@@ -219,15 +231,7 @@ class Scheduler:
         arts = articulation_ops(inst)
         if len(arts) == inst.n or not arts:
             return self._solve_segment(inst)
-        # ops between consecutive articulation ops form a segment
-        artset = set(arts)
-        buckets: dict[int, list[int]] = {}
-        for i in range(inst.n):
-            if i in artset:
-                continue
-            # number of articulation ops before i = its bucket
-            b = sum(1 for a in arts if (inst.ancestors[i] >> a) & 1)
-            buckets.setdefault(b, []).append(i)
+        buckets = segment_buckets(inst, arts)
         start = [0.0] * inst.n
         y = [0] * inst.n
         t = 0.0

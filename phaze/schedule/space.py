@@ -33,7 +33,7 @@ import pandas as pd
 from phaze.errors import PhazeError
 from phaze.schedule import bounds
 from phaze.schedule.instance import Instance
-from phaze.schedule.solve import articulation_ops
+from phaze.schedule.solve import articulation_ops, segment_buckets
 from phaze.schedule.tables import OpGraph, load_op_graphs
 
 
@@ -67,13 +67,7 @@ def _segments(inst: Instance) -> tuple[tuple[int, ...], list[list[int]]]:
     arts = articulation_ops(inst)
     if not arts or len(arts) == inst.n:
         return (), [list(range(inst.n))]
-    artset = set(arts)
-    buckets: dict[int, list[int]] = {}
-    for i in range(inst.n):
-        if i in artset:
-            continue
-        b = sum(1 for a in arts if (inst.ancestors[i] >> a) & 1)
-        buckets.setdefault(b, []).append(i)
+    buckets = segment_buckets(inst, arts)
     return tuple(arts), [buckets[b] for b in sorted(buckets)]
 
 
