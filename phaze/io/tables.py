@@ -25,6 +25,21 @@ from phaze.trace.moe import ROLES as MOE_ROLES
 i64, f64, s, b = pa.int64(), pa.float64(), pa.string(), pa.bool_()
 
 
+#: a chosen placement strategy's columns (best and comparison tables)
+_STRATEGY = (
+    ("recompute", s),
+    ("interleave", i64),
+    ("sequence_parallel", b),
+    ("distributed_optimizer", b),
+    ("ddp", s),
+    ("pp", i64),
+    ("tp", i64),
+    ("dp", i64),
+    # expert-parallel size inside dp (1: a dense model; -1 when unknown)
+    ("ep", i64),
+)
+
+
 def _schema(*fields: tuple[str, pa.DataType]) -> pa.Schema:
     return pa.schema([pa.field(n, t) for n, t in fields])
 
@@ -180,16 +195,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("arch", s),
         ("hbm_bytes", i64),
         ("microbatch", i64),
-        ("recompute", s),
-        ("interleave", i64),
-        ("sequence_parallel", b),
-        ("distributed_optimizer", b),
-        ("ddp", s),
-        ("pp", i64),
-        ("tp", i64),
-        ("dp", i64),
-        # expert-parallel size inside dp (1: a dense model; -1 when unknown)
-        ("ep", i64),
+        *_STRATEGY,
         ("throughput_seq_s", f64),
         ("speedup_vs_tpuv4_expert", f64),
         ("devices", i64),
@@ -210,16 +216,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("hbm_bytes", i64),
         ("devices", i64),
         ("microbatch", i64),
-        ("recompute", s),
-        ("interleave", i64),
-        ("sequence_parallel", b),
-        ("distributed_optimizer", b),
-        ("ddp", s),
-        ("pp", i64),
-        ("tp", i64),
-        ("dp", i64),
-        # expert-parallel size inside dp (1: a dense model; -1 when unknown)
-        ("ep", i64),
+        *_STRATEGY,
         ("throughput_seq_s", f64),
         ("speedup_vs_tpuv4_expert", f64),
         ("speedup_vs_tpuv4_upstream_expert", f64),
