@@ -40,6 +40,18 @@ _STRATEGY = (
 )
 
 
+#: a global search (strategy, common score, model, HBM, cluster size) and one architecture of it
+_SEARCH_ARCH = (
+    ("strategy", s),
+    ("common_score", s),
+    ("model", s),
+    ("hbm_bytes", i64),
+    ("devices", i64),
+    ("arch", s),
+    ("area_mm2", f64),
+)
+
+
 def _schema(*fields: tuple[str, pa.DataType]) -> pa.Schema:
     return pa.schema([pa.field(n, t) for n, t in fields])
 
@@ -256,13 +268,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     # every architecture of the space per global search: its proven upper bound and its best
     # achievable score known (NaN: not refined), how far it was refined (0 = space bound only)
     "certified": _schema(
-        ("strategy", s),
-        ("common_score", s),
-        ("model", s),
-        ("hbm_bytes", i64),
-        ("devices", i64),
-        ("arch", s),
-        ("area_mm2", f64),
+        *_SEARCH_ARCH,
         ("bucket", i64),
         ("throughput_upper_seq_s", f64),
         ("throughput_seq_s", f64),
@@ -288,13 +294,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "select": _schema(("model", s), ("microbatch", i64), ("arch", s), ("chunk", i64), ("why", s)),
     # the area-throughput front of each global search: its points, smallest area first
     "front": _schema(
-        ("strategy", s),
-        ("common_score", s),
-        ("model", s),
-        ("hbm_bytes", i64),
-        ("devices", i64),
-        ("arch", s),
-        ("area_mm2", f64),
+        *_SEARCH_ARCH,
         ("throughput_seq_s", f64),
         ("throughput_upper_seq_s", f64),
         ("exact", b),
