@@ -82,6 +82,19 @@ def combine_terms(compute_s, glb_s, hbm_s, issue_s):
     return terms.max(axis=0), BOUNDS[terms.argmax(axis=0)]
 
 
+def cost_terms(compute_s, glb_s, hbm_s, issue_s) -> dict:
+    """An operator's four cost terms with their latency and bound (`combine_terms`)."""
+    latency, bound = combine_terms(compute_s, glb_s, hbm_s, issue_s)
+    return {
+        "compute_s": compute_s,
+        "glb_s": glb_s,
+        "hbm_s": hbm_s,
+        "issue_s": issue_s,
+        "latency_s": latency,
+        "bound": bound,
+    }
+
+
 # ---------------------------------------------------------------------------------------------
 # one core
 # ---------------------------------------------------------------------------------------------
@@ -260,15 +273,9 @@ def matmul_cost(m, n, k, batch, core: dict, costmodel: dict, n_cores=1) -> dict:
     hbm_s = hbm_bytes / achievable_hbm_Bps(costmodel)
     comp_s, glb_s, hbm_s = np.broadcast_arrays(tiling["compute_s"], tiling["glb_s"], hbm_s)
     issue_s = np.where(hbm_bytes > 0, costmodel["op_issue_s"], 0.0) + np.zeros(comp_s.shape)
-    latency, bound = combine_terms(comp_s, glb_s, hbm_s, issue_s)
     return {
-        "compute_s": comp_s,
-        "glb_s": glb_s,
-        "hbm_s": hbm_s,
-        "issue_s": issue_s,
+        **cost_terms(comp_s, glb_s, hbm_s, issue_s),
         "hbm_bytes": hbm_bytes,
-        "latency_s": latency,
-        "bound": bound,
         **{key: tiling[key] for key in ("tile_m", "tile_n", "tiles", "tiles_per_core")},
         "b_stationary": tiling["b_stationary"],
     }
@@ -303,15 +310,7 @@ def vector_cost(
     glb_s = bytes_moved / (costmodel["glb_bandwidth_Bps"] * p)
     hbm_s = bytes_moved / achievable_hbm_Bps(costmodel)
     issue_s = np.where(elements > 0, costmodel["op_issue_s"], 0.0)
-    latency, bound = combine_terms(comp_s, glb_s, hbm_s, issue_s)
-    return {
-        "compute_s": comp_s,
-        "glb_s": glb_s,
-        "hbm_s": hbm_s,
-        "issue_s": issue_s,
-        "latency_s": latency,
-        "bound": bound,
-    }
+    return cost_terms(comp_s, glb_s, hbm_s, issue_s)
 
 
 def vector_latency(
