@@ -30,7 +30,7 @@ rule estimate_space:
 
 rule search_blind:
     input:
-        unpack(W.blind_inputs),
+        unpack(W.search_blind_inputs),
     output:
         "results/baselines/blind/{model}/choice.parquet",
     log:
@@ -41,7 +41,7 @@ rule search_blind:
         "../environment.yml"
     params:
         code=code_version("search/baselines.py", "search/commands.py"),
-        trace=W.blind_trace,
+        trace=W.search_blind_trace,
     shell:
         "python3 -m phaze search blind --model {wildcards.model:q} --trace {params.trace:q}"
         " --latency {input.latency:q} --space {input.space:q} --out {output:q} > {log:q} 2>&1"
@@ -88,10 +88,10 @@ rule schedule_blind:
         "../environment.yml"
     params:
         code=code_version("schedule"),
-        # the search's last ILP stage (ilp, or deep when it deepens): the baseline's schedules
+        # the search's last ILP solve (ilp, or deep when it deepens): the baseline's schedules
         # get the same solver effort as the answers'
-        cfg=W.blind_params(),
-        tier=W.stages[-1],
+        cfg=W.schedule_blind_params(),
+        tier=W.solves[-1],
         trace=W.trace_dir_of,
     shell:
         "python3 -m phaze schedule --tier {params.tier:q} --trace {params.trace:q}"

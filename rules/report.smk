@@ -6,7 +6,7 @@ rule report_plots:
     input:
         **W.summary,
     output:
-        W.plot_outputs(report),
+        W.report_plots_outputs(report),
     log:
         "results/logs/report/plots.log",
     benchmark:

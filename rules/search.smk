@@ -13,7 +13,7 @@
 #     search_prune (checkpoint) which of the round's components still matter -> ILP chunk tables
 #     schedule_ilp, place_ilp   the ILP for those only, and placement on its makespans (ilp)
 #                               and on its proven lower bounds (ilp_ub)
-#     with search.deepen_node_limit > 0, once more at {stage} = deep
+#     with search.deepen_node_limit > 0, once more at {solve} = deep
 #   baselines: rules/baselines.smk (placement-blind); the tpuv4 presets are refined in round 0.
 #   search_summary              results/summary/{best,comparison,explored,front,certified}.parquet
 # select, prune and summary get a manifest (written by their run: block from the Sweep function
@@ -35,7 +35,7 @@ checkpoint search_plan:
     params:
         # only what decides the plan
         code=code_version("search/plan.py"),
-        cfg=W.plan_params(),
+        cfg=W.search_plan_params(),
     shell:
         'python3 -m phaze search plan --space {input:q} --config "$PHAZE_CONFIG"'
         " --out {output:q} > {log:q} 2>&1"
@@ -79,7 +79,7 @@ rule space_bounds:
 
 checkpoint search_select:
     input:
-        unpack(W.select_inputs),
+        unpack(W.search_select_inputs),
     output:
         select="results/search/r{round}/select.parquet",
         state="results/search/r{round}/state.json",
@@ -97,7 +97,7 @@ checkpoint search_select:
         ),
     run:
         manifest = W.write_manifest(
-            f"{log}.manifest.json", W.select_manifest(wildcards), input
+            f"{log}.manifest.json", W.search_select_manifest(wildcards), input
         )
         # the round's progress line goes to the terminal of the Snakemake process too
         shell(
@@ -187,23 +187,23 @@ rule place_bounds:
 
 checkpoint search_prune:
     input:
-        unpack(W.prune_inputs),
+        unpack(W.search_prune_inputs),
     output:
-        directory("results/search/r{round}/{stage}"),
+        directory("results/search/r{round}/{solve}"),
     log:
-        f"{LOGS}/search/r{{round}}_{{stage}}_prune.log",
+        f"{LOGS}/search/r{{round}}_{{solve}}_prune.log",
     benchmark:
-        f"{BENCH}/search/r{{round}}_{{stage}}_prune.tsv"
+        f"{BENCH}/search/r{{round}}_{{solve}}_prune.tsv"
     params:
         code=W.search_code(),
         cfg=W.search_params(),
     run:
         manifest = W.write_manifest(
-            f"{log}.manifest.json", W.prune_manifest(wildcards), input
+            f"{log}.manifest.json", W.search_prune_manifest(wildcards), input
         )
         shell(
             "python3 -m phaze search prune --plan {input.plan:q} --round {wildcards.round}"
-            " --stage {wildcards.stage:q} --select {input.select:q} --state {input.state:q}"
+            " --solve {wildcards.solve:q} --select {input.select:q} --state {input.state:q}"
             " --manifest {manifest:q}"
             ' --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
         )
@@ -216,24 +216,24 @@ rule schedule_ilp:
         space=W.space,
         # lets a remote job evaluate the `archs` param (it reads the checkpoint); ancient(): its
         # mtime never re-runs an ILP, the content of `archs` does
-        selection=lambda wc: ancient(W.ilp_selection_file(wc)),
+        selection=lambda wc: ancient(W.schedule_ilp_selection(wc)),
     output:
-        f"{SCHED}/{{stage}}/r{{round}}_c{{chunk}}.parquet",
+        f"{SCHED}/{{solve}}/r{{round}}_c{{chunk}}.parquet",
     log:
-        f"{LOGS}/schedule/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/{{stage}}/r{{round}}_c{{chunk}}.log",
+        f"{LOGS}/schedule/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/{{solve}}/r{{round}}_c{{chunk}}.log",
     benchmark:
-        f"{BENCH}/schedule/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/{{stage}}/r{{round}}_c{{chunk}}.tsv"
+        f"{BENCH}/schedule/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/{{solve}}/r{{round}}_c{{chunk}}.tsv"
     conda:
         "../environment.yml"
     params:
         code=code_version("schedule"),
-        cfg=W.ilp_params,
+        cfg=W.schedule_ilp_params,
         trace=W.trace_dir_of,
         # the archs pruning selected, as a param: a re-run prune that selects the same archs
         # (say, after a placement edit) does not re-run the ILPs
-        archs=W.ilp_archs,
+        archs=W.schedule_ilp_archs,
     shell:
-        "python3 -m phaze schedule --tier {wildcards.stage:q} --trace {params.trace:q}"
+        "python3 -m phaze schedule --tier {wildcards.solve:q} --trace {params.trace:q}"
         " --latency {input.latency:q} --space {input.space:q} --archs {params.archs:q}"
         ' --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
 
@@ -242,12 +242,12 @@ rule place_ilp:
     input:
         unpack(W.place_inputs("ilp")),
     output:
-        ilp=W.place_outputs("r{round}_{stage}"),
-        ub=W.place_outputs("r{round}_{stage}_ub"),
+        ilp=W.place_outputs("r{round}_{solve}"),
+        ub=W.place_outputs("r{round}_{solve}_ub"),
     log:
-        f"{LOGS}/place/{{model}}/b{{mbs}}_r{{round}}_{{stage}}.log",
+        f"{LOGS}/place/{{model}}/b{{mbs}}_r{{round}}_{{solve}}.log",
     benchmark:
-        f"{BENCH}/place/{{model}}/b{{mbs}}_r{{round}}_{{stage}}.tsv"
+        f"{BENCH}/place/{{model}}/b{{mbs}}_r{{round}}_{{solve}}.tsv"
     conda:
         "../environment.yml"
     params:
@@ -260,7 +260,7 @@ rule place_ilp:
 
 rule search_summary:
     input:
-        unpack(W.summary_inputs),
+        unpack(W.search_summary_inputs),
     output:
         **W.summary,
         stats="results/summary/search_stats.json",
@@ -274,7 +274,7 @@ rule search_summary:
         out=lambda wc, output: os.path.dirname(output.stats),
     run:
         manifest = W.write_manifest(
-            f"{log}.manifest.json", W.summary_manifest(), input
+            f"{log}.manifest.json", W.search_summary_manifest(), input
         )
         shell(
             "python3 -m phaze search summarize --plan {input.plan:q} --space {input.space:q}"

@@ -30,7 +30,7 @@ class FakeCheckpoints:
     def __init__(self, root: Path):
         self.root = root
         self.search_plan = self._Checkpoint(lambda: [root / "chunks.parquet"])
-        self.search_prune = self._Checkpoint(lambda round, stage: [root / f"r{round}" / stage])
+        self.search_prune = self._Checkpoint(lambda round, solve: [root / f"r{round}" / solve])
         self.search_select = self._Checkpoint(
             lambda round: SimpleNamespace(
                 select=root / f"r{round}" / "select.parquet",
@@ -179,17 +179,20 @@ def test_rounds_from_the_checkpoints(sweep):
     assert sweep.last_round() == 1
     assert sweep.round_archs(wc(round="0", model="opt-350m", mbs="1", chunk="1")) == "b"
     assert sweep.ilp_chunks(0, "opt-350m", 1) == [0, 1] and sweep.ilp_chunks(0, "gpt2-xl", 2) == []
-    assert sweep.ilp_archs(wc(round="0", model="opt-350m", mbs="1", chunk="1", stage="ilp")) == "b"
+    assert (
+        sweep.schedule_ilp_archs(wc(round="0", model="opt-350m", mbs="1", chunk="1", solve="ilp"))
+        == "b"
+    )
 
 
 def test_manifests_list_exactly_the_jobs_inputs_with_their_metadata(sweep, tmp_path, monkeypatch):
-    assert sweep.stages == ["ilp"]
-    select1 = sweep.select_manifest(wc(round="1"))
+    assert sweep.solves == ["ilp"]
+    select1 = sweep.search_select_manifest(wc(round="1"))
     assert select1["space"] == sweep.space_records() and len(select1["space"]) == 4
     # round 0 bounds (4 pairs x 2 HBM x ub/lo) and its ILP files (2 pairs with a selection x 2
     # HBM x ilp/ilp_ub); the placement axes are inside each job
     assert len(select1["place"]) == 4 * 2 * 2 + 2 * 2 * 2
-    prune1 = sweep.prune_manifest(wc(round="1", stage="ilp"))["place"]
+    prune1 = sweep.search_prune_manifest(wc(round="1", solve="ilp"))["place"]
     assert prune1[: len(select1["place"])] == select1["place"]
     assert {(e["round"], e["tier"]) for e in prune1} == {
         (0, "ub"),
@@ -204,14 +207,14 @@ def test_manifests_list_exactly_the_jobs_inputs_with_their_metadata(sweep, tmp_p
         assert e["path"] == f"{d}/r{e['round']}_{e['tier']}.parquet"
     # the previous round's select and prune come first in time: a re-run checkpoint orders the
     # later ones
-    s1 = sweep.select_inputs(wc(round="1"))
+    s1 = sweep.search_select_inputs(wc(round="1"))
     assert s1["files"] == [e["path"] for kind in select1.values() for e in kind]
     assert s1["previous"] == "results/search/r0/state.json"
     assert s1["order"] == ["results/search/r0/ilp"]
-    p1 = sweep.prune_inputs(wc(round="1", stage="ilp"))
+    p1 = sweep.search_prune_inputs(wc(round="1", solve="ilp"))
     assert p1["select"] == "results/search/r1/select.parquet" and p1["order"] == []
     assert p1["state"] == "results/search/r1/state.json"
-    summary = sweep.summary_manifest()
+    summary = sweep.search_summary_manifest()
     assert summary["place"] == prune1 + [
         e for e in summary["place"] if (e["round"], e["tier"]) in ((1, "ilp"), (1, "ilp_ub"))
     ]
@@ -231,7 +234,7 @@ def test_manifests_list_exactly_the_jobs_inputs_with_their_metadata(sweep, tmp_p
         for e in sched
     )
     assert len([e for e in sched if e["tier"] == "blind"]) == (3 + 1) * 2
-    inputs = sweep.summary_inputs(wc())
+    inputs = sweep.search_summary_inputs(wc())
     assert inputs["files"] == [e["path"] for kind in summary.values() for e in kind]
     assert inputs["state"] == "results/search/r2/state.json"
     # what the search CLIs read back: every file exists
@@ -248,7 +251,7 @@ def test_the_deep_stage_reads_the_ilp_tier_and_feeds_the_next_round(sweep, tmp_p
     and the summary read the deep tier, the deep jobs write r{r}_deep / r{r}_deep_ub."""
     cfg = validate_config({**sweep.config, "search": {"deepen_node_limit": 1000}})
     deep = Sweep(cfg, sweep.checkpoints)
-    assert deep.stages == ["ilp", "deep"]
+    assert deep.solves == ["ilp", "deep"]
     for r, m, b, rows in ((0, "opt-350m", 1, [("b", 1)]), (1, "opt-350m", 2, [])):
         d = tmp_path / f"r{r}" / "deep"
         d.mkdir(parents=True, exist_ok=True)
@@ -257,9 +260,11 @@ def test_the_deep_stage_reads_the_ilp_tier_and_feeds_the_next_round(sweep, tmp_p
         pd.DataFrame([], columns=["arch", "chunk"]).to_parquet(
             tmp_path / "r0" / "deep" / f"{m}_b{b}.parquet"
         )
-    prune0 = deep.prune_manifest(wc(round="0", stage="deep"))["place"]
-    assert deep.prune_inputs(wc(round="0", stage="deep"))["order"] == ["results/search/r0/ilp"]
-    assert deep.select_inputs(wc(round="1"))["order"][-2:] == [
+    prune0 = deep.search_prune_manifest(wc(round="0", solve="deep"))["place"]
+    assert deep.search_prune_inputs(wc(round="0", solve="deep"))["order"] == [
+        "results/search/r0/ilp"
+    ]
+    assert deep.search_select_inputs(wc(round="1"))["order"][-2:] == [
         "results/search/r0/ilp",
         "results/search/r0/deep",
     ]
@@ -269,20 +274,23 @@ def test_the_deep_stage_reads_the_ilp_tier_and_feeds_the_next_round(sweep, tmp_p
         (0, "ilp"),
         (0, "ilp_ub"),
     }
-    select1 = deep.select_manifest(wc(round="1"))["place"]
+    select1 = deep.search_select_manifest(wc(round="1"))["place"]
     got = [e for e in select1 if e["tier"].startswith("deep")]
     assert sorted((e["model"], e["microbatch"], e["tier"]) for e in got) == sorted(
         ("opt-350m", 1, t) for t in ("deep", "deep_ub") for _ in (32, 80.5)
     )
     assert select1[: len(prune0)] == prune0
-    # the ilp stage of round 1 reads round 0 with its deep tier
-    assert got[0] in deep.prune_manifest(wc(round="1", stage="ilp"))["place"]
-    sched = [e for e in deep.summary_manifest()["schedules"] if e["tier"] == "deep"]
+    # the ilp solve of round 1 reads round 0 with its deep tier
+    assert got[0] in deep.search_prune_manifest(wc(round="1", solve="ilp"))["place"]
+    sched = [e for e in deep.search_summary_manifest()["schedules"] if e["tier"] == "deep"]
     assert {e["path"] for e in sched} == {
         f"results/schedule/opt-350m/b1_s2048_tp{t}/deep/r0_c1.parquet" for t in (1, 2, 4)
     }
-    w = wc(model="opt-350m", mbs="1", round="0", stage="deep")
-    assert deep.ilp_archs(wc(round="0", model="opt-350m", mbs="1", chunk="1", stage="deep")) == "b"
+    w = wc(model="opt-350m", mbs="1", round="0", solve="deep")
+    assert (
+        deep.schedule_ilp_archs(wc(round="0", model="opt-350m", mbs="1", chunk="1", solve="deep"))
+        == "b"
+    )
     args = [build_parser().parse_args(shlex.split(c)) for c in deep.place_commands("ilp")(w)]
     assert sorted(a.out.rsplit("/", 1)[1] for a in args) == sorted(
         ["r0_deep.parquet", "r0_deep_ub.parquet"] * 2
@@ -290,8 +298,10 @@ def test_the_deep_stage_reads_the_ilp_tier_and_feeds_the_next_round(sweep, tmp_p
     files = {f for a in args for s in a.schedules for f in s.split(",")}
     assert files == set(deep.place_inputs("ilp")(w)["schedules"])
     assert all("/deep/r0_c1.parquet" in f for f in files)
-    assert json.loads(deep.ilp_params(w))["search.deepen_node_limit"] == 1000
-    assert deep.blind_params() == deep.ilp_params(w) != sweep.blind_params()
+    assert json.loads(deep.schedule_ilp_params(w))["search.deepen_node_limit"] == 1000
+    assert (
+        deep.schedule_blind_params() == deep.schedule_ilp_params(w) != sweep.schedule_blind_params()
+    )
 
 
 def test_a_manifest_must_list_only_the_jobs_inputs(sweep, tmp_path):
@@ -362,7 +372,7 @@ def test_stand_alone_place_arguments(sweep):
 
 
 def test_plot_outputs_mark_the_pngs_for_the_report(sweep):
-    marked = sweep.plot_outputs(lambda path, caption, category: (path, caption, category))
+    marked = sweep.report_plots_outputs(lambda path, caption, category: (path, caption, category))
     pngs = [m for m in marked if isinstance(m, tuple)]
     assert [p for p, _, _ in pngs] == [p for p in sweep.plots() if p.endswith(".png")]
     assert ("results/plots/speedup.png", "../report/speedup.rst", "Speedups") in pngs

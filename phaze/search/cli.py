@@ -5,8 +5,8 @@
                 architecture of the space (the space bound), per HBM size and cluster size
 * ``select``    the space bounds and the placements of the rounds so far → round r's components
                 to refine (select.parquet) and the search's state before it (state.json)
-* ``prune``     round r's placements → which of its components the ILP stage solves (one chunk
-                table per model × microbatch); ``--stage deep``: with the ILP tier in, which of
+* ``prune``     round r's placements → which of its components the round's ILP solve takes (one
+                chunk table per model × microbatch); ``--solve deep``: with the ILP tier in, which of
                 them get the deeper ILP
 * ``blind``     t = 1 latencies of the whole space → the placement-blind baseline's arch
 * ``batch``     several ``phaze`` commands in one process (the workflow's placement jobs)
@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--state", required=True, help="the round's state.json")
             p.add_argument("--out", required=True, help="output directory")
             p.add_argument(
-                "--stage",
+                "--solve",
                 choices=("ilp", "deep"),
                 default="ilp",
                 help="ilp: after the bound tier; deep: after the ilp tier, the components still "

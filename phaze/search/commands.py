@@ -158,24 +158,24 @@ def select_round(args: argparse.Namespace) -> int:
 
 
 def prune(args: argparse.Namespace) -> int:
-    """Which of round r's components the ILP stage ``--stage`` solves: one chunk table per
+    """Which of round r's components the ILP solve ``--solve`` takes: one chunk table per
     (model, microbatch) of the round (its chunks are the round's select chunks) and
     selected.parquet."""
     ri = RoundInputs(args)
-    r, stage = ri.round, args.stage
-    if stage == "deep" and ri.settings.final_tier != "deep":
-        raise PhazeError("prune --stage deep needs search.deepen_node_limit > 0 in the config")
+    r, solve = ri.round, args.solve
+    if solve == "deep" and ri.settings.final_tier != "deep":
+        raise PhazeError("prune --solve deep needs search.deepen_node_limit > 0 in the config")
     sel = read_table(args.select, "select")
     visit, completed = walk_position(args.state)
     prior = walk_prior_states(ri.components(r), ri.plan, completed, ri.settings, ri.models)
-    tiers = ("ub", "lo") if stage == "ilp" else ("ub", "lo", "ilp", "ilp_ub")
+    tiers = ("ub", "lo") if solve == "ilp" else ("ub", "lo", "ilp", "ilp_ub")
     comp = ri.components(r, tiers)
     cand = sel
-    if stage == "deep":
+    if solve == "deep":
         done = comp.loc[comp["level"] >= LEVEL["ilp"], COMPONENT_COLUMNS]
         cand = sel.merge(done.drop_duplicates(), on=COMPONENT_COLUMNS)
     chosen = solve_selection(
-        comp, ri.plan, ri.settings, ri.models, visit, prior, cand, stage, ri.pinned
+        comp, ri.plan, ri.settings, ri.models, visit, prior, cand, solve, ri.pinned
     )
     chosen = chosen.merge(sel[COMPONENT_COLUMNS + ["chunk"]], on=COMPONENT_COLUMNS)
     out = Path(args.out)
@@ -186,7 +186,7 @@ def prune(args: argparse.Namespace) -> int:
             mine[["arch", "chunk"]].reset_index(drop=True), out / f"{m}_b{b}.parquet", "chunks"
         )
     write_table(chosen, out / "selected.parquet", "select")
-    what = "ILP" if stage == "ilp" else "deep ILP"
+    what = "ILP" if solve == "ilp" else "deep ILP"
     print(
         f"phaze search prune: round {r}: {what} for {len(chosen)} of {len(cand)} "
         f"(model, microbatch, arch) of the round -> {out}"

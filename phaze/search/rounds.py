@@ -169,11 +169,11 @@ def solve_selection(
     walk_visit: int | None,
     walk_prior: pd.DataFrame | None,
     candidates: pd.DataFrame,
-    stage: str,
+    solve: str,
     pinned: tuple[str, ...] = (),
 ) -> pd.DataFrame:
     """Which of the round's ``candidates`` (its components that reached the bound tier — or, for
-    ``stage='deep'``, the ILP tier — in this round) the ILP stage ``stage`` solves: those the
+    ``solve='deep'``, the ILP tier — in this round) the ILP solve ``solve`` takes: those the
     walk (visiting plan round ``walk_visit``, its states before the round ``walk_prior``) or the
     global search still needs with the round's values in (``comp``), and the pinned
     baselines."""
@@ -189,9 +189,9 @@ def solve_selection(
     cand = candidates[COMPONENT_COLUMNS].drop_duplicates()
     cand = cand.assign(microbatch=cand["microbatch"].astype("int64"))
     sel = sel.merge(cand, on=COMPONENT_COLUMNS)
-    # only components short of the stage's tier (one selected again for the deep tier has its
+    # only components short of the solve's tier (one selected again for the deep tier has its
     # ILP already)
-    target = LEVEL["ilp"] if stage == "ilp" else LEVEL["deep"]
+    target = LEVEL["ilp"] if solve == "ilp" else LEVEL["deep"]
     level = comp.groupby(COMPONENT_COLUMNS)["level"].max()
     lv = level.reindex(pd.MultiIndex.from_frame(sel[COMPONENT_COLUMNS])).to_numpy()
     return sel[lv < target].reset_index(drop=True)

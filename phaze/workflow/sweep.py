@@ -19,11 +19,11 @@ size ep > 1):
     estimate/{model}/{tag}/r{round}_c{chunk}.parquet        rule estimate_round
     estimate/{model}/{tag}/{chunk}.parquet | space | blind  rules estimate, estimate_space/_blind
     schedule/{model}/{tag}/bounds/r{round}_c{chunk}.parquet rule schedule_bounds
-    schedule/{model}/{tag}/{stage}/r{round}_c{chunk}.parquet rule schedule_ilp ({stage}: ilp | deep)
+    schedule/{model}/{tag}/{solve}/r{round}_c{chunk}.parquet rule schedule_ilp ({solve}: ilp | deep)
     schedule/{model}/{tag}/blind.parquet | {chunk}.parquet  rules schedule_blind, schedule
     place/{model}/h{hbm}_b{mbs}/r{round}_{tier}.parquet | blind | {chunk}
         ({tier}: ub | lo | ilp | ilp_ub | deep | deep_ub)
-    search/r{round}/{stage}/{model}_b{mbs}.parquet          checkpoint search_prune
+    search/r{round}/{solve}/{model}_b{mbs}.parquet          checkpoint search_prune
     summary/{best,comparison,explored,front,certified}.parquet, search_stats.json
 """
 
@@ -58,8 +58,8 @@ ILP_TIERS = (("ilp", "makespan_s"), ("ilp_ub", "lower_bound_s"))
 # the deep tier (search.deepen_node_limit > 0): the same, on a deeper ILP of fewer archs
 DEEP_TIERS = (("deep", "makespan_s"), ("deep_ub", "lower_bound_s"))
 BLIND_TIERS = (("ilp", "makespan_s"),)
-#: the ILP stages of a round, in order: each one's selection reads the placements of the last
-STAGE_TIERS = {"ilp": ILP_TIERS, "deep": DEEP_TIERS}
+#: the ILP solves of a round, in order: each one's selection reads the placements of the last
+SOLVE_TIERS = {"ilp": ILP_TIERS, "deep": DEEP_TIERS}
 
 
 def gib_str(h: float) -> str:
@@ -122,8 +122,8 @@ class Sweep:
             for n in ("best", "comparison", "explored", "front", "certified")
         }
         self.blind_mbs = min(self.microbatches)
-        # the ILP stages of every round: ilp, and deep when the search deepens
-        self.stages = ["ilp"] + (["deep"] if self.search["deepen_node_limit"] > 0 else [])
+        # the ILP solves of every round: ilp, and deep when the search deepens
+        self.solves = ["ilp"] + (["deep"] if self.search["deepen_node_limit"] > 0 else [])
 
     # --- axes and paths ------------------------------------------------------------------------
     def tps(self, model: str) -> list[int]:
@@ -186,7 +186,7 @@ class Sweep:
             for fmt in self.config["report"]["formats"]
         ]
 
-    def plot_outputs(self, report) -> list:
+    def report_plots_outputs(self, report) -> list:
         """rule report_plots' outputs; the PNGs marked for `snakemake --report` (``report`` is
         Snakemake's function) with their caption report/NAME.rst."""
         return [
@@ -231,7 +231,7 @@ class Sweep:
         costmodel = {k: self.config["costmodel"].get(k) for k in overridden}
         return json.dumps({"arch": self.config["arch"], "costmodel": costmodel}, sort_keys=True)
 
-    def plan_params(self) -> str:
+    def search_plan_params(self) -> str:
         return json.dumps({k: self.search[k] for k in PLAN_KEYS}, sort_keys=True)
 
     def search_params(self) -> str:
@@ -358,32 +358,32 @@ class Sweep:
             r += 1
         return r - 1
 
-    def ilp_selection_file(self, wc) -> str:
-        """The chunk table of the archs the ILP stage ``wc.stage`` (ilp | deep) solves."""
-        d = self.checkpoints.search_prune.get(round=int(wc.round), stage=wc.stage).output[0]
+    def schedule_ilp_selection(self, wc) -> str:
+        """The chunk table of the archs the ILP solve ``wc.solve`` (ilp | deep) solves."""
+        d = self.checkpoints.search_prune.get(round=int(wc.round), solve=wc.solve).output[0]
         return f"{d}/{wc.model}_b{wc.mbs}.parquet"
 
-    def _selection(self, r, m, b, stage) -> pd.DataFrame:
-        path = self.ilp_selection_file(_Wildcards(round=r, model=m, mbs=b, stage=stage))
+    def _selection(self, r, m, b, solve) -> pd.DataFrame:
+        path = self.schedule_ilp_selection(_Wildcards(round=r, model=m, mbs=b, solve=solve))
         return _read_parquet(path, os.path.getmtime(path), ("arch", "chunk"))
 
-    def ilp_chunks(self, r, m, b, stage="ilp") -> list[int]:
-        """Chunks of round r whose selection for (m, b) at ILP stage ``stage`` is non-empty."""
-        return sorted(int(c) for c in self._selection(r, m, b, stage)["chunk"].unique())
+    def ilp_chunks(self, r, m, b, solve="ilp") -> list[int]:
+        """Chunks of round r whose selection for (m, b) at ILP solve ``solve`` is non-empty."""
+        return sorted(int(c) for c in self._selection(r, m, b, solve)["chunk"].unique())
 
-    def ilp_archs(self, wc) -> str:
+    def schedule_ilp_archs(self, wc) -> str:
         """The archs pruning selected in one chunk, comma-joined (rule schedule_ilp's param)."""
-        sel = self._selection(wc.round, wc.model, wc.mbs, wc.stage)
+        sel = self._selection(wc.round, wc.model, wc.mbs, wc.solve)
         return ",".join(sorted(sel.loc[sel["chunk"] == int(wc.chunk), "arch"]))
 
-    def blind_params(self) -> str:
-        """rule schedule_blind's config: that of the search's last ILP stage."""
-        return self.ilp_params(_Wildcards(stage=self.stages[-1]))
+    def schedule_blind_params(self) -> str:
+        """rule schedule_blind's config: that of the search's last ILP solve."""
+        return self.schedule_ilp_params(_Wildcards(solve=self.solves[-1]))
 
-    def ilp_params(self, wc) -> str:
-        """What an ILP-stage job reads of the config: the schedule section, and for the deep
-        stage the search's deep limits (the schedule CLI's ``--tier deep``)."""
-        if wc.stage == "ilp":
+    def schedule_ilp_params(self, wc) -> str:
+        """What an ILP-solve job reads of the config: the schedule section, and for the deep
+        solve the search's deep limits (the schedule CLI's ``--tier deep``)."""
+        if wc.solve == "ilp":
             return self.section("schedule")
         return self.section("schedule", "search.deepen_node_limit", "search.deepen_time_limit_s")
 
@@ -405,30 +405,30 @@ class Sweep:
             for tier, _ in BOUND_TIERS
         ]
 
-    def ilp_place_records(self, r, stage="ilp") -> list[dict]:
+    def ilp_place_records(self, r, solve="ilp") -> list[dict]:
         return [
             self._place_record(m, h, b, r, tier, f"r{r}_{tier}")
             for m, b in self.pairs_of_round(r)
-            if self.ilp_chunks(r, m, b, stage)
+            if self.ilp_chunks(r, m, b, solve)
             for h in self.hbm_gib
-            for tier, _ in STAGE_TIERS[stage]
+            for tier, _ in SOLVE_TIERS[solve]
         ]
 
-    def stages_before(self, stage: str) -> list[str]:
-        """The ILP stages of a round that run before ``stage`` (its selection reads them)."""
-        return self.stages[: self.stages.index(stage)]
+    def solves_before(self, solve: str) -> list[str]:
+        """The ILP solves of a round that run before ``solve`` (its selection reads them)."""
+        return self.solves[: self.solves.index(solve)]
 
-    def round_place_records(self, r, stages: list[str]) -> list[dict]:
-        """Round r's placement records: the bound tiers, then those of the ILP ``stages``."""
+    def round_place_records(self, r, solves: list[str]) -> list[dict]:
+        """Round r's placement records: the bound tiers, then those of the ILP ``solves``."""
         out = self.bound_place_records(r)
-        for stage in stages:
-            out += self.ilp_place_records(r, stage)
+        for solve in solves:
+            out += self.ilp_place_records(r, solve)
         return out
 
     def place_records_upto(self, r) -> list[dict]:
         out = []
         for q in range(int(r) + 1):
-            out += self.round_place_records(q, self.stages)
+            out += self.round_place_records(q, self.solves)
         return out
 
     def blind_place_records(self) -> list[dict]:
@@ -449,7 +449,7 @@ class Sweep:
         out = []
         for q in range(int(r) + 1):
             for m, b in self.pairs_of_round(q):
-                chosen = {stage: self.ilp_chunks(q, m, b, stage) for stage in self.stages}
+                chosen = {solve: self.ilp_chunks(q, m, b, solve) for solve in self.solves}
                 for t, e in self.shards(m):
                     d = self.schedule_dir(m, b, shard_name(t, e))
                     out += [
@@ -457,8 +457,8 @@ class Sweep:
                         for c in self.round_chunks(q, m, b)
                     ]
                     out += [
-                        _schedule_record(f"{d}/{stage}/r{q}_c{c}.parquet", m, b, t, stage)
-                        for stage, chunks in chosen.items()
+                        _schedule_record(f"{d}/{solve}/r{q}_c{c}.parquet", m, b, t, solve)
+                        for solve, chunks in chosen.items()
                         for c in chunks
                     ]
         out += [
@@ -472,17 +472,17 @@ class Sweep:
         return out
 
     # --- search checkpoints and summary: inputs and manifests ----------------------------------
-    def select_manifest(self, wc) -> dict:
+    def search_select_manifest(self, wc) -> dict:
         """Round r's select reads the space bounds and every placement of the rounds before."""
         return {"space": self.space_records(), "place": self.place_records_upto(int(wc.round) - 1)}
 
-    def prune_manifest(self, wc) -> dict:
-        """The ilp stage reads round r's bound tiers; the deep stage also its ilp tiers."""
+    def search_prune_manifest(self, wc) -> dict:
+        """The ilp solve reads round r's bound tiers; the deep solve also its ilp tiers."""
         r = int(wc.round)
-        current = self.round_place_records(r, self.stages_before(wc.stage))
+        current = self.round_place_records(r, self.solves_before(wc.solve))
         return {"space": self.space_records(), "place": self.place_records_upto(r - 1) + current}
 
-    def summary_manifest(self, wc=None) -> dict:
+    def search_summary_manifest(self, wc=None) -> dict:
         r = self.last_round()
         return {
             "space": self.space_records(),
@@ -495,37 +495,37 @@ class Sweep:
             "schedules": self.schedule_records_upto(r),
         }
 
-    def _checkpoint_files(self, r, stages) -> list[str]:
+    def _checkpoint_files(self, r, solves) -> list[str]:
         """The outputs of round r's prune checkpoints a later step must wait for: when a config
         edit re-runs an earlier checkpoint, the steps after it must not start while it runs
         (their run: blocks read it)."""
-        return [f"{self.results}/search/r{r}/{stage}" for stage in stages]
+        return [f"{self.results}/search/r{r}/{solve}" for solve in solves]
 
-    def select_inputs(self, wc) -> dict:
+    def search_select_inputs(self, wc) -> dict:
         r = int(wc.round)
-        out = {"plan": self.plan, "files": _paths(self.select_manifest(wc))}
+        out = {"plan": self.plan, "files": _paths(self.search_select_manifest(wc))}
         if r > 0:
             out["previous"] = f"{self.results}/search/r{r - 1}/state.json"
-            out["order"] = self._checkpoint_files(r - 1, self.stages)
+            out["order"] = self._checkpoint_files(r - 1, self.solves)
         return out
 
-    def prune_inputs(self, wc) -> dict:
+    def search_prune_inputs(self, wc) -> dict:
         r = int(wc.round)
         return {
             "plan": self.plan,
             "select": f"{self.results}/search/r{r}/select.parquet",
             "state": f"{self.results}/search/r{r}/state.json",
-            "files": _paths(self.prune_manifest(wc)),
-            # the deep stage follows the round's ilp selection
-            "order": self._checkpoint_files(r, self.stages_before(wc.stage)),
+            "files": _paths(self.search_prune_manifest(wc)),
+            # the deep solve follows the round's ilp selection
+            "order": self._checkpoint_files(r, self.solves_before(wc.solve)),
         }
 
-    def summary_inputs(self, wc) -> dict:
+    def search_summary_inputs(self, wc) -> dict:
         return {
             "plan": self.plan,
             "space": self.space,
             "state": f"{self.results}/search/r{self.last_round() + 1}/state.json",
-            "files": _paths(self.summary_manifest()),
+            "files": _paths(self.search_summary_manifest()),
         }
 
     def write_manifest(self, path: str, doc: dict, inputs) -> str:
@@ -549,9 +549,9 @@ class Sweep:
             if kind == "bounds":
                 chunks = self.round_chunks(wc.round, m, b)
                 scheds.append([f"{d}/bounds/r{wc.round}_c{c}.parquet" for c in chunks])
-            elif kind == "ilp":  # the ILP stage of the wildcards (ilp | deep)
-                chunks = self.ilp_chunks(wc.round, m, b, wc.stage)
-                scheds.append([f"{d}/{wc.stage}/r{wc.round}_c{c}.parquet" for c in chunks])
+            elif kind == "ilp":  # the ILP solve of the wildcards (ilp | deep)
+                chunks = self.ilp_chunks(wc.round, m, b, wc.solve)
+                scheds.append([f"{d}/{wc.solve}/r{wc.round}_c{c}.parquet" for c in chunks])
             elif kind == "blind":
                 chunks = ["blind"]
                 scheds.append([f"{d}/blind.parquet"])
@@ -611,7 +611,7 @@ class Sweep:
 
         def commands(wc) -> list[str]:
             if kind == "ilp":
-                tiers = STAGE_TIERS[wc.stage]
+                tiers = SOLVE_TIERS[wc.solve]
             else:
                 tiers = BOUND_TIERS if kind == "bounds" else BLIND_TIERS
             base = self._place_args(wc, kind)
@@ -639,13 +639,13 @@ class Sweep:
         return self._place_args(wc, "chunk")[1:] + ["--hbm-gib", wc.hbm]
 
     # --- placement-blind baseline --------------------------------------------------------------
-    def blind_trace(self, wc) -> str:
+    def search_blind_trace(self, wc) -> str:
         return self.trace_dir(wc.model, self.blind_mbs, BLIND_SHARD)
 
-    def blind_inputs(self, wc) -> dict[str, str]:
+    def search_blind_inputs(self, wc) -> dict[str, str]:
         m = wc.model
         return {
-            "layers": f"{self.blind_trace(wc)}/layers.parquet",
+            "layers": f"{self.search_blind_trace(wc)}/layers.parquet",
             "latency": f"{self.estimate_dir(m, self.blind_mbs, BLIND_SHARD)}/space.parquet",
             "space": self.space,
         }
