@@ -44,7 +44,7 @@ def main() -> int:
     args = ap.parse_args()
     cfg = load_config(None)
     preset = load_preset("a100-80gb")
-    hbm = float(preset["gpu"]["hbm_bytes"])
+    hbm = float(preset["gpu"]["hbm_capacity_bytes"])
     rows = read_reference()
     pick = [int(x) for x in args.rows.split(",")] if args.rows else range(len(rows))
     for i in pick:
@@ -65,7 +65,7 @@ def main() -> int:
             devices=row["gpus"],
             global_batch=row["global_batch"],
             seq=SEQ,
-            hbm_bytes=hbm,
+            hbm_capacity_bytes=hbm,
             config=cfg,
             microbatches=microbatches,
             tps=[1, 2, 4, 8],

@@ -175,7 +175,7 @@ def searches(explored: pd.DataFrame, best: pd.DataFrame) -> list[dict]:
     """Architectures visited and the certificate of every search (strategy x model x HBM x N)."""
     ex = explored[explored["strategy"].str.startswith("phaze-")]
     out = []
-    keys = ["strategy", "model", "hbm_bytes", "devices"]
+    keys = ["strategy", "model", "hbm_capacity_bytes", "devices"]
     win = best[best["mode"] == "early_stop"].copy()
     # Phaze-Common's answer has one row per model (one arch); its search is model "*"
     win.loc[win["strategy"] == "phaze-common", "model"] = "*"
@@ -205,7 +205,7 @@ def searches(explored: pd.DataFrame, best: pd.DataFrame) -> list[dict]:
 
 def comparison_table(cmp: pd.DataFrame) -> pd.DataFrame:
     cmp = cmp[cmp["devices"] == cmp["devices"].max()].copy()
-    cmp["hbm_gib"] = cmp["hbm_bytes"] / GIB
+    cmp["hbm_gib"] = cmp["hbm_capacity_bytes"] / GIB
     cmp["glb_mib"] = cmp["glb_bytes"] / 2**20
     missing = [c for c in COMPARISON_COLUMNS if c not in cmp.columns]
     if missing:

@@ -162,7 +162,7 @@ def upstream(args) -> None:
                 latency=1e-6,
                 param_state_factor=8.0,
                 recompute=recompute,
-                memory_capacity=hbm_gib * 2**30,
+                hbm_capacity_bytes=hbm_gib * 2**30,
                 max_positions=1024,
             )
             ar = AllReduce(mode="max", bandwidth=44.8e9, latency=1e-6)
@@ -185,7 +185,7 @@ def upstream(args) -> None:
                 latency=1e-6,
                 param_state_factor=8.0,
                 recompute=recompute,
-                memory_capacity=hbm_gib * 2**30,
+                hbm_capacity_bytes=hbm_gib * 2**30,
                 max_positions=1024,
             )
             ar = AllReduce(mode="max", bandwidth=44.8e9, latency=1e-6, network=net)

@@ -52,16 +52,16 @@ def exact_check(trace_dirs, tps, model, b, space, config, bounds, top, sample, s
     from phaze.estimate.model import achievable_hbm_Bps
     from phaze.place.megatron import optimize
     from phaze.place.objective_megatron import step_network
-    from phaze.place.settings import PlaceSettings, hbm_bytes_of
+    from phaze.place.settings import PlaceSettings, hbm_capacity_bytes_of
     from phaze.search.space_bounds import Trace
     from phaze.step.model import StepConstants
 
     place = config["place"]
-    hbm = hbm_bytes_of(place["hbm_gib"][0])
+    hbm = hbm_capacity_bytes_of(place["hbm_gib"][0])
     devices = place["devices"][0]
     settings = PlaceSettings.from_config(config, model, hbm, b)
     grid = space[space["preset"].fillna("") == ""].reset_index(drop=True)
-    mine = bounds[(bounds["hbm_bytes"] == hbm) & (bounds["devices"] == devices)]
+    mine = bounds[(bounds["hbm_capacity_bytes"] == hbm) & (bounds["devices"] == devices)]
     mine = mine.set_index("arch")["throughput_upper_seq_s"].reindex(grid["arch"]).to_numpy()
     order = np.argsort(-np.nan_to_num(mine, nan=-1.0))
     rng = np.random.default_rng(seed)

@@ -46,7 +46,7 @@ def truth_table(rng, n_archs, n_hbm=1, infeasible_frac=0.1, space_slack=0.2) -> 
         rows.append(
             {
                 "model": m,
-                "hbm_bytes": (h + 1) * 2**30,
+                "hbm_capacity_bytes": (h + 1) * 2**30,
                 "microbatch": b,
                 "devices": 64,
                 "arch": f"a{a}",
@@ -98,7 +98,7 @@ def with_dominance(truth: pd.DataFrame, rng, p_edge: float = 0.3) -> pd.DataFram
     for _, grp in truth.groupby(["model", "microbatch"], sort=False):
         ups = {x: [y for y in range(x + 1, n) if rng.random() < p_edge] for x in range(n)}
         text = {f"a{x}": ",".join(f"a{y}" for y in ys) for x, ys in ups.items()}
-        for _, g in grp.groupby(["hbm_bytes", "devices"], sort=False):
+        for _, g in grp.groupby(["hbm_capacity_bytes", "devices"], sort=False):
             g = g.sort_values("arch", key=lambda a: a.str[1:].astype(int)).copy()
             t = g["t"].to_numpy(float).copy()
             for x in range(n - 1, -1, -1):  # larger ids first: their t is final

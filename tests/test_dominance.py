@@ -166,7 +166,7 @@ def test_closure_is_the_smallest_bound_over_every_dominating_chain(seed, n, p_ed
     wide = pd.DataFrame(
         {
             "model": "m",
-            "hbm_bytes": 1,
+            "hbm_capacity_bytes": 1,
             "microbatch": np.repeat([1, 2], n),
             "devices": 8,
             "arch": [f"a{i}" for i in range(n)] * 2,
@@ -192,7 +192,7 @@ def test_edges_are_read_per_model_and_microbatch_from_the_space_bounds():
             "arch": ["a", "a", "b", "a"],
             "model": ["m", "m", "m", "m"],
             "microbatch": [1, 1, 1, 2],
-            "hbm_bytes": [1, 2, 1, 1],
+            "hbm_capacity_bytes": [1, 2, 1, 1],
             "devices": 8,
             "throughput_upper_seq_s": 1.0,
             "dominated_by": ["b,c", "b,c", "", "c"],
@@ -209,7 +209,13 @@ def test_edges_are_read_per_model_and_microbatch_from_the_space_bounds():
 
 def test_an_achieved_value_above_a_dominating_bound_is_an_error():
     wide = pd.DataFrame(
-        {"model": ["m"], "microbatch": [2], "arch": ["a"], "hbm_bytes": [1], "devices": [8]}
+        {
+            "model": ["m"],
+            "microbatch": [2],
+            "arch": ["a"],
+            "hbm_capacity_bytes": [1],
+            "devices": [8],
+        }
     )
     check_closed(wide, np.array([10.0]), np.array([10.0]))
     check_closed(wide, np.array([10.0]), np.array([np.nan]))
@@ -241,7 +247,7 @@ def test_the_refinement_takes_a_dominating_open_arch_before_the_archs_it_dominat
             "strategy": "phaze-per-model",
             "common_score": "",
             "model": "m",
-            "hbm_bytes": 1,
+            "hbm_capacity_bytes": 1,
             "devices": 8,
             "arch": ["a", "b", "c", "d"],
             "hi": [10.0, 9.0, 8.0, 7.0],

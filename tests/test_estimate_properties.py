@@ -47,7 +47,7 @@ def test_speedup_is_at_most_linear_and_roofline_holds(shape, c, p):
     peak = 2.0 * p * c["tc_width"] * c["tc_depth"] * c["freq_hz"]
     assert many["latency_s"] >= 2.0 * m * n * k * b / peak * (1 - 1e-9)
     compulsory = CM["bytes_per_element"] * b * (m * k + k * n + m * n)
-    assert many["hbm_bytes"] >= compulsory
+    assert many["hbm_traffic_bytes"] >= compulsory
     assert many["latency_s"] >= compulsory / CM["hbm_bandwidth_Bps"] * (1 - 1e-9)
 
 

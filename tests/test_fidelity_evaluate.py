@@ -373,7 +373,7 @@ def test_presets_carry_sources_and_h100_beats_a100():
 
 def test_memory_capacity_is_checked():
     small = run(tiny_gpt())
-    assert small["fits_memory"] is True and small["hbm_bytes"] == 80 * 2**30
+    assert small["fits_memory"] is True and small["hbm_capacity_bytes"] == 80 * 2**30
     # 6.4 B parameters x 16 B of Adam state on one device cannot fit in 80 GiB
     big = tiny_gpt(layers=32, hidden=4096, heads=32)
     r = run(big, devices=1, tp=1, pp=1, microbatch=1, global_batch=1)

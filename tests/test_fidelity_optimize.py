@@ -31,7 +31,7 @@ def test_optimize_is_never_slower_than_the_published_strategy(row):
         devices=row["gpus"],
         global_batch=row["global_batch"],
         seq=SEQ,
-        hbm_bytes=float(A100["gpu"]["hbm_bytes"]),
+        hbm_capacity_bytes=float(A100["gpu"]["hbm_capacity_bytes"]),
         config=CFG,
         microbatches=sorted({1, row["microbatch"]}),
         tps=[1, 2, 4, 8],

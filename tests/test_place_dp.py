@@ -123,7 +123,7 @@ def test_dp_equals_brute_force_on_random_chains(seed):
         latency=latency,
         param_state_factor=factor,
         recompute=recompute,
-        memory_capacity=capacity,
+        hbm_capacity_bytes=capacity,
         max_positions=devices,
     )
     ar = AllReduce(mode=mode, bandwidth=bandwidth, latency=latency)
@@ -221,7 +221,7 @@ def test_dp_equals_brute_force_on_random_dags(seed):
         latency=0.01,
         param_state_factor=factor,
         recompute=bool(seed % 3 == 0),
-        memory_capacity=float(rng.uniform(0.3, 1.5) * whole),
+        hbm_capacity_bytes=float(rng.uniform(0.3, 1.5) * whole),
         max_positions=devices,
     )
     for mode in ("first", "max"):
@@ -246,7 +246,7 @@ def test_chain_table_matches_generic_walk():
             latency=0.05,
             param_state_factor=8.0,
             recompute=recompute,
-            memory_capacity=30.0,
+            hbm_capacity_bytes=30.0,
             max_positions=16,
         )
         a, b = build_chain_table(g, rule), build_generic_table(g, rule)
@@ -271,7 +271,7 @@ def test_hand_computed_three_layer_example():
         latency=0.5,
         param_state_factor=2.0,
         recompute=False,
-        memory_capacity=100.0,
+        hbm_capacity_bytes=100.0,
         max_positions=2,
     )
     ar = AllReduce(mode="max", bandwidth=2.0, latency=0.5)
@@ -296,7 +296,7 @@ def test_hand_computed_three_layer_example():
         latency=0.5,
         param_state_factor=2.0,
         recompute=True,
-        memory_capacity=100.0,
+        hbm_capacity_bytes=100.0,
         max_positions=2,
     )
     p, _ = time_placement(g, rule_rc, 1, [[0, 1], [2]], 1, 2, 4, ar)
@@ -312,7 +312,7 @@ def test_memory_infeasible_is_reported_not_raised():
         latency=0.0,
         param_state_factor=8.0,
         recompute=False,
-        memory_capacity=50.0,
+        hbm_capacity_bytes=50.0,
         max_positions=8,
     )
     ar = AllReduce(mode="max", bandwidth=1.0)
@@ -336,7 +336,7 @@ def test_tracking_rarer_stage_kind_matches_device_budget():
         latency=0.0,
         param_state_factor=2.0,
         recompute=False,
-        memory_capacity=1.0,
+        hbm_capacity_bytes=1.0,
         max_positions=9,
     )
     ar = AllReduce(mode="first", bandwidth=1.0)

@@ -184,7 +184,7 @@ def hier_case(seed):
         latency=0.0,
         param_state_factor=factor,
         recompute=recompute,
-        memory_capacity=capacity,
+        hbm_capacity_bytes=capacity,
         max_positions=devices,
     )
     ar = AllReduce(mode="max", bandwidth=1.0, network=PlaceNetwork(net, scatter_gather=sg))
@@ -249,7 +249,7 @@ def test_equal_levels_reduce_to_the_flat_link(seed, t, recompute, npn):
         latency=lat,
         param_state_factor=8.0,
         recompute=recompute,
-        memory_capacity=float(rng.uniform(0.3, 2.0) * (8 * params.sum() + acts.sum())),
+        hbm_capacity_bytes=float(rng.uniform(0.3, 2.0) * (8 * params.sum() + acts.sum())),
         max_positions=devices,
     )
     d_values = data_parallel_degrees(devices, mbs, False, False)
@@ -300,7 +300,7 @@ def test_hand_computed_two_stage_pipeline_across_nodes():
         latency=0.0,
         param_state_factor=8.0,
         recompute=False,
-        memory_capacity=1e12,
+        hbm_capacity_bytes=1e12,
         max_positions=16,
     )
     ar = AllReduce("max", 1.0, network=net)
@@ -337,7 +337,7 @@ def test_tensor_width_must_fit_in_a_node():
         latency=0.0,
         param_state_factor=8.0,
         recompute=False,
-        memory_capacity=1e9,
+        hbm_capacity_bytes=1e9,
         max_positions=64,
     )
     ar = AllReduce("max", 1.0, network=net)

@@ -95,7 +95,7 @@ def schedule_frame(t, archs=("fast", "slow"), drop=None):
                         **{"pass": p},
                         makespan_s=lat,
                         lower_bound_s=0.8 * lat,
-                        gap=0.2,
+                        mip_gap=0.2,
                         status="ok",
                         solve_s=0.0,
                         peak_tc=1,

@@ -44,7 +44,7 @@ def _tables():
                     model=m,
                     strategy=strategy,
                     arch="a0",
-                    hbm_bytes=32 * GIB,
+                    hbm_capacity_bytes=32 * GIB,
                     devices=1024,
                     microbatch=1,
                     recompute="selective",
@@ -74,7 +74,7 @@ def _tables():
                     "strategy": "phaze-per-model",
                     "common_score": "",
                     "model": m,
-                    "hbm_bytes": 32 * GIB,
+                    "hbm_capacity_bytes": 32 * GIB,
                     "microbatch": 1,
                     "devices": 1024,
                     "arch": f"a{b}",
@@ -144,7 +144,7 @@ def test_hbm_sensitivity_is_relative_to_the_largest_hbm():
     from phaze.report.plots import hbm_sensitivity
 
     cmp = _tables()[1]
-    big = cmp.assign(hbm_bytes=64 * GIB, throughput_seq_s=cmp["throughput_seq_s"] * 2)
+    big = cmp.assign(hbm_capacity_bytes=64 * GIB, throughput_seq_s=cmp["throughput_seq_s"] * 2)
     fig = hbm_sensitivity(pd.concat([cmp, big], ignore_index=True))
     heights = sorted({round(p.get_height(), 9) for p in fig.axes[0].patches})
     assert heights == [0.5, 1.0]

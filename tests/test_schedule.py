@@ -118,7 +118,7 @@ def test_ilp_matches_brute_force_on_random_dags():
         opt = _bf(inst)
         warm = _serial(inst)
         lb, _ = lower_bound(inst)
-        out = solve_once(inst, warm, lb, time_limit_s=30, gap=0.0, threads=1)
+        out = solve_once(inst, warm, lb, time_limit_s=30, mip_gap=0.0, threads=1)
         assert out.status == "optimal", out
         rep = assign_cores(inst, replay(inst, out.start, out.y))
         assert verify(inst, rep, 1e-12) == []
@@ -141,7 +141,7 @@ def test_ilp_with_three_cores_matches_brute_force():
         if inst.is_chain() or (checked >= 8 and not eager_z_types(inst)):
             continue
         checked += 1
-        out = solve_once(inst, _serial(inst), 0.0, time_limit_s=30, gap=0.0, threads=1)
+        out = solve_once(inst, _serial(inst), 0.0, time_limit_s=30, mip_gap=0.0, threads=1)
         assert out.status == "optimal", out
         rep = assign_cores(inst, replay(inst, out.start, out.y))
         assert verify(inst, rep, 1e-12) == []
@@ -151,7 +151,7 @@ def test_ilp_with_three_cores_matches_brute_force():
 
 def test_pipeline_matches_brute_force_and_bounds_are_valid():
     rng = random.Random(7)
-    with Scheduler(Options(time_limit_s=30, gap=0.0, cache=False)) as sch:
+    with Scheduler(Options(time_limit_s=30, mip_gap=0.0, cache=False)) as sch:
         for _ in range(30):
             inst = random_instance(rng)
             opt = _bf(inst)
@@ -264,7 +264,7 @@ def test_lazy_core_assignment_is_needed_and_exact():
     ]
     ops.append({"id": 3, "core": "vc", "latency_1core_s": 0.5, "latency_allcores_s": 0.5})
     inst = make_instance(2, 1, ops, [(0, 3)])
-    out = solve_once(inst, _serial(inst), 0.0, time_limit_s=30, gap=0.0, threads=1)
+    out = solve_once(inst, _serial(inst), 0.0, time_limit_s=30, mip_gap=0.0, threads=1)
     assert out.objective_s == pytest.approx(2.0)
     assert _bf(inst) == pytest.approx(2.0)
     rep = assign_cores(inst, replay(inst, out.start, out.y))
@@ -276,7 +276,7 @@ def test_lazy_core_assignment_is_needed_and_exact():
     ]
     ops.append({"id": 4, "core": "vc", "latency_1core_s": 0.5, "latency_allcores_s": 0.5})
     inst = make_instance(3, 1, ops, [(0, 4)])
-    out = solve_once(inst, _serial(inst), 0.0, time_limit_s=30, gap=0.0, threads=1)
+    out = solve_once(inst, _serial(inst), 0.0, time_limit_s=30, mip_gap=0.0, threads=1)
     assert out.objective_s == pytest.approx(2.0) == _bf(inst)
     assert "tc" in out.z_types
     assert verify(inst, assign_cores(inst, replay(inst, out.start, out.y)), 1e-12) == []
@@ -431,8 +431,8 @@ def test_decomposition_is_exact():
             continue
         assert len(articulation_ops(inst)) >= 1
         with (
-            Scheduler(Options(gap=0.0, time_limit_s=30, cache=False)) as dec,
-            Scheduler(Options(gap=0.0, time_limit_s=30, cache=False, decompose=False)) as whole,
+            Scheduler(Options(mip_gap=0.0, time_limit_s=30, cache=False)) as dec,
+            Scheduler(Options(mip_gap=0.0, time_limit_s=30, cache=False, decompose=False)) as whole,
         ):
             rd, rw = dec.solve(inst), whole.solve(inst)
         assert verify(inst, rd.schedule, 1e-12) == []
@@ -458,7 +458,7 @@ def test_cache_reuses_scaled_instances():
         inst.edges,
         inst.ids,
     )
-    with Scheduler(Options(gap=0.0, time_limit_s=30)) as sch:
+    with Scheduler(Options(mip_gap=0.0, time_limit_s=30)) as sch:
         r1 = sch.solve(inst)
         r2 = sch.solve(scaled)
         assert (sch.hits, sch.lookups) == (1, 2)
@@ -484,14 +484,19 @@ def test_watchdog_falls_back_to_list_schedule():
     # search and the bounds: the watchdog must fire, kill, and fall back
     with Scheduler(
         Options(
-            gap=0.0, time_limit_s=0.05, watchdog_s=0.001, decompose=False, cache=False, bnb=False
+            mip_gap=0.0,
+            time_limit_s=0.05,
+            watchdog_s=0.001,
+            decompose=False,
+            cache=False,
+            bnb=False,
         )
     ) as sch:
         r = sch.solve(inst)
         assert r.status == "watchdog" and r.method == "list"
         assert verify(inst, r.schedule, 1e-12) == []
         assert sch._worker.restarts == 1
-    with Scheduler(Options(gap=0.0, time_limit_s=30, decompose=False, cache=False)) as sch:
+    with Scheduler(Options(mip_gap=0.0, time_limit_s=30, decompose=False, cache=False)) as sch:
         assert sch.solve(inst).status == "optimal"  # a fresh worker solves it
 
 

@@ -99,7 +99,7 @@ def test_equals_scip_on_larger_instances():
         inc = _serial(inst)
         out = branch_and_bound(inst, inc, 0.0)
         assert out.complete
-        scip = solve_once(inst, inc, 0.0, time_limit_s=60, gap=0.0, threads=1, mode_bound=False)
+        scip = solve_once(inst, inc, 0.0, time_limit_s=60, mip_gap=0.0, threads=1, mode_bound=False)
         assert scip.status == "optimal"
         best = (out.schedule or inc).makespan(inst)
         assert best == pytest.approx(scip.objective_s, rel=1e-6), inst

@@ -83,7 +83,7 @@ def test_core_count_far_above_the_op_count_changes_nothing_and_costs_no_memory(t
     for n_c in (base.n, 10**9):
         inst = make_instance(n_c, n_c, ops, edges)
         tracemalloc.start()
-        with Scheduler(Options(time_limit_s=30, gap=0.0)) as sch:
+        with Scheduler(Options(time_limit_s=30, mip_gap=0.0)) as sch:
             r = sch.solve(inst)
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
@@ -94,7 +94,7 @@ def test_core_count_far_above_the_op_count_changes_nothing_and_costs_no_memory(t
     assert a.schedule.start == b.schedule.start and a.schedule.y == b.schedule.y
     # the --instance path too: the JSON reports every core busy under an intra-op op
     f = tmp_path / "big.json"
-    obj = {"n_tc": 1e9, "n_vc": 1e9, "ops": ops, "edges": edges, "time_limit_s": 30, "gap": 0}
+    obj = {"n_tc": 1e9, "n_vc": 1e9, "ops": ops, "edges": edges, "time_limit_s": 30, "mip_gap": 0}
     f.write_text(json.dumps(obj))
     out = tmp_path / "out.json"
     assert main(["schedule", "--instance", str(f), "--out", str(out)]) == 0

@@ -25,7 +25,7 @@ def test_instance_json_matches_brute_force(capsys):
     inst, _ = instance_from_json(json.loads((DATA / "schedule_instance.json").read_text()))
     opt = brute_force(inst.n_tc, inst.n_vc, inst.core, inst.l1, inst.la, inst.edges)
     assert out["makespan_s"] == pytest.approx(opt, rel=1e-6)
-    assert out["status"] == "optimal" and out["gap"] == 0.0
+    assert out["status"] == "optimal" and out["mip_gap"] == 0.0
     assert {"lower_bound_s", "upper_bound_s", "method", "solve_s", "peak_tc", "peak_vc"} <= set(out)
     sched = {s["id"]: s for s in out["schedule"]}
     assert set(sched) == set(range(7))
@@ -57,10 +57,19 @@ def test_instance_json_matches_brute_force(capsys):
             {
                 "n_tc": 1,
                 "n_vc": 1,
-                "gap": -1,
+                "mip_gap": -1,
                 "ops": [{"id": 0, "core": "tc", "latency_1core_s": 1, "latency_allcores_s": 1}],
             },
-            "gap",
+            "mip_gap",
+        ),
+        (
+            {
+                "n_tc": 1,
+                "n_vc": 1,
+                "gap": 0.01,
+                "ops": [{"id": 0, "core": "tc", "latency_1core_s": 1, "latency_allcores_s": 1}],
+            },
+            "'gap' was renamed: write 'mip_gap'",
         ),
     ],
 )

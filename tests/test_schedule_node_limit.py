@@ -31,7 +31,7 @@ def test_node_limit_is_reported_and_repeatable():
     warm = serial_sgs(inst, list(range(inst.n)), [0] * inst.n)
     lb, _ = lower_bound(inst)
     runs = [
-        solve_once(inst, warm, lb, time_limit_s=120, gap=0.0, threads=1, node_limit=1)
+        solve_once(inst, warm, lb, time_limit_s=120, mip_gap=0.0, threads=1, node_limit=1)
         for _ in range(2)
     ]
     assert runs[0].status == "node_limit"
@@ -40,5 +40,5 @@ def test_node_limit_is_reported_and_repeatable():
     assert runs[0].bound_s == runs[1].bound_s
     assert runs[0].start == runs[1].start
     # without the limit SCIP may only get better, never worse
-    free = solve_once(inst, warm, lb, time_limit_s=120, gap=0.0, threads=1)
+    free = solve_once(inst, warm, lb, time_limit_s=120, mip_gap=0.0, threads=1)
     assert free.objective_s <= runs[0].objective_s * (1 + 1e-9)

@@ -198,7 +198,11 @@ def _true_scores(truth: pd.DataFrame) -> pd.DataFrame:
     """The optimum schedules' score per (walk search, arch), Phaze-Common's mean by its
     definition (the relative score ranks alike: test_search_global.py)."""
     pm = truth.assign(strategy="phaze-per-model", common_score="")[SEARCH_KEY + ["arch", "t"]]
-    best = truth.groupby(["hbm_bytes", "devices", "arch", "model"])["t"].max().unstack("model")
+    best = (
+        truth.groupby(["hbm_capacity_bytes", "devices", "arch", "model"])["t"]
+        .max()
+        .unstack("model")
+    )
     common = best.reindex(columns=MODELS).mean(axis=1, skipna=False).rename("t").reset_index()
     common = common.assign(strategy="phaze-common", common_score="mean", model="*", microbatch=-1)
     return pd.concat([pm, common[SEARCH_KEY + ["arch", "t"]]], ignore_index=True)
@@ -278,7 +282,7 @@ def test_common_score_is_mean_of_per_model_best_and_drops_infeasible():
         [
             {
                 "model": m,
-                "hbm_bytes": 1,
+                "hbm_capacity_bytes": 1,
                 "microbatch": b,
                 "devices": 8,
                 "arch": a,

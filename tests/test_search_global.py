@@ -35,10 +35,10 @@ def _true_scores(truth: pd.DataFrame, refs: dict) -> pd.DataFrame:
     """The optimum schedules' score (``t``) per (global search, arch), by each score's
     definition (references as the search's)."""
     t = truth.copy()
-    pm = t.groupby(["model", "hbm_bytes", "devices", "arch"])["t"].max().reset_index()
+    pm = t.groupby(["model", "hbm_capacity_bytes", "devices", "arch"])["t"].max().reset_index()
     out = [pm.assign(strategy="phaze-per-model", common_score="")]
     wide = pm.pivot_table(
-        index=["hbm_bytes", "devices", "arch"], columns="model", values="t", dropna=False
+        index=["hbm_capacity_bytes", "devices", "arch"], columns="model", values="t", dropna=False
     ).reindex(columns=MODELS)
     mean = wide.mean(axis=1, skipna=False)
     out.append(mean.rename("t").reset_index().assign(strategy="phaze-common", common_score="mean"))

@@ -172,12 +172,12 @@ def test_summary_tables_and_plots_are_nontrivial(run_dir):
         assert all(math.isfinite(v) and v > 0 for v in vals), (col, vals)
     # the searched space holds upstream's TPUv4 point (the area budget), not the faithful tpuv4,
     # which lies outside the budget: the search never loses to the former
-    for (model, hbm), grp in cmp.groupby(["model", "hbm_bytes"]):
+    for (model, hbm), grp in cmp.groupby(["model", "hbm_capacity_bytes"]):
         thr = grp.set_index("strategy")["throughput_seq_s"]
         assert thr["phaze-per-model"] >= thr["tpuv4-upstream-phaze"] * (1 - 1e-12), model
         assert thr["tpuv4-phaze"] >= thr["tpuv4-expert"] * (1 - 1e-9), model
         assert thr["tpuv4-upstream-phaze"] >= thr["tpuv4-upstream-expert"] * (1 - 1e-9), model
-    for hbm, grp in cmp.groupby("hbm_bytes"):
+    for hbm, grp in cmp.groupby("hbm_capacity_bytes"):
         thr = grp.pivot_table(index="model", columns="strategy", values="throughput_seq_s")
         assert thr["phaze-common"].mean() >= thr["tpuv4-upstream-phaze"].mean() * (1 - 1e-12)
     space = pd.read_parquet(res / "arch" / "space.parquet")
@@ -202,7 +202,7 @@ def test_summary_tables_and_plots_are_nontrivial(run_dir):
     glob = best[best["mode"] == "global"]
     assert (glob["certified_gap"] == glob["space_gap"]).all()
     early = best[best["mode"] == "early_stop"]
-    pm = ["strategy", "common_score", "model", "hbm_bytes", "devices"]
+    pm = ["strategy", "common_score", "model", "hbm_capacity_bytes", "devices"]
     both = glob.merge(early, on=pm, suffixes=("", "_early"))
     # the global answer is never beaten by the early stop's by more than its certificate
     assert (
@@ -216,7 +216,7 @@ def test_summary_tables_and_plots_are_nontrivial(run_dir):
     placed = pd.concat(
         [pd.read_parquet(f) for f in (res / "place").rglob("r*_*.parquet") if "_ub" not in f.name]
     )
-    key = ["arch", "model", "microbatch", "hbm_bytes", "devices"]
+    key = ["arch", "model", "microbatch", "hbm_capacity_bytes", "devices"]
     both = placed.merge(space_bounds, on=key)
     assert (
         len(both)
@@ -227,8 +227,8 @@ def test_summary_tables_and_plots_are_nontrivial(run_dir):
     assert len(ups), "the test space has dominance steps"
     sb = space_bounds.rename(columns={"arch": "up", "throughput_upper_seq_s": "up_bound"})
     dom = placed.merge(ups, on=["model", "microbatch", "arch"]).merge(
-        sb[["up", "model", "microbatch", "hbm_bytes", "devices", "up_bound"]],
-        on=["up", "model", "microbatch", "hbm_bytes", "devices"],
+        sb[["up", "model", "microbatch", "hbm_capacity_bytes", "devices", "up_bound"]],
+        on=["up", "model", "microbatch", "hbm_capacity_bytes", "devices"],
     )
     assert len(dom) and (dom["throughput_seq_s"] <= dom["up_bound"] * (1 + 1e-9)).all()
     front = pd.read_parquet(res / "summary" / "front.parquet")

@@ -45,6 +45,9 @@ def _load(name: str) -> dict:
             raise PhazeError(f"preset {path}: arch.{key} must be a positive number, got {value!r}")
         if key in _INT_KEYS and int(value) != value:
             raise PhazeError(f"preset {path}: arch.{key} must be an integer, got {value!r}")
+    gpu = data.get("gpu")
+    if isinstance(gpu, dict) and "hbm_bytes" in gpu:
+        raise PhazeError(f"preset {path}: gpu.hbm_bytes was renamed: write gpu.hbm_capacity_bytes")
     costmodel = data.get("costmodel") or {}
     if not isinstance(costmodel, dict):
         raise PhazeError(f"preset {path}: `costmodel:` must be a mapping")

@@ -7,7 +7,7 @@ Public API (numpy; every argument broadcasts, so one call covers operators × co
     cores. ``core`` is a mapping with ``tc_width``, ``tc_depth`` (array rows × columns),
     ``glb_bytes`` (shared global buffer), ``freq_hz`` and optionally ``tc_local_buffer_bytes``
     (default: 16 B per PE, at least 1 KiB). ``bound`` is ``compute``, ``glb``, ``hbm`` or ``issue``.
-``matmul_cost(...)`` -> dict with ``compute_s, glb_s, hbm_s, issue_s, hbm_bytes, latency_s,
+``matmul_cost(...)`` -> dict with ``compute_s, glb_s, hbm_s, issue_s, hbm_traffic_bytes, latency_s,
     bound`` and the tiling chosen (``tile_m, tile_n, tiles, tiles_per_core, b_stationary``).
 ``core_cost(m, n, k, batch, w, d, local_buffer_bytes, freq_hz, costmodel, n_cores=1)``
     The best output tiling on the cores, ignoring HBM (``core_time`` = its three times).

@@ -55,7 +55,7 @@ def matmul_report(m: int, n: int, k: int, batch: int, preset: str, config: dict)
         "utilization": flops / latency / peak,
         "bound": str(cost["bound"]),
     }
-    for key in ("compute_s", "glb_s", "hbm_s", "issue_s", "hbm_bytes"):
+    for key in ("compute_s", "glb_s", "hbm_s", "issue_s", "hbm_traffic_bytes"):
         report[key] = float(cost[key])
     for key in ("tile_m", "tile_n", "tiles", "tiles_per_core"):
         report[key] = int(cost[key])

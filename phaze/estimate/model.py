@@ -255,7 +255,7 @@ def tc_local_buffer_bytes(core: dict):
 
 
 def matmul_cost(m, n, k, batch, core: dict, costmodel: dict, n_cores=1) -> dict:
-    """All terms of a GEMM's cost: compute_s, glb_s, hbm_s, issue_s, hbm_bytes, latency_s, bound,
+    """All terms of a GEMM's cost: compute_s, glb_s, hbm_s, issue_s, hbm_traffic_bytes, latency_s, bound,
     and the tiling (``core_cost``'s tile_m, tile_n, tiles, tiles_per_core, b_stationary)."""
     tiling = core_cost(
         m,
@@ -269,13 +269,13 @@ def matmul_cost(m, n, k, batch, core: dict, costmodel: dict, n_cores=1) -> dict:
         costmodel,
         n_cores,
     )
-    hbm_bytes = hbm_traffic_bytes(m, n, k, batch, core["glb_bytes"], costmodel)
-    hbm_s = hbm_bytes / achievable_hbm_Bps(costmodel)
+    traffic = hbm_traffic_bytes(m, n, k, batch, core["glb_bytes"], costmodel)
+    hbm_s = traffic / achievable_hbm_Bps(costmodel)
     comp_s, glb_s, hbm_s = np.broadcast_arrays(tiling["compute_s"], tiling["glb_s"], hbm_s)
-    issue_s = np.where(hbm_bytes > 0, costmodel["op_issue_s"], 0.0) + np.zeros(comp_s.shape)
+    issue_s = np.where(traffic > 0, costmodel["op_issue_s"], 0.0) + np.zeros(comp_s.shape)
     return {
         **cost_terms(comp_s, glb_s, hbm_s, issue_s),
-        "hbm_bytes": hbm_bytes,
+        "hbm_traffic_bytes": traffic,
         **{key: tiling[key] for key in ("tile_m", "tile_n", "tiles", "tiles_per_core")},
         "b_stationary": tiling["b_stationary"],
     }

@@ -111,7 +111,7 @@ def _estimate_group(
     shape = (n_arch, n_ops) if detail else (1, 1)
     bound_all = np.full(shape, "none", dtype=object)
     bound_one = np.full(shape, "none", dtype=object)
-    hbm_bytes = np.zeros(shape)
+    hbm_traffic_bytes = np.zeros(shape)
     kind = ops["kind"].to_numpy()
 
     # --- vector ops (also needed for fused element-wise work) --------------------------------
@@ -151,7 +151,7 @@ def _estimate_group(
                 bnd[:, cols] = cost["bound"][sel]
             comp_out[:, cols] = cost["compute_s"][sel]
         if detail:
-            hbm_bytes[:, is_vec] = work["bytes"].to_numpy()[None, :]
+            hbm_traffic_bytes[:, is_vec] = work["bytes"].to_numpy()[None, :]
 
     # --- matmuls -------------------------------------------------------------------------------
     is_mm = kind == "matmul"
@@ -188,7 +188,7 @@ def _estimate_group(
             if detail:
                 bnd[:, cols] = bound
         if detail:
-            hbm_bytes[:, cols] = traffic[np.ix_(glb_idx, s_idx)]
+            hbm_traffic_bytes[:, cols] = traffic[np.ix_(glb_idx, s_idx)]
 
     # --- fused element-wise consumers: their compute is added to the matmul carrying them -----
     fused_into = ops["fused_into"].fillna(-1).astype(np.int64).to_numpy()
@@ -215,7 +215,7 @@ def _estimate_group(
             if detail:
                 bnd[:, src] = "fused"
         if detail:
-            hbm_bytes[:, src] = 0.0
+            hbm_traffic_bytes[:, src] = 0.0
 
     # --- collectives ---------------------------------------------------------------------------
     is_coll = kind == "collective"
@@ -248,7 +248,7 @@ def _estimate_group(
         "latency_1core_s": lat_one,
         "bound": bound_all,
         "bound_1core": bound_one,
-        "hbm_bytes": hbm_bytes,
+        "hbm_traffic_bytes": hbm_traffic_bytes,
     }
 
 
@@ -333,7 +333,13 @@ def estimate(
             "core": np.tile(ops["core"].to_numpy(), n_arch),
         }
     )
-    for name in ("latency_1core_s", "latency_allcores_s", "bound", "bound_1core", "hbm_bytes"):
+    for name in (
+        "latency_1core_s",
+        "latency_allcores_s",
+        "bound",
+        "bound_1core",
+        "hbm_traffic_bytes",
+    ):
         out[name] = arrays[name].reshape(-1) if n_arch else np.empty(0)
-    out["hbm_bytes"] = out["hbm_bytes"].astype(np.int64)
+    out["hbm_traffic_bytes"] = out["hbm_traffic_bytes"].astype(np.int64)
     return out

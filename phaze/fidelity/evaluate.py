@@ -216,7 +216,7 @@ def evaluate_strategy(
         strategy.sequence_parallel
     ]
     peak = preset_peak_flops(preset)
-    capacity = (preset.get("gpu") or {}).get("hbm_bytes")
+    capacity = (preset.get("gpu") or {}).get("hbm_capacity_bytes")
     result = price(chain, strategy, net, step_constants(preset, config), peak, capacity)
     result["devices"] = strategy.devices
     result["global_batch"] = strategy.global_batch
@@ -250,14 +250,14 @@ def optimize_strategy(
     devices: int,
     global_batch: int,
     seq: int,
-    hbm_bytes: float,
+    hbm_capacity_bytes: float,
     config: dict,
     microbatches,
     tps,
     name: str = "preset",
     eps=(1,),
 ):
-    """The fastest strategy that fits `hbm_bytes` per device under the step model (the exact
+    """The fastest strategy that fits `hbm_capacity_bytes` per device under the step model (the exact
     search of phaze.place.megatron over the tp, microbatch and ep values given and the axes of
     config ``place``). Returns (evaluate_strategy's dict of it or None, the search's Result)."""
     from phaze.place.megatron import optimize
@@ -275,7 +275,7 @@ def optimize_strategy(
         step_constants(preset, config),
         devices,
         global_batch,
-        hbm_bytes,
+        hbm_capacity_bytes,
         axes_from_config(config["place"]),
     )
     if found.strategy is None:

@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hbm-gib",
         type=float,
-        help="memory per device, GiB (default: the preset's gpu.hbm_bytes)",
+        help="memory per device, GiB (default: the preset's gpu.hbm_capacity_bytes)",
     )
     parser.add_argument(
         "--microbatch",
@@ -59,9 +59,9 @@ def run(args: argparse.Namespace) -> int:
             raise PhazeError(f"--hbm-gib must be > 0, got {args.hbm_gib}")
         hbm = args.hbm_gib * 2**30
     else:
-        hbm = (preset.get("gpu") or {}).get("hbm_bytes")
+        hbm = (preset.get("gpu") or {}).get("hbm_capacity_bytes")
         if hbm is None:
-            raise PhazeError(f"preset {args.arch!r} has no gpu.hbm_bytes: give --hbm-gib")
+            raise PhazeError(f"preset {args.arch!r} has no gpu.hbm_capacity_bytes: give --hbm-gib")
     microbatches = sorted(set(args.microbatch or config["trace"]["microbatch"]))
     if any(b < 1 for b in microbatches):
         raise PhazeError(f"microbatch sizes must be >= 1, got {microbatches}")
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         devices=args.devices,
         global_batch=args.global_batch,
         seq=seq,
-        hbm_bytes=float(hbm),
+        hbm_capacity_bytes=float(hbm),
         config=config,
         microbatches=microbatches,
         tps=tps,

@@ -304,7 +304,7 @@ def _space_key(key: tuple) -> tuple[int, int, int]:
     return (*key, 1) if len(key) == 2 else tuple(key)
 
 
-def _jobs(chains, net, consts, devices, global_batch, hbm_bytes, axes) -> list[tuple]:
+def _jobs(chains, net, consts, devices, global_batch, hbm_capacity_bytes, axes) -> list[tuple]:
     """Every configuration to bound, most promising first: (configuration, its terms, allowed
     splits, the capacities with those allowed splits, its chain, its cheap bound per arch)."""
     chains = {_space_key(k): sc for k, sc in chains.items()}
@@ -323,7 +323,7 @@ def _jobs(chains, net, consts, devices, global_batch, hbm_bytes, axes) -> list[t
         chain = chains[(layout.tp, cfg.placed.chain.microbatch, layout.ep)]
         sched = cfg.schedule
         by_allowed: dict[bytes, tuple] = {}
-        for h, hbm in enumerate(hbm_bytes):
+        for h, hbm in enumerate(hbm_capacity_bytes):
             got = allowed_blocks(terms, sched, cfg.placed.chain.blocks, float(hbm))
             if got is None:
                 continue
@@ -355,18 +355,18 @@ def time_lower_bounds(
     consts: StepConstants,
     devices: int,
     global_batch: int,
-    hbm_bytes: list[float],
+    hbm_capacity_bytes: list[float],
     axes: Axes,
 ) -> np.ndarray:
-    """Per HBM capacity and architecture (shape (len(hbm_bytes), archs)), a lower bound on the
+    """Per HBM capacity and architecture (shape (len(hbm_capacity_bytes), archs)), a lower bound on the
     step time of every placement the exact search (`phaze.place.megatron.optimize`) allows over
     the (tp, microbatch[, ep]) keys of `chains` (a key without ep means ep = 1), on
     every layer time at or above its lower bound: inf where nothing fits. A configuration whose
     allowed splits are the same at several capacities is bounded once for all of them."""
     A = next(iter(chains.values())).n_archs
-    best = np.full((len(hbm_bytes), A), np.inf)
+    best = np.full((len(hbm_capacity_bytes), A), np.inf)
     for cfg, terms, allowed, hs, chain, cheap in _jobs(
-        chains, net, consts, devices, global_batch, hbm_bytes, axes
+        chains, net, consts, devices, global_batch, hbm_capacity_bytes, axes
     ):
         idx = np.flatnonzero((cheap[None, :] < best[hs]).any(axis=0))
         if not len(idx):

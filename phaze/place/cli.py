@@ -107,7 +107,7 @@ def _run_tables(args) -> int:
 
     from phaze.io import read_table, write_json_atomic, write_table
     from phaze.io.tables import check_values
-    from phaze.place.settings import PlaceSettings, hbm_bytes_of
+    from phaze.place.settings import PlaceSettings, hbm_capacity_bytes_of
     from phaze.place.tables import place_architectures
     from phaze.place.upstream import export_instance
 
@@ -146,7 +146,7 @@ def _run_tables(args) -> int:
     config = load_config(args.config)
     pc = config["place"]
     settings = PlaceSettings.from_config(
-        config, args.model, hbm_bytes_of(args.hbm_gib), args.microbatch
+        config, args.model, hbm_capacity_bytes_of(args.hbm_gib), args.microbatch
     )
     devices_list = args.devices or list(pc["devices"])
     if any(d < 1 for d in devices_list):

@@ -522,10 +522,10 @@ def time_placement(
         pos = pp - i
         mem = c[3] + (pos - 1) * c[4]
         mems.append(mem)
-        if mem > rule.memory_capacity:
+        if mem > rule.hbm_capacity_bytes:
             return None, (
                 f"stage {i} needs {mem / 2**30:.2f} GiB per device, more than "
-                f"{rule.memory_capacity / 2**30:.2f} GiB"
+                f"{rule.hbm_capacity_bytes / 2**30:.2f} GiB"
             )
         loads.append(c[1] if (rule.recompute and pos > 1) else c[0])
     params = [c[2] for c in costs]

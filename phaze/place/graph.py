@@ -43,7 +43,7 @@ class StageRule:
     latency: float  # per-transfer latency (0 in upstream's model)
     param_state_factor: float  # memory per parameter byte: weights + gradients + optimizer state
     recompute: bool
-    memory_capacity: float  # bytes per device
+    hbm_capacity_bytes: float  # bytes per device
     max_positions: int  # cap on the feasible position from the end (upstream: maxDevices)
     strict_upstream: bool = False  # upstream fails on layers that are not connected in order
 
@@ -203,7 +203,7 @@ def build_chain_table(g: LayerGraph, rule: StageRule) -> StageTable:
         load_plain=load_plain,
         load_recompute=load_rc,
         tp=(T[j] - T[i]) > 0,
-        max_position=_max_position(const, stash, rule.memory_capacity, rule.max_positions),
+        max_position=_max_position(const, stash, rule.hbm_capacity_bytes, rule.max_positions),
         params=params,
         const_mem=const,
         stash=stash,
@@ -377,7 +377,7 @@ def build_generic_table(g: LayerGraph, rule: StageRule) -> StageTable:
         load_plain=np.array(cols[0]),
         load_recompute=np.array(cols[1]),
         tp=np.array(cols[5], dtype=bool),
-        max_position=_max_position(const, stash, rule.memory_capacity, rule.max_positions),
+        max_position=_max_position(const, stash, rule.hbm_capacity_bytes, rule.max_positions),
         params=np.array(cols[2]),
         const_mem=const,
         stash=stash,

@@ -142,9 +142,11 @@ def _fill_intervals(T: np.ndarray, allowed: np.ndarray, K: int):
     return M, lo + np.bincount(pick // cols, minlength=len(lo))
 
 
-def allowed_blocks(terms: StageTerms, schedule: PipelineSchedule, blocks: int, hbm_bytes: float):
+def allowed_blocks(
+    terms: StageTerms, schedule: PipelineSchedule, blocks: int, hbm_capacity_bytes: float
+):
     """(n, allowed): the block counts each rank may hold — ``n`` (p, K+1) in blocks, K = blocks
-    / V, and which of them meet the stage rules (`lower_ends`) and fit `hbm_bytes` — or None when
+    / V, and which of them meet the stage rules (`lower_ends`) and fit `hbm_capacity_bytes` — or None when
     some rank has none. Memory does not depend on layer times: every architecture shares it."""
     p, v = terms.p, schedule.chunks
     K = blocks // v
@@ -153,19 +155,21 @@ def allowed_blocks(terms: StageTerms, schedule: PipelineSchedule, blocks: int, h
     n = np.broadcast_to(ks * v, (p, K + 1)).astype(float)
     hi = K - (lo.sum() - lo)
     shape_ok = (ks[None, :] >= lo[:, None]) & (ks[None, :] <= hi[:, None])
-    fits = terms.memory(n) <= hbm_bytes
+    fits = terms.memory(n) <= hbm_capacity_bytes
     allowed = shape_ok & fits
     if not allowed.any(axis=1).all() or (shape_ok & ~fits).all(axis=1).any():
         return None
     return n, allowed
 
 
-def solve_split(terms: StageTerms, schedule: PipelineSchedule, blocks: int, hbm_bytes: float):
+def solve_split(
+    terms: StageTerms, schedule: PipelineSchedule, blocks: int, hbm_capacity_bytes: float
+):
     """The best split of `blocks` blocks for one configuration: (time, blocks per stage) or
     (None, reason)."""
     p, v = terms.p, schedule.chunks
     K = blocks // v
-    got = allowed_blocks(terms, schedule, blocks, hbm_bytes)
+    got = allowed_blocks(terms, schedule, blocks, hbm_capacity_bytes)
     if got is None:
         return None, "does not fit in memory"
     n, allowed = got
@@ -330,10 +334,10 @@ def optimize(
     consts: StepConstants,
     devices: int,
     global_batch: int,
-    hbm_bytes: float,
+    hbm_capacity_bytes: float,
     axes: Axes,
 ) -> Result:
-    """The fastest strategy that fits `hbm_bytes` per device. `chains` maps (tp, microbatch,
+    """The fastest strategy that fits `hbm_capacity_bytes` per device. `chains` maps (tp, microbatch,
     sequence_parallel) to the chain at that setting (the t and b values searched are its keys)."""
     result = Result(None, INF)
     configs = configurations(chains, net, consts, devices, global_batch, axes, result.skipped)
@@ -350,7 +354,7 @@ def optimize(
         if cfg.bound > best_key[0]:
             break
         result.solved += 1
-        time_s, stages = solve_split(terms_of[cfg.order], cfg.schedule, L, hbm_bytes)
+        time_s, stages = solve_split(terms_of[cfg.order], cfg.schedule, L, hbm_capacity_bytes)
         if time_s is None:
             result.infeasible[stages] += 1
             continue
@@ -390,7 +394,7 @@ def best_fixed(
     consts: StepConstants,
     devices: int,
     global_batch: int,
-    hbm_bytes: float,
+    hbm_capacity_bytes: float,
     axes: Axes,
     *,
     tp: int,
@@ -444,7 +448,7 @@ def best_fixed(
                             continue
                         terms = stage_terms(chain, s, net, consts)
                         n = np.asarray(stages, dtype=float)
-                        if (terms.memory(n) > hbm_bytes).any():
+                        if (terms.memory(n) > hbm_capacity_bytes).any():
                             why["does not fit in memory"] += 1
                             continue
                         time_s = iteration_time(terms, n, s.schedule)

@@ -82,7 +82,7 @@ class MegatronObjective:
         bw, lat = link_parameters(costmodel, preset)
         consts = StepConstants.from_config(settings.step, float(achievable_hbm_Bps(cm)))
         peak = float(arch_row["peak_flops"])
-        hbm = float(settings.hbm_bytes)
+        hbm = float(settings.hbm_capacity_bytes)
         for devices in devices_list:
             placed_net, net_label = network_for(settings, preset, costmodel, devices)
             net = step_network(placed_net, bw, lat, devices)
@@ -100,7 +100,7 @@ class MegatronObjective:
             else:
                 skipped = "; ".join(f"{r} ({n})" for r, n in sorted(found.skipped.items()))
                 row["reason"] = (
-                    f"no placement fits in {settings.hbm_bytes / GIB:g} GiB per device on "
+                    f"no placement fits in {settings.hbm_capacity_bytes / GIB:g} GiB per device on "
                     f"{devices} devices" + (f"; skipped: {skipped}" if skipped else "")
                 )
             row.update(megatron_columns("", found.strategy, priced, settings, blocks))

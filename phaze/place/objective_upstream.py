@@ -72,7 +72,7 @@ class UpstreamObjective:
                     latency=lat,
                     param_state_factor=settings.param_state_factor,
                     recompute=mode == "full",
-                    memory_capacity=float(settings.hbm_bytes),
+                    hbm_capacity_bytes=float(settings.hbm_capacity_bytes),
                     max_positions=int(devices),
                 )
                 p = solve(graphs, rule, devices, M, d_values, ar)
@@ -86,7 +86,7 @@ class UpstreamObjective:
                 expert_reason = expert_reason or why
             reason = ""
             if best is None:
-                reason = f"no placement fits in {settings.hbm_bytes / GIB:g} GiB per device on {devices} devices"
+                reason = f"no placement fits in {settings.hbm_capacity_bytes / GIB:g} GiB per device on {devices} devices"
                 if unplaceable:
                     reason += "; " + "; ".join(unplaceable.values())
             row = {"devices": int(devices), "feasible": best is not None, "reason": reason}

@@ -21,7 +21,7 @@ STATE_BYTES_PER_PARAM = {"sgd": 4.0, "adam": 16.0}
 GIB = 2**30
 
 
-def hbm_bytes_of(gib: float) -> int:
+def hbm_capacity_bytes_of(gib: float) -> int:
     """An HBM capacity in GiB (config ``place.hbm_gib``, ``--hbm-gib``) in bytes, as every
     placement table and the space bounds key it."""
     return round(float(gib) * GIB)
@@ -34,7 +34,7 @@ UPSTREAM_RECOMPUTE = ("none", "full")
 @dataclass
 class PlaceSettings:
     model: str
-    hbm_bytes: int
+    hbm_capacity_bytes: int
     microbatch: int
     global_batch: int
     place_model: str  # "megatron" or "upstream" (config place.model)
@@ -50,14 +50,14 @@ class PlaceSettings:
 
     @classmethod
     def from_config(
-        cls, config: dict, model: str, hbm_bytes: int, microbatch: int
+        cls, config: dict, model: str, hbm_capacity_bytes: int, microbatch: int
     ) -> PlaceSettings:
         """The settings of one placement job: the outer axes given, the rest from the validated
         config (phaze.config.load_config fills its defaults)."""
         place = config["place"]
         return cls(
             model=model,
-            hbm_bytes=int(hbm_bytes),
+            hbm_capacity_bytes=int(hbm_capacity_bytes),
             microbatch=int(microbatch),
             global_batch=place["global_batch"],
             place_model=place["model"],

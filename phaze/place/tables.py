@@ -50,7 +50,7 @@ def place_architectures(
         base = {
             "arch": arch_row["arch"],
             "model": settings.model,
-            "hbm_bytes": int(settings.hbm_bytes),
+            "hbm_capacity_bytes": int(settings.hbm_capacity_bytes),
             "microbatch": settings.microbatch,
             "place_model": settings.place_model,
         }

@@ -224,7 +224,7 @@ def instance_rule(ins: dict) -> tuple[StageRule, AllReduce]:
         latency=0.0,
         param_state_factor=3.0 if ins["optimizerAlgorithm"] == "Adam" else 2.0,
         recompute=bool(ins["activationRecomputation"]),
-        memory_capacity=float(ins["maxMemoryPerDevice"]),
+        hbm_capacity_bytes=float(ins["maxMemoryPerDevice"]),
         max_positions=int(ins["maxDevices"]),
         strict_upstream=True,
     )
@@ -317,7 +317,7 @@ def fixed_strategy(ins, graphs, rule, allreduce) -> tuple[Placement | None, str]
         if (
             pos
             > _max_position(
-                np.array([c[3]]), np.array([c[4]]), rule.memory_capacity, rule.max_positions
+                np.array([c[3]]), np.array([c[4]]), rule.hbm_capacity_bytes, rule.max_positions
             )[0]
         ):
             return None, (
@@ -389,7 +389,7 @@ def export_instance(
         n_blocks = int((layers["kind"] == "block").sum())
     e = settings.expert or {}
     return {
-        "maxMemoryPerDevice": float(settings.hbm_bytes),
+        "maxMemoryPerDevice": float(settings.hbm_capacity_bytes),
         "maxDevices": int(devices),
         "bandwidth": bw,
         "mbsInBatch": settings.microbatches,

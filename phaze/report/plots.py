@@ -29,7 +29,7 @@ PHAZE = [
 
 
 def pick_hbm(df: pd.DataFrame, hbm_gib: float | None) -> int:
-    hbms = sorted(df["hbm_bytes"].unique())
+    hbms = sorted(df["hbm_capacity_bytes"].unique())
     if hbm_gib is None:
         return int(hbms[-1])
     want = round(hbm_gib * GIB)
@@ -60,9 +60,9 @@ def speedup_means(values) -> tuple[float, float]:
     return float(np.exp(np.log(v).mean())), float(v.mean())
 
 
-def speedup_bars(comparison: pd.DataFrame, hbm_bytes: int):
+def speedup_bars(comparison: pd.DataFrame, hbm_capacity_bytes: int):
     """Per model and, as the last two groups, their geometric and arithmetic means."""
-    cmp = _one_devices(comparison[comparison["hbm_bytes"] == hbm_bytes])
+    cmp = _one_devices(comparison[comparison["hbm_capacity_bytes"] == hbm_capacity_bytes])
     models = sorted(cmp["model"].unique())
     groups = [*models, "geo. mean", "arith. mean"]
     # many models: the four baselines in two rows of two
@@ -98,7 +98,7 @@ def speedup_bars(comparison: pd.DataFrame, hbm_bytes: int):
         ax.set_ylabel("throughput speedup")
     axes[0].legend(fontsize=8)
     fig.suptitle(
-        f"Speedup per model, HBM {hbm_bytes / GIB:g} GiB, "
+        f"Speedup per model, HBM {hbm_capacity_bytes / GIB:g} GiB, "
         f"{int(cmp['devices'].max()) if len(cmp) else 0} accelerators",
         fontsize=10,
     )
@@ -106,14 +106,14 @@ def speedup_bars(comparison: pd.DataFrame, hbm_bytes: int):
     return fig
 
 
-def convergence(explored: pd.DataFrame, best: pd.DataFrame, hbm_bytes: int):
+def convergence(explored: pd.DataFrame, best: pd.DataFrame, hbm_capacity_bytes: int):
     """The area walk's best throughput per bucket visited, per model and microbatch (dotted: its
     early stop), and the global search's answer (dashed) where the run has one."""
-    ex = _one_devices(explored[explored["hbm_bytes"] == hbm_bytes])
+    ex = _one_devices(explored[explored["hbm_capacity_bytes"] == hbm_capacity_bytes])
     ex = ex[(ex["strategy"] == "phaze-per-model") & ex["visited"]]
     glob = _one_devices(
         best[
-            (best["hbm_bytes"] == hbm_bytes)
+            (best["hbm_capacity_bytes"] == hbm_capacity_bytes)
             & (best["mode"] == "global")
             & (best["strategy"] == "phaze-per-model")
         ]
@@ -151,7 +151,8 @@ def convergence(explored: pd.DataFrame, best: pd.DataFrame, hbm_bytes: int):
         ax.set_ylabel("best throughput so far (seq/s)")
         ax.legend(fontsize=7)
     fig.suptitle(
-        f"Search convergence (dotted: early stop), HBM {hbm_bytes / GIB:g} GiB", fontsize=10
+        f"Search convergence (dotted: early stop), HBM {hbm_capacity_bytes / GIB:g} GiB",
+        fontsize=10,
     )
     fig.tight_layout()
     return fig
@@ -162,15 +163,15 @@ def area_throughput(
     front: pd.DataFrame,
     best: pd.DataFrame,
     comparison: pd.DataFrame,
-    hbm_bytes: int,
+    hbm_capacity_bytes: int,
     mode: str,
 ):
     """Per model (its Phaze-Per-Model global search): every architecture's proven upper bound
     (faint), the refined architectures' achieved throughput, the certified front, the TPUv4
     baselines and the chosen design."""
-    cert = _one_devices(certified[certified["hbm_bytes"] == hbm_bytes])
+    cert = _one_devices(certified[certified["hbm_capacity_bytes"] == hbm_capacity_bytes])
     cert = cert[cert["strategy"] == "phaze-per-model"]
-    fr = _one_devices(front[front["hbm_bytes"] == hbm_bytes])
+    fr = _one_devices(front[front["hbm_capacity_bytes"] == hbm_capacity_bytes])
     models = sorted(cert["model"].unique())
     fig, axes = _panels(len(models))
     for ax, model in zip(axes, models):
@@ -199,7 +200,7 @@ def area_throughput(
             )
         tpu = _one_devices(
             comparison[
-                (comparison["hbm_bytes"] == hbm_bytes)
+                (comparison["hbm_capacity_bytes"] == hbm_capacity_bytes)
                 & (comparison["model"] == model)
                 & comparison["strategy"].isin(["tpuv4-phaze", "tpuv4-upstream-phaze"])
             ]
@@ -212,7 +213,7 @@ def area_throughput(
             best[
                 (best["model"] == model)
                 & (best["strategy"] == "phaze-per-model")
-                & (best["hbm_bytes"] == hbm_bytes)
+                & (best["hbm_capacity_bytes"] == hbm_capacity_bytes)
                 & (best["mode"] == mode)
             ]
         )
@@ -230,17 +231,18 @@ def area_throughput(
         ax.set_xlabel("accelerator area (mm²)")
         ax.set_ylabel("throughput (seq/s)")
         ax.legend(fontsize=6)
-    fig.suptitle(f"Area vs throughput, HBM {hbm_bytes / GIB:g} GiB", fontsize=10)
+    fig.suptitle(f"Area vs throughput, HBM {hbm_capacity_bytes / GIB:g} GiB", fontsize=10)
     fig.tight_layout()
     return fig
 
 
-def arch_table(best: pd.DataFrame, comparison: pd.DataFrame, hbm_bytes: int, mode: str):
+def arch_table(best: pd.DataFrame, comparison: pd.DataFrame, hbm_capacity_bytes: int, mode: str):
     chosen = comparison[comparison["strategy"].str.startswith("phaze-")]
-    rows = _one_devices(chosen[chosen["hbm_bytes"] == hbm_bytes])
+    rows = _one_devices(chosen[chosen["hbm_capacity_bytes"] == hbm_capacity_bytes])
     tpu = _one_devices(
         comparison[
-            (comparison["hbm_bytes"] == hbm_bytes) & (comparison["strategy"] == "tpuv4-phaze")
+            (comparison["hbm_capacity_bytes"] == hbm_capacity_bytes)
+            & (comparison["strategy"] == "tpuv4-phaze")
         ]
     )
     rows = pd.concat([rows, tpu], ignore_index=True)
@@ -283,15 +285,15 @@ def arch_table(best: pd.DataFrame, comparison: pd.DataFrame, hbm_bytes: int, mod
         table.auto_set_font_size(False)
         table.set_fontsize(7)
         table.scale(1, 1.2)
-    ax.set_title(f"Chosen architectures, HBM {hbm_bytes / GIB:g} GiB", fontsize=10)
+    ax.set_title(f"Chosen architectures, HBM {hbm_capacity_bytes / GIB:g} GiB", fontsize=10)
     fig.tight_layout()
     return fig
 
 
-def pipeline_stages(best: pd.DataFrame, hbm_bytes: int, mode: str):
+def pipeline_stages(best: pd.DataFrame, hbm_capacity_bytes: int, mode: str):
     rows = _one_devices(
         best[
-            (best["hbm_bytes"] == hbm_bytes)
+            (best["hbm_capacity_bytes"] == hbm_capacity_bytes)
             & (best["mode"] == mode)
             & (best["strategy"] == "phaze-per-model")
         ]
@@ -309,15 +311,15 @@ def pipeline_stages(best: pd.DataFrame, hbm_bytes: int, mode: str):
         ax2 = ax.twinx()
         if len(mem) == len(stages):
             ax2.plot(idx, mem, "o-", color="C3", label="memory per device")
-        ax2.axhline(hbm_bytes / GIB, color="C3", ls="--", lw=0.8)
+        ax2.axhline(hbm_capacity_bytes / GIB, color="C3", ls="--", lw=0.8)
         ax2.set_ylabel("memory per device (GiB; dashed: HBM)", color="C3")
-        ax2.set_ylim(0, hbm_bytes / GIB * 1.1)
+        ax2.set_ylim(0, hbm_capacity_bytes / GIB * 1.1)
         ax.set_title(
             f"{r.model}: pp={r.pp} tp={r.tp} dp={r.dp}, b={r.microbatch}, V={r.interleave}, "
             f"recompute {r.recompute}",
             fontsize=8,
         )
-    fig.suptitle(f"Phaze-Per-Model placements, HBM {hbm_bytes / GIB:g} GiB", fontsize=10)
+    fig.suptitle(f"Phaze-Per-Model placements, HBM {hbm_capacity_bytes / GIB:g} GiB", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -325,14 +327,14 @@ def pipeline_stages(best: pd.DataFrame, hbm_bytes: int, mode: str):
 def hbm_sensitivity(comparison: pd.DataFrame):
     """Throughput of each Phaze strategy at every HBM size, relative to its largest HBM."""
     cmp = _one_devices(comparison)
-    hbms = sorted(cmp["hbm_bytes"].unique())
+    hbms = sorted(cmp["hbm_capacity_bytes"].unique())
     models = sorted(cmp["model"].unique())
     fig, axes = plt.subplots(1, len(PHAZE), figsize=(max(4.5, 0.9 * len(models)) * 2, 3.6))
     x = np.arange(len(models))
     w = 0.8 / max(1, len(hbms))
     for ax, (strategy, label, _color) in zip(np.atleast_1d(axes), PHAZE):
         sub = cmp[cmp["strategy"] == strategy]
-        thr = sub.groupby(["model", "hbm_bytes"])["throughput_seq_s"].max()
+        thr = sub.groupby(["model", "hbm_capacity_bytes"])["throughput_seq_s"].max()
         for j, h in enumerate(hbms):
             vals = [thr.get((m, h), np.nan) / thr.get((m, hbms[-1]), np.nan) for m in models]
             ax.bar(x + (j - (len(hbms) - 1) / 2) * w, vals, w, label=f"{h / GIB:g} GiB")

@@ -94,7 +94,7 @@ def _run_instance(args) -> int:
         "makespan_s": r.makespan_s,
         "lower_bound_s": r.lower_bound_s,
         "upper_bound_s": r.upper_bound_s,
-        "gap": r.gap,
+        "mip_gap": r.mip_gap,
         "status": r.status,
         "method": r.method,
         "solve_s": r.solve_s,

@@ -97,7 +97,7 @@ _KICK_SHARE = 0.2
 _MODE_BOUND_SHARE_ALONE = 0.6
 
 
-def _scip(m, time_limit, gap, threads, node_limit, seed, warm: bool, work=None):
+def _scip(m, time_limit, mip_gap, threads, node_limit, seed, warm: bool, work=None):
     """Solve a Pyomo model with SCIP (scip_direct): (results, SCIP's status string); adds the
     nodes and LP iterations spent to ``work`` ([nodes, iterations]) if given."""
     work = work if work is not None else [0, 0]
@@ -107,7 +107,7 @@ def _scip(m, time_limit, gap, threads, node_limit, seed, warm: bool, work=None):
     res = opt.solve(
         m,
         time_limit=max(time_limit, 0.01),
-        rel_gap=gap,
+        rel_gap=mip_gap,
         threads=threads,
         warmstart_discrete_vars=warm,
         load_solutions=False,
@@ -136,7 +136,7 @@ def solve_once(
     warm: Schedule,
     lb: float,
     time_limit_s: float,
-    gap: float,
+    mip_gap: float,
     threads: int,
     node_limit: int = 0,
     seed: int = 0,
@@ -147,10 +147,10 @@ def solve_once(
 ) -> IlpOutcome:
     """One ILP solve within ``time_limit_s`` (and before the monotonic time ``end``, if given:
     the caller's deadline, which also covers the worker's start-up). First (``mode_bound``) the
-    mode-aware bound MIP: if it proves the warm start within ``gap``, the full model is skipped
+    mode-aware bound MIP: if it proves the warm start within ``mip_gap``, the full model is skipped
     (status gap_limit / optimal, the warm start returned as the solution). If not, ``kicks``
     mode kicks (``kick_modes``) try to shorten the warm start, which is again returned if it is
-    then within ``gap`` of the bound; else (``full``) the full model starts from it. Without
+    then within ``mip_gap`` of the bound; else (``full``) the full model starts from it. Without
     ``full`` the call ends after the kicks: status ``open``, the (kicked) warm start returned
     with the bound, and the mode bound and the kicks split the whole time limit (60 / 40 %)."""
     import pyomo.environ as pyo  # deferred: pyomo is heavy (light commands never solve)
@@ -166,7 +166,7 @@ def solve_once(
     work = [0, 0]  # SCIP nodes, LP iterations
 
     def proven():
-        return ub - max(bound, lb) <= gap * ub
+        return ub - max(bound, lb) <= mip_gap * ub
 
     def warm_outcome():
         done = "optimal" if ub - max(bound, lb) <= 1e-9 * ub else "gap_limit"
@@ -223,7 +223,7 @@ def solve_once(
         if remaining <= 0.01:
             status = "time_limit"
             break
-        res, scip_status = _scip(m, remaining, gap, threads, node_limit, seed, True, work)
+        res, scip_status = _scip(m, remaining, mip_gap, threads, node_limit, seed, True, work)
         bound = max(bound, _dual_bound(res, ub))
         if res.incumbent_objective is None:
             status = "no_solution" if scip_status != "timelimit" else "time_limit"

@@ -79,7 +79,7 @@ class SolverWorker:
         warm: Schedule,
         lb: float,
         time_limit_s: float,
-        gap: float,
+        mip_gap: float,
         threads: int,
         watchdog_s: float,
         node_limit: int = 0,
@@ -90,7 +90,9 @@ class SolverWorker:
         t0 = time.perf_counter()
         end = time.monotonic() + time_limit_s  # the worker's clock (CLOCK_MONOTONIC) is ours
         try:
-            self._tx.send((inst, warm, lb, time_limit_s, gap, threads, node_limit, 0, stages, end))
+            self._tx.send(
+                (inst, warm, lb, time_limit_s, mip_gap, threads, node_limit, 0, stages, end)
+            )
             # SCIP stops itself at time_limit_s; the watchdog allows watchdog_s more (model
             # building, the worker's first imports) before it declares the solve hung
             if self._rx.poll(time_limit_s + watchdog_s):

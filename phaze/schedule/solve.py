@@ -81,7 +81,7 @@ class Options:
 
     tier: str = "ilp"  # ilp | bounds (a CLI choice, not a config key)
     time_limit_s: float = _DEFAULT["time_limit_s"]  # wall-clock budget of one solve() call
-    gap: float = _DEFAULT["gap"]
+    mip_gap: float = _DEFAULT["mip_gap"]  # the relative gap every solve stops at
     threads: int = _DEFAULT["threads"]
     cache: bool = _DEFAULT["cache"]
     watchdog_s: float = _DEFAULT["watchdog_s"]
@@ -97,7 +97,7 @@ class Options:
         return cls(
             tier=tier,
             time_limit_s=float(schedule["time_limit_s"]),
-            gap=float(schedule["gap"]),
+            mip_gap=float(schedule["mip_gap"]),
             threads=int(schedule["threads"]),
             cache=bool(schedule["cache"]),
             watchdog_s=float(schedule["watchdog_s"]),
@@ -122,7 +122,7 @@ class Result:
     bnb_nodes: int = 0  # nodes of phaze's own branch and bound (bnb.py) spent on it
 
     @property
-    def gap(self) -> float:
+    def mip_gap(self) -> float:
         if self.makespan_s <= 0:
             return 0.0
         return max(0.0, (self.makespan_s - self.lower_bound_s) / self.makespan_s)
@@ -313,7 +313,7 @@ class Scheduler:
             return Result(ub, ub, ub, "optimal", "list", 0.0, best)
         if self.opts.tier == "bounds":
             return Result(ub, lb, ub, "bounds", "list", 0.0, best)
-        if ub - lb <= self.opts.gap * ub:
+        if ub - lb <= self.opts.mip_gap * ub:
             # the list schedule already meets the gap target: SCIP would stop at once
             return Result(ub, lb, ub, "gap_limit", "list", 0.0, best)
         # the solver pipeline: a short branch and bound, the mode bound and the mode kicks, the
@@ -357,7 +357,7 @@ class Scheduler:
         )
 
     def _proven(self, run: _Run) -> bool:
-        return run.ub - run.lb <= self.opts.gap * run.ub
+        return run.ub - run.lb <= self.opts.mip_gap * run.ub
 
     def _bnb(self, inst: Instance, run: _Run, deadline: Deadline, nodes: int) -> None:
         """The branch and bound (bnb.py) from the best schedule so far, within ``deadline`` and
@@ -365,7 +365,7 @@ class Scheduler:
         work = min(nodes, run.bnb_left)
         if work <= 0:
             return
-        found = branch_and_bound(inst, run.best, self.opts.gap, deadline, work)
+        found = branch_and_bound(inst, run.best, self.opts.mip_gap, deadline, work)
         run.bnb_nodes += found.nodes
         run.bnb_left -= found.nodes
         if found.schedule is not None:
@@ -399,7 +399,7 @@ class Scheduler:
             run.best,
             run.lb,
             remaining,
-            self.opts.gap,
+            self.opts.mip_gap,
             self.opts.threads,
             self.opts.watchdog_s,
             self.opts.node_limit,

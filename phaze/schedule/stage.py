@@ -70,7 +70,7 @@ _COLUMNS = (
     "pass",
     "makespan_s",
     "lower_bound_s",
-    "gap",
+    "mip_gap",
     "status",
     "solve_s",
     "peak_tc",

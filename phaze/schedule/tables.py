@@ -154,7 +154,11 @@ def instance_from_json(obj: dict) -> tuple[Instance, dict]:
             raise PhazeError(f"edge {e!r} is not a [src, dst] pair")
         edges.append(tuple(checks.integer(v, f"instance JSON: edge {e!r}") for v in e))
     inst = make_instance(n_tc, n_vc, ops, edges)
+    if "gap" in obj:
+        raise PhazeError("instance JSON: 'gap' was renamed: write 'mip_gap'")
     overrides = {
-        k: checks.number(obj[k], f"instance JSON: {k}") for k in ("time_limit_s", "gap") if k in obj
+        k: checks.number(obj[k], f"instance JSON: {k}")
+        for k in ("time_limit_s", "mip_gap")
+        if k in obj
     }
     return inst, overrides

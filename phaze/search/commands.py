@@ -84,7 +84,7 @@ class RoundInputs:
             place = place[keep.to_numpy()]
         if place.empty:
             place = pd.DataFrame(
-                columns=["model", "hbm_bytes", "microbatch", "devices", "arch", "tier"]
+                columns=["model", "hbm_capacity_bytes", "microbatch", "devices", "arch", "tier"]
                 + ["throughput_seq_s"]
             )
         return components(place, self.settings.final_tier, self.space, self.edges)
@@ -230,7 +230,7 @@ def blind(args: argparse.Namespace) -> int:
 
 def _ilp_counts(entries: list[dict], gap: float) -> dict:
     """ILP instances: those whose bound-tier gap (list schedule vs lower bound) exceeds the
-    configured ``schedule.gap`` — the ones the ILP tier must hand to the solver. Counted for the
+    configured ``schedule.mip_gap`` — the ones the ILP tier must hand to the solver. Counted for the
     (model, microbatch, arch) that got the ILP tier (``solved``) and for those the search's
     bounds settled without it."""
     ilp_archs, deep_archs, bounds = set(), set(), []
@@ -339,13 +339,13 @@ def summarize(args: argparse.Namespace) -> int:
             "deepen_node_limit": cfg["deepen_node_limit"],
         },
         **out["counts"],
-        **_ilp_counts(doc["schedules"], config["schedule"]["gap"]),
+        **_ilp_counts(doc["schedules"], config["schedule"]["mip_gap"]),
     }
     write_json_atomic(d / "search_stats.json", stats)
     for rec in out["no_answer"]:
         what = rec["model"] if rec["model"] != "*" else f"Phaze-Common ({rec['common_score']})"
         print(
-            f"phaze search summarize: no answer for {what} at {rec['hbm_bytes'] / 2**30:g} GiB "
+            f"phaze search summarize: no answer for {what} at {rec['hbm_capacity_bytes'] / 2**30:g} GiB "
             f"on {rec['devices']} devices ({rec['mode']}): no placement fits any architecture"
         )
     print(json.dumps(stats, indent=1))

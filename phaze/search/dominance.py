@@ -131,12 +131,12 @@ def scope_edges(edges: pd.DataFrame) -> pd.DataFrame:
 
 
 def close_bounds(wide: pd.DataFrame, edges: pd.DataFrame, hi: np.ndarray) -> np.ndarray:
-    """``hi`` (per row of ``wide``, keyed by model, hbm_bytes, microbatch, devices, arch) lowered
+    """``hi`` (per row of ``wide``, keyed by model, hbm_capacity_bytes, microbatch, devices, arch) lowered
     to the smallest bound of every architecture that dominates the row's, through chains of
     steps. A NaN (nothing fits) stays NaN and lends nothing to the archs below it."""
     if edges.empty or wide.empty:
         return hi
-    key = ["model", "hbm_bytes", "microbatch", "devices"]
+    key = ["model", "hbm_capacity_bytes", "microbatch", "devices"]
     rows = wide[key + ["arch"]].assign(_row=np.arange(len(wide)))
     rows["microbatch"] = rows["microbatch"].astype("int64")
     pairs = rows.merge(edges, on=["model", "microbatch", "arch"])

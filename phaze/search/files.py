@@ -69,7 +69,7 @@ def load_space(entries: list[dict]) -> pd.DataFrame:
                 "arch",
                 "model",
                 "microbatch",
-                "hbm_bytes",
+                "hbm_capacity_bytes",
                 "devices",
                 "throughput_upper_seq_s",
                 "dominated_by",

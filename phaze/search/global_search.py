@@ -44,7 +44,7 @@ from phaze.search.scores import (
     model_values,
 )
 
-GLOBAL_KEY = ["strategy", "common_score", "model", "hbm_bytes", "devices"]
+GLOBAL_KEY = ["strategy", "common_score", "model", "hbm_capacity_bytes", "devices"]
 PER_MODEL = "phaze-per-model"
 COMMON = "phaze-common"
 
@@ -236,8 +236,9 @@ def open_components(
     out = []
     pm = above[above["strategy"] == PER_MODEL]
     if len(pm) and len(live):
-        j = live[["model", "hbm_bytes", "devices", "arch", "microbatch", "hi"]].merge(
-            pm[GLOBAL_KEY + ["arch", "threshold"]], on=["model", "hbm_bytes", "devices", "arch"]
+        j = live[["model", "hbm_capacity_bytes", "devices", "arch", "microbatch", "hi"]].merge(
+            pm[GLOBAL_KEY + ["arch", "threshold"]],
+            on=["model", "hbm_capacity_bytes", "devices", "arch"],
         )
         j = j[j["hi"].to_numpy(float) > j["threshold"].to_numpy(float)]
         out.append(j.assign(comp_model=j["model"])[cols])
@@ -245,12 +246,16 @@ def open_components(
     if len(cm) and len(live):
         factor = np.where(cm["above_gap"], 1 + settings.gap, 1 + (settings.front_gap or 0.0))
         cm = cm.assign(factor=factor)[GLOBAL_KEY + ["arch", "factor"]]
-        best = comp.groupby(["model", "hbm_bytes", "devices", "arch"], observed=True)["ach"].max()
-        j = live[["model", "hbm_bytes", "devices", "arch", "microbatch", "hi"]].rename(
+        best = comp.groupby(["model", "hbm_capacity_bytes", "devices", "arch"], observed=True)[
+            "ach"
+        ].max()
+        j = live[["model", "hbm_capacity_bytes", "devices", "arch", "microbatch", "hi"]].rename(
             columns={"model": "comp_model"}
         )
-        j = j.merge(cm, on=["hbm_bytes", "devices", "arch"])
-        key = pd.MultiIndex.from_arrays([j["comp_model"], j["hbm_bytes"], j["devices"], j["arch"]])
+        j = j.merge(cm, on=["hbm_capacity_bytes", "devices", "arch"])
+        key = pd.MultiIndex.from_arrays(
+            [j["comp_model"], j["hbm_capacity_bytes"], j["devices"], j["arch"]]
+        )
         ref = best.reindex(key).to_numpy(dtype=float)
         ref = np.where(np.isnan(ref), -np.inf, ref)
         need = j["hi"].to_numpy(float) > ref * j["factor"].to_numpy(float)

@@ -44,16 +44,16 @@ def _walk_components(needs: pd.DataFrame, comp: pd.DataFrame) -> pd.DataFrame:
     pm = needs[needs["strategy"] != COMMON]
     parts = [
         live.merge(
-            pm[["model", "hbm_bytes", "microbatch", "devices", "arch"]].drop_duplicates(),
-            on=["model", "hbm_bytes", "microbatch", "devices", "arch"],
+            pm[["model", "hbm_capacity_bytes", "microbatch", "devices", "arch"]].drop_duplicates(),
+            on=["model", "hbm_capacity_bytes", "microbatch", "devices", "arch"],
         )[COMPONENT_COLUMNS]
     ]
     cm = needs[needs["strategy"] == COMMON]
     if len(cm):
         parts.append(
             live.merge(
-                cm[["hbm_bytes", "devices", "arch"]].drop_duplicates(),
-                on=["hbm_bytes", "devices", "arch"],
+                cm[["hbm_capacity_bytes", "devices", "arch"]].drop_duplicates(),
+                on=["hbm_capacity_bytes", "devices", "arch"],
             )[COMPONENT_COLUMNS]
         )
     return pd.concat(parts, ignore_index=True).drop_duplicates()

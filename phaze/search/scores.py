@@ -48,7 +48,7 @@ from phaze.config import schema_defaults
 from phaze.errors import PhazeError
 from phaze.search.dominance import check_closed, close_bounds
 
-COMPONENT_KEY = ["model", "hbm_bytes", "microbatch", "devices", "arch"]
+COMPONENT_KEY = ["model", "hbm_capacity_bytes", "microbatch", "devices", "arch"]
 TIERS = ("space", "ub", "lo", "ilp", "ilp_ub", "deep", "deep_ub")
 #: tiers that bound a component's throughput from above, and tiers that hold a real schedule's
 UPPER = ("space", "ub", "ilp_ub", "deep_ub")
@@ -212,7 +212,7 @@ def components(
 
 #: one walk search (area-ordered, upstream's): per model × HBM × microbatch × devices, and
 #: Phaze-Common per HBM × devices × score
-SEARCH_KEY = ["strategy", "common_score", "model", "hbm_bytes", "microbatch", "devices"]
+SEARCH_KEY = ["strategy", "common_score", "model", "hbm_capacity_bytes", "microbatch", "devices"]
 VALUE_COLUMNS = ["hi", "ach", "exact", "has_ilp", "has_deep", "level", "led"]
 
 
@@ -228,7 +228,7 @@ def model_values(comp: pd.DataFrame) -> pd.DataFrame:
     """Per (model, HBM, devices, arch): the best over microbatch — ``hi`` / ``ach`` the largest
     (NaN-aware), ``exact`` when every microbatch is, ``level`` the least refined microbatch,
     ``led`` when a microbatch with the largest ``hi`` has it from a dominating architecture."""
-    key = ["model", "hbm_bytes", "devices", "arch"]
+    key = ["model", "hbm_capacity_bytes", "devices", "arch"]
     top = comp.groupby(key, sort=False, observed=True)["hi"].transform("max")
     led = comp["led"] if "led" in comp.columns else pd.Series(False, index=comp.index)
     comp = comp.assign(_led=led.astype(bool) & (comp["hi"] == top))
@@ -248,7 +248,7 @@ def model_references(comp: pd.DataFrame) -> dict[tuple, float]:
     """(model, HBM, devices) -> the best achievable throughput known, or before any, the largest
     finite upper bound: the reference of the ``relative`` score (any positive reference gives the
     same ranking and certificates)."""
-    key = ["model", "hbm_bytes", "devices"]
+    key = ["model", "hbm_capacity_bytes", "devices"]
     hi = comp["hi"].where(np.isfinite(comp["hi"].to_numpy(dtype=float)))
     refs = {k: float(v) for k, v in hi.groupby([comp[c] for c in key]).max().items() if v > 0}
     best = comp["ach"].groupby([comp[c] for c in key]).max()
@@ -258,7 +258,7 @@ def model_references(comp: pd.DataFrame) -> dict[tuple, float]:
 
 def aggregate(values: pd.DataFrame, models: list[str], kind: str, refs: dict) -> pd.DataFrame:
     """Phaze-Common's score per (HBM, devices, arch) from per-model ``values`` (columns model,
-    hbm_bytes, devices, arch, hi, ach, exact, has_ilp, has_deep, level): ``mean`` or
+    hbm_capacity_bytes, devices, arch, hi, ach, exact, has_ilp, has_deep, level): ``mean`` or
     ``relative`` (module docstring); NaN unless every model of ``models`` has a value. The
     upper bound is the same aggregate of the upper bounds (both are non-decreasing in each
     model's value)."""
@@ -267,16 +267,16 @@ def aggregate(values: pd.DataFrame, models: list[str], kind: str, refs: dict) ->
     v = values[values["model"].isin(models)].copy()
     if kind == "relative":
         keys = pd.MultiIndex.from_tuples(
-            list(refs) or [("", 0, 0)], names=["model", "hbm_bytes", "devices"]
+            list(refs) or [("", 0, 0)], names=["model", "hbm_capacity_bytes", "devices"]
         )
         table = pd.Series(list(refs.values()) or [np.nan], index=keys, dtype=float)
-        ref = table.reindex(pd.MultiIndex.from_frame(v[["model", "hbm_bytes", "devices"]]))
+        ref = table.reindex(pd.MultiIndex.from_frame(v[["model", "hbm_capacity_bytes", "devices"]]))
         ref = ref.to_numpy(dtype=float)
         with np.errstate(divide="ignore", invalid="ignore"):
             v["hi"] = np.log(v["hi"].to_numpy(float) / ref)
             v["ach"] = np.log(v["ach"].to_numpy(float) / ref)
     n = len(models)
-    g = v.groupby(["hbm_bytes", "devices", "arch"], sort=False, observed=True)
+    g = v.groupby(["hbm_capacity_bytes", "devices", "arch"], sort=False, observed=True)
     out = g.agg(
         hi=("hi", "sum"),
         ach=("ach", "sum"),

@@ -37,7 +37,7 @@ from phaze.place.objective_upstream import upstream_network
 from phaze.place.settings import (
     PlaceSettings,
     arch_costmodel,
-    hbm_bytes_of,
+    hbm_capacity_bytes_of,
     link_parameters,
     network_for,
 )
@@ -164,7 +164,7 @@ def bounds_table(args, config: dict) -> pd.DataFrame:
     space = read_table(args.space, "space", nonempty=True).reset_index(drop=True)
     place = config["place"]
     model, b = args.model, int(args.microbatch)
-    hbm_all = [hbm_bytes_of(h) for h in place["hbm_gib"]]
+    hbm_all = [hbm_capacity_bytes_of(h) for h in place["hbm_gib"]]
     settings = PlaceSettings.from_config(config, model, hbm_all[0], b)
     traces = [
         Trace(d, int(t), b, config["step"]["weight_bytes_per_param"], int(e))
@@ -194,7 +194,7 @@ def bounds_table(args, config: dict) -> pd.DataFrame:
                 "arch": space["arch"].to_numpy(),
                 "model": model,
                 "microbatch": b,
-                "hbm_bytes": int(hbm),
+                "hbm_capacity_bytes": int(hbm),
                 "devices": int(devices),
                 "throughput_upper_seq_s": out[i, h],
                 "dominated_by": ups,

@@ -53,7 +53,7 @@ STRATEGIES = [
 #: the baselines each Phaze strategy's speedup is reported against (speedup_vs_<name> columns)
 SPEEDUP_BASELINES = ("tpuv4-expert", "tpuv4-phaze", "tpuv4-upstream-expert", "placement-blind")
 BASELINE_STRATEGIES = tuple(s for s in STRATEGIES if not s.startswith("phaze-"))
-ANSWER_KEY = ["strategy", "common_score", "mode", "model", "hbm_bytes", "devices"]
+ANSWER_KEY = ["strategy", "common_score", "mode", "model", "hbm_capacity_bytes", "devices"]
 
 
 def _feasible(df: pd.DataFrame) -> pd.DataFrame:
@@ -104,12 +104,14 @@ def _strategy_rows(strategy: str, model: str, cands: pd.DataFrame, expert: bool 
 def _answer_rows(answers: pd.DataFrame, detail: pd.DataFrame) -> list[dict]:
     """One best-table row per (answer, model): the answer's arch with each model's best known
     placement over microbatch."""
-    by_key = {k: g for k, g in detail.groupby(["hbm_bytes", "devices", "arch"], sort=False)}
+    by_key = {
+        k: g for k, g in detail.groupby(["hbm_capacity_bytes", "devices", "arch"], sort=False)
+    }
     rows = []
     for rec in answers.itertuples(index=False):
         if not isinstance(rec.arch, str):
             continue
-        sel = by_key.get((rec.hbm_bytes, rec.devices, rec.arch))
+        sel = by_key.get((rec.hbm_capacity_bytes, rec.devices, rec.arch))
         if sel is None:
             continue
         if rec.strategy == PER_MODEL:
@@ -119,7 +121,7 @@ def _answer_rows(answers: pd.DataFrame, detail: pd.DataFrame) -> list[dict]:
             row.update(
                 common_score=rec.common_score,
                 mode=rec.mode,
-                hbm_bytes=int(rec.hbm_bytes),
+                hbm_capacity_bytes=int(rec.hbm_capacity_bytes),
                 devices=int(rec.devices),
                 search_score=float(rec.score),
                 last_bucket=int(rec.last_bucket),
@@ -139,7 +141,7 @@ def _walk_best(scores, plan, states, settings, refined) -> pd.DataFrame:
     the largest upper bound of any of them against the best score."""
     ans = walk_answers(scores, plan, states, settings)
     ans["archs_refined"] = ans.merge(refined, on=SEARCH_KEY, how="left")["n"].fillna(0).to_numpy()
-    key = ["strategy", "common_score", "mode", "model", "hbm_bytes", "devices"]
+    key = ["strategy", "common_score", "mode", "model", "hbm_capacity_bytes", "devices"]
     out = []
     for _, grp in ans.groupby(key, sort=True):
         ok = grp[grp["score"].notna()]
@@ -216,15 +218,19 @@ def summarize(
             ("tpuv4-upstream", set(space.loc[presets == upstream_baseline_preset, "arch"]))
         )
     base_rows = []
-    keys = detail[["model", "hbm_bytes", "devices"]].drop_duplicates()
+    keys = detail[["model", "hbm_capacity_bytes", "devices"]].drop_duplicates()
     blind_detail = detail_rows(blind_place) if len(blind_place) else blind_place
     for k in keys.itertuples(index=False):
         grp = detail[
             (detail["model"] == k.model)
-            & (detail["hbm_bytes"] == k.hbm_bytes)
+            & (detail["hbm_capacity_bytes"] == k.hbm_capacity_bytes)
             & (detail["devices"] == k.devices)
         ]
-        extra = {"hbm_bytes": int(k.hbm_bytes), "devices": int(k.devices), "mode": ""}
+        extra = {
+            "hbm_capacity_bytes": int(k.hbm_capacity_bytes),
+            "devices": int(k.devices),
+            "mode": "",
+        }
         extra["common_score"] = ""
         for name, archs in baselines:
             tpu = grp[grp["arch"].isin(archs)]
@@ -237,7 +243,7 @@ def summarize(
             b = blind_detail[
                 (blind_detail["model"] == k.model)
                 & (blind_detail["arch"].isin(set(arch)))
-                & (blind_detail["hbm_bytes"] == k.hbm_bytes)
+                & (blind_detail["hbm_capacity_bytes"] == k.hbm_capacity_bytes)
                 & (blind_detail["devices"] == k.devices)
             ]
             if len(b):
@@ -283,15 +289,15 @@ def summarize(
 def _with_speedups(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     for base in SPEEDUP_BASELINES:
-        ref = df[df["strategy"] == base].set_index(["model", "hbm_bytes", "devices"])[
+        ref = df[df["strategy"] == base].set_index(["model", "hbm_capacity_bytes", "devices"])[
             "throughput_seq_s"
         ]
-        idx = pd.MultiIndex.from_frame(df[["model", "hbm_bytes", "devices"]])
+        idx = pd.MultiIndex.from_frame(df[["model", "hbm_capacity_bytes", "devices"]])
         denom = ref.reindex(idx).to_numpy(dtype=float)
         df[f"speedup_vs_{base.replace('-', '_')}"] = df["throughput_seq_s"].to_numpy(float) / denom
     order = {s: i for i, s in enumerate(STRATEGIES)}
     df["_o"] = df["strategy"].map(order)
-    df = df.sort_values(["model", "hbm_bytes", "devices", "_o"]).drop(columns="_o")
+    df = df.sort_values(["model", "hbm_capacity_bytes", "devices", "_o"]).drop(columns="_o")
     for col in ("microbatch", "pp", "tp", "dp", "ep"):
         df[col] = pd.to_numeric(df[col], errors="coerce").fillna(-1).astype(np.int64)
     df["interleave"] = pd.to_numeric(df["interleave"], errors="coerce").fillna(-1).astype(np.int64)

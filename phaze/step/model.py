@@ -504,11 +504,11 @@ def price(
     net: Network,
     consts: StepConstants,
     peak_flops: float,
-    hbm_bytes: float | None = None,
+    hbm_capacity_bytes: float | None = None,
 ) -> dict:
     """Iteration time, breakdown, memory, FLOPs and utilisation of one strategy.
 
-    `peak_flops` = one device's peak (dense, the training precision); `hbm_bytes` = its memory
+    `peak_flops` = one device's peak (dense, the training precision); `hbm_capacity_bytes` = its memory
     capacity (None: `fits_memory` is None). The breakdown holds the terms of the slowest rank
     (compute, recompute, tensor-parallel, expert-parallel and pipeline communication, m times each;
     the bubble) and
@@ -552,8 +552,10 @@ def price(
         "hardware_flops": hardware_flops,
         "hfu": hardware_flops / (devices * iteration * peak_flops),
         "peak_memory_bytes": peak_memory,
-        "hbm_bytes": hbm_bytes,
-        "fits_memory": None if hbm_bytes is None else bool(peak_memory <= hbm_bytes),
+        "hbm_capacity_bytes": hbm_capacity_bytes,
+        "fits_memory": None
+        if hbm_capacity_bytes is None
+        else bool(peak_memory <= hbm_capacity_bytes),
         "breakdown": breakdown,
         "strategy": strategy.as_dict(chain.blocks),
         "critical_stage": crit,
