@@ -31,9 +31,10 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from phaze.arch.presets import PRESET_DIR, list_presets
 from phaze.errors import PhazeError
+from phaze.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_PATH = REPO_ROOT / "config" / "schema.yaml"
 DEFAULT_CONFIG = REPO_ROOT / "config" / "config.yaml"
 # keys that were renamed: old name -> new name (reported, never silently accepted)
@@ -122,8 +123,6 @@ def _check_consistency(config: dict) -> None:
                 f"config invalid: place.global_batch {batch} is not a multiple of "
                 f"trace.microbatch {mbs} (every microbatch size must divide the global batch)"
             )
-    from phaze.arch.presets import PRESET_DIR, list_presets  # (phaze.arch imports this module)
-
     named = [("arch.presets", p) for p in config["arch"]["presets"]] + [
         ("arch.area_budget.reference_preset", config["arch"]["area_budget"]["reference_preset"]),
         ("search.baseline_preset", config["search"]["baseline_preset"]),

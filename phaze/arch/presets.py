@@ -12,8 +12,8 @@ from functools import cache
 
 import yaml
 
-from phaze.config import REPO_ROOT
 from phaze.errors import PhazeError
+from phaze.paths import REPO_ROOT
 
 PRESET_DIR = REPO_ROOT / "config" / "presets"
 ARCH_KEYS = ("n_tc", "n_vc", "tc_width", "tc_depth", "vc_width", "glb_bytes", "freq_hz")
