@@ -43,9 +43,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from phaze.errors import PhazeError
 from phaze.network import Network
 from phaze.step.layers import ChainCost
-from phaze.step.model import Layout, PlacedChain, StageTerms, StepConstants
+from phaze.step.model import (
+    Layout,
+    PlacedChain,
+    StageTerms,
+    StepConstants,
+    iteration_time,
+    stage_terms,
+)
 from phaze.step.strategy import (
     DDP_MODES,
     RECOMPUTE_MODES,
@@ -401,9 +409,6 @@ def best_fixed(
     """A fixed placement (tp, pp, ep, split; dp = devices / (tp·pp)) at its best over the other
     axes (the microbatches of `chains`, interleave, recompute, sequence parallelism, distributed
     optimizer, DDP). Returns (strategy, time, '') or (None, inf, why not)."""
-    from phaze.errors import PhazeError
-    from phaze.step.model import iteration_time, stage_terms
-
     if devices % (tp * pp):
         return (
             None,
