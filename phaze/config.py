@@ -23,9 +23,11 @@ section (the step accounting now in ``step``) and for the old on/off form of ``p
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import math
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import jsonschema
@@ -192,6 +194,38 @@ def load_config(path: str | Path | None = None) -> dict:
     if not isinstance(config, dict):
         raise PhazeError(f"config file {path} must hold a mapping at the top level")
     return validate_config(config)
+
+
+_CONVERSIONS = {"float": float, "int": int, "bool": bool}
+
+
+def from_section(
+    cls,
+    section: Mapping,
+    *,
+    given: Mapping | None = None,
+    not_keys: Iterable[str] = (),
+    convert: bool = False,
+):
+    """An instance of dataclass ``cls`` built from a validated config section: every field takes
+    the section's key of its name (a missing key is a KeyError), except the fields in ``given``
+    (these values) and in ``not_keys`` (no config key: the field's default). With ``convert``, a
+    field declared ``float``, ``int`` or ``bool`` gets its value converted to that type. The
+    class's own ``__post_init__`` validates, as for any other construction."""
+    given = dict(given or {})
+    not_keys = set(not_keys)
+    values = {}
+    for f in dataclasses.fields(cls):
+        if not f.init or f.name in not_keys:
+            continue
+        value = given.pop(f.name) if f.name in given else section[f.name]
+        if convert:
+            kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", None)
+            value = _CONVERSIONS[kind](value) if kind in _CONVERSIONS else value
+        values[f.name] = value
+    if given:
+        raise TypeError(f"{cls.__name__} has no fields {sorted(given)}")
+    return cls(**values)
 
 
 def add_config_argument(parser) -> None:
