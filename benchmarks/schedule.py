@@ -131,7 +131,7 @@ def run_instances(args) -> pd.DataFrame:
     space, cm = tpuv4_space(CORES)
     opts = Options(
         time_limit_s=args.time_limit_s,
-        gap=args.gap,
+        mip_gap=args.gap,
         threads=1,
         cache=not args.no_cache,
         decompose=not args.no_decompose,
@@ -170,7 +170,7 @@ def run_instances(args) -> pd.DataFrame:
                                 "makespan_s": r.makespan_s,
                                 "lower_bound_s": r.lower_bound_s,
                                 "list_s": r.upper_bound_s,
-                                "gap": r.gap,
+                                "gap": r.mip_gap,
                                 "status": r.status,
                                 "method": r.method,
                                 "solve_s": wall,
@@ -216,7 +216,7 @@ def _dump(out: Path, model: str, t: int, pass_: str, inst, args) -> None:
         ],
         "edges": [[inst.ids[a], inst.ids[b]] for a, b in inst.edges],
         "time_limit_s": args.time_limit_s,
-        "gap": args.gap,
+        "mip_gap": args.gap,
     }
     name = f"{model}_t{t}_{pass_}_tc{inst.n_tc}_vc{inst.n_vc}.json"
     (out / name).write_text(json.dumps(obj, indent=1) + "\n")

@@ -45,7 +45,7 @@ def main() -> int:
     proven = 0
     for f in files:
         inst, overrides = instance_from_json(json.loads(f.read_text()))
-        gap = overrides.get("gap", Options().gap)
+        gap = overrides.get("mip_gap", Options().mip_gap)
         start = best_list_schedule(inst)
         ms = start.makespan(inst)
         t0 = time.perf_counter()

@@ -23,17 +23,20 @@ section (the step accounting now in ``step``) and for the old on/off form of ``p
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import math
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import jsonschema
 import yaml
 
+from phaze.arch.presets import PRESET_DIR, list_presets
 from phaze.errors import PhazeError
+from phaze.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_PATH = REPO_ROOT / "config" / "schema.yaml"
 DEFAULT_CONFIG = REPO_ROOT / "config" / "config.yaml"
 # keys that were renamed: old name -> new name (reported, never silently accepted)
@@ -52,6 +55,8 @@ MOVED_KEYS = {
     },
     "place.scatter_gather": "step.scatter_gather",
 }
+# keys renamed in their section (docs/design.md, Glossary): old path -> new path
+RENAMED_PATHS = {"schedule.gap": "schedule.mip_gap"}
 
 
 def _extend_with_default(validator_class):
@@ -122,8 +127,6 @@ def _check_consistency(config: dict) -> None:
                 f"config invalid: place.global_batch {batch} is not a multiple of "
                 f"trace.microbatch {mbs} (every microbatch size must divide the global batch)"
             )
-    from phaze.arch.presets import PRESET_DIR, list_presets  # (phaze.arch imports this module)
-
     named = [("arch.presets", p) for p in config["arch"]["presets"]] + [
         ("arch.area_budget.reference_preset", config["arch"]["area_budget"]["reference_preset"]),
         ("search.baseline_preset", config["search"]["baseline_preset"]),
@@ -146,6 +149,10 @@ def validate_config(config: dict) -> dict:
         section, key = path.split(".")
         if isinstance(config.get(section), dict) and key in config[section]:
             raise PhazeError(f"config key {path} moved: write {new}")
+    for path, new in RENAMED_PATHS.items():
+        section, key = path.split(".")
+        if isinstance(config.get(section), dict) and key in config[section]:
+            raise PhazeError(f"config key {path} was renamed: write {new}")
     recompute = (config.get("place") or {}).get("recompute")
     if isinstance(recompute, list) and any(isinstance(x, bool) for x in recompute):
         raise PhazeError(
@@ -193,6 +200,38 @@ def load_config(path: str | Path | None = None) -> dict:
     if not isinstance(config, dict):
         raise PhazeError(f"config file {path} must hold a mapping at the top level")
     return validate_config(config)
+
+
+_CONVERSIONS = {"float": float, "int": int, "bool": bool}
+
+
+def from_section(
+    cls,
+    section: Mapping,
+    *,
+    given: Mapping | None = None,
+    not_keys: Iterable[str] = (),
+    convert: bool = False,
+):
+    """An instance of dataclass ``cls`` built from a validated config section: every field takes
+    the section's key of its name (a missing key is a KeyError), except the fields in ``given``
+    (these values) and in ``not_keys`` (no config key: the field's default). With ``convert``, a
+    field declared ``float``, ``int`` or ``bool`` gets its value converted to that type. The
+    class's own ``__post_init__`` validates, as for any other construction."""
+    given = dict(given or {})
+    not_keys = set(not_keys)
+    values = {}
+    for f in dataclasses.fields(cls):
+        if not f.init or f.name in not_keys:
+            continue
+        value = given.pop(f.name) if f.name in given else section[f.name]
+        if convert:
+            kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", None)
+            value = _CONVERSIONS[kind](value) if kind in _CONVERSIONS else value
+        values[f.name] = value
+    if given:
+        raise TypeError(f"{cls.__name__} has no fields {sorted(given)}")
+    return cls(**values)
 
 
 def add_config_argument(parser) -> None:

@@ -3,6 +3,7 @@ schema, the old `tmp` key, and the schema's JSON Schema draft."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -13,6 +14,7 @@ import yaml
 from phaze.cli import main
 from phaze.config import (
     DEFAULT_CONFIG,
+    from_section,
     load_config,
     load_schema,
     schema_defaults,
@@ -20,6 +22,9 @@ from phaze.config import (
 )
 from phaze.errors import PhazeError
 from phaze.io import read_table
+from phaze.schedule.solve import Options
+from phaze.search.scores import SearchSettings
+from phaze.step.model import StepConstants
 from phaze.workflow import snapshot_config
 
 
@@ -102,6 +107,10 @@ def test_the_old_tmp_key_is_rejected_naming_tp(config, old, new):
         ({"place": {"scatter_gather": True}}, "write step.scatter_gather"),
         ({"place": {"recompute": [False, True]}}, "[none, selective, full]"),
         ({"place": {"recompute": [True]}}, "lists recompute modes now"),
+        (
+            {"schedule": {"gap": 0.01}},
+            "config key schedule.gap was renamed: write schedule.mip_gap",
+        ),
     ],
 )
 def test_moved_keys_and_the_on_off_recompute_list_are_rejected_naming_the_new_form(config, needle):
@@ -127,3 +136,101 @@ def test_every_cli_without_config_uses_config_yaml(tmp_path):
     )
     a, b = read_table(tmp_path / "a.parquet"), read_table(tmp_path / "b.parquet")
     assert a.equals(b) and len(a) < 1000
+
+
+def test_from_section_builds_a_dataclass_from_its_fields_keys():
+    @dataclasses.dataclass
+    class Section:
+        ratio: float
+        count: int
+        name: str
+        on: bool
+        given: float = 0.0
+        not_a_key: int = 7
+        derived: int = dataclasses.field(init=False, default=0)
+
+    section = {"ratio": 1, "count": 3.0, "name": "x", "on": 1, "unread": None}
+    kept = from_section(Section, section, given={"given": 2}, not_keys=("not_a_key",))
+    assert kept == Section(1, 3.0, "x", 1, 2)  # as the section has them
+    assert type(kept.ratio) is int and type(kept.on) is int
+    built = from_section(Section, section, given={"given": 2}, not_keys=["not_a_key"], convert=True)
+    assert (built.ratio, built.count, built.name, built.on, built.given) == (1.0, 3, "x", True, 2.0)
+    assert [type(v) for v in (built.ratio, built.count, built.on, built.given)] == [
+        float,
+        int,
+        bool,
+        float,
+    ]
+    assert built.not_a_key == 7 and built.derived == 0
+    with pytest.raises(KeyError, match="count"):  # a missing key, as section["count"] raises
+        from_section(Section, {k: v for k, v in section.items() if k != "count"}, given={})
+    with pytest.raises(KeyError, match="not_a_key"):  # not listed: a key like any other
+        from_section(Section, section, given={"given": 2})
+    with pytest.raises(TypeError, match=r"Section has no fields \['typo'\]"):
+        from_section(Section, section, given={"given": 2, "typo": 1}, not_keys=("not_a_key",))
+
+
+def test_the_components_built_from_config_sections():
+    """Options, StepConstants and SearchSettings from their sections: every key read, the
+    conversions each did by hand, their own validation and messages."""
+    defaults = schema_defaults()
+    schedule = {**defaults["schedule"], "mip_gap": 0, "threads": 2.0, "cache": 0, "time_limit_s": 5}
+    opts = Options.from_config(schedule, "bounds")
+    assert opts == Options(
+        tier="bounds",
+        time_limit_s=5.0,
+        mip_gap=0.0,
+        threads=2,
+        cache=False,
+        watchdog_s=float(schedule["watchdog_s"]),
+        decompose=bool(schedule["decompose"]),
+        node_limit=int(schedule["node_limit"]),
+        bnb_node_limit=int(schedule["bnb_node_limit"]),
+    )
+    assert (type(opts.mip_gap), type(opts.threads), opts.cache, opts.local_search, opts.bnb) == (
+        float,
+        int,
+        False,
+        True,
+        True,
+    )
+    with pytest.raises(KeyError, match="node_limit"):
+        Options.from_config({k: v for k, v in schedule.items() if k != "node_limit"}, "ilp")
+
+    step = {**defaults["step"], "ddp_bucket_bytes": 4, "scatter_gather": 1}
+    consts = StepConstants.from_config(step, 900)
+    assert consts.hbm_bandwidth_Bps == 900.0 and type(consts.hbm_bandwidth_Bps) is float
+    assert consts.ddp_bucket_bytes == 4.0 and type(consts.ddp_bucket_bytes) is float
+    assert consts.scatter_gather is True
+    assert consts.state_bytes_per_param == float(step["state_bytes_per_param"])
+    with pytest.raises(PhazeError, match=r"^HBM bandwidth must be > 0 B/s$"):
+        StepConstants.from_config(step, 0)
+    with pytest.raises(PhazeError, match=r"optimizer-state bytes per parameter must be in"):
+        StepConstants.from_config({**step, "optimizer_state_bytes_per_param": 1e9}, 900)
+
+    search = {**defaults["search"], "gap": 0}
+    settings = SearchSettings.from_config(search)
+    fields = [f.name for f in dataclasses.fields(SearchSettings)]
+    assert settings == SearchSettings(**{k: search[k] for k in fields})
+    assert type(settings.gap) is int  # taken as it is, no conversion (as before)
+    with pytest.raises(PhazeError, match=r"^search.gap must be in \[0, 1\), got 1.5$"):
+        SearchSettings.from_config({**search, "gap": 1.5})
+    with pytest.raises(PhazeError, match=r"^search.mode must be one of global"):
+        SearchSettings.from_config({**search, "mode": "greedy"})
+
+
+def test_a_preset_with_the_old_hbm_key_names_the_new_one(tmp_path, monkeypatch):
+    from phaze.arch import presets
+
+    src = (presets.PRESET_DIR / "h100-sxm.yaml").read_text()
+    assert "hbm_capacity_bytes:" in src
+    (tmp_path / "old.yaml").write_text(src.replace("hbm_capacity_bytes:", "hbm_bytes:", 1))
+    monkeypatch.setattr(presets, "PRESET_DIR", tmp_path)
+    presets._load.cache_clear()
+    try:
+        with pytest.raises(
+            PhazeError, match="gpu.hbm_bytes was renamed: write gpu.hbm_capacity_bytes"
+        ):
+            presets.load_preset("old")
+    finally:
+        presets._load.cache_clear()

@@ -7,10 +7,11 @@ import pytest
 
 from phaze.arch.presets import load_preset
 from phaze.cli import main
-from phaze.config import REPO_ROOT, load_config
+from phaze.config import load_config
 from phaze.estimate import collective_latency
 from phaze.io.tables import read_table
 from phaze.network import TorusNetwork
+from phaze.paths import REPO_ROOT
 
 
 @pytest.fixture(scope="module")

@@ -387,7 +387,7 @@ def test_code_version_follows_the_code_and_rejects_missing_parts(tmp_path, monke
     for part in ("io", "x"):
         (pkg / part).mkdir(parents=True)
         (pkg / part / "a.py").write_text("A = 1\n")
-    for f in ("config.py", "errors.py", "cli.py"):
+    for f in ("config.py", "paths.py", "errors.py", "cli.py"):
         (pkg / f).write_text("")
     monkeypatch.setattr(prov, "PACKAGE_ROOT", pkg)
     before = prov.code_version("x")

@@ -27,6 +27,7 @@ import math
 
 import numpy as np
 
+from phaze.arch import area as am
 from phaze.arch.area import MiB, local_buffer_bytes
 
 # (component, size) -> area_mm2, from upstream's 22 nm Accelergy/CACTI runs (docs/design.md).
@@ -82,7 +83,7 @@ def min_max_error(c: np.ndarray, worst, caps: dict | None = None) -> tuple[float
     Returns (t, x). Anchors in neither set are unconstrained. SCIP solves the LP; columns are
     scaled by their largest entry so every coefficient is O(1).
     """
-    from pyscipopt import Model
+    from pyscipopt import Model  # deferred: pyscipopt (SCIP), only for the fit
 
     caps = caps or {}
     scale = np.abs(c).max(axis=0)
@@ -173,8 +174,6 @@ def fit(lb_cfg: dict = LOCAL_BUFFER) -> dict:
 
 def anchor_errors(area_cfg: dict) -> list[tuple[str, float, float]]:
     """(anchor name, model area, anchor area) for every anchor, using ``area_cfg``."""
-    from phaze.arch import area as am
-
     out = []
     for w, a in TENSOR_CORE_ANCHORS_MM2.items():
         out.append((f"tensor core {w}x{w}", float(am.tensor_core_area_mm2(w, w, area_cfg)), a))

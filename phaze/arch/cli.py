@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from phaze.config import add_config_argument
+from phaze.arch.space import build_space
+from phaze.config import add_config_argument, load_config
+from phaze.io.tables import write_table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -13,10 +15,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from phaze.arch.space import build_space
-    from phaze.config import load_config
-    from phaze.io.tables import write_table
-
     config = load_config(args.config)
     space, summary = build_space(config)
     write_table(space, args.out, "space")

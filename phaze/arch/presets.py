@@ -8,12 +8,14 @@ costmodel constants for this architecture, e.g. its own ``hbm_bandwidth_Bps``) a
 
 from __future__ import annotations
 
+import copy
 from functools import cache
 
 import yaml
 
-from phaze.config import REPO_ROOT
+from phaze.arch.area import peak_flops
 from phaze.errors import PhazeError
+from phaze.paths import REPO_ROOT
 
 PRESET_DIR = REPO_ROOT / "config" / "presets"
 ARCH_KEYS = ("n_tc", "n_vc", "tc_width", "tc_depth", "vc_width", "glb_bytes", "freq_hz")
@@ -59,14 +61,10 @@ def _load(name: str) -> dict:
 
 def load_preset(name: str) -> dict:
     """The preset's dict (``arch``, ``costmodel``, ``sources``, and any other sections); a copy."""
-    import copy
-
     return copy.deepcopy(_load(name))
 
 
 def preset_peak_flops(preset: dict) -> float:
     """Tensor-core peak FLOP/s of a preset's architecture (phaze.arch.area.peak_flops)."""
-    from phaze.arch.area import peak_flops
-
     a = preset["arch"]
     return float(peak_flops(a["n_tc"], a["tc_width"], a["tc_depth"], a["freq_hz"]))

@@ -37,6 +37,7 @@ SMs) of 32×32 at 1.41 GHz with a 40 MB L2 as GLB::
     seconds, bound = matmul_latency(4096, 4096, 4096, 1, a100, costmodel, n_cores=108)
 """
 
+from phaze.config import schema_defaults
 from phaze.estimate.model import (  # noqa: F401
     collective_latency,
     core_cost,
@@ -51,6 +52,4 @@ from phaze.estimate.model import (  # noqa: F401
 
 def default_costmodel() -> dict:
     """The schema's costmodel constants (config/schema.yaml)."""
-    from phaze.config import schema_defaults
-
     return schema_defaults()["costmodel"]

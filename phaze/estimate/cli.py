@@ -6,9 +6,15 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
-from phaze.config import add_config_argument
-from phaze.io.select import add_arch_selection_arguments
+from phaze.config import add_config_argument, load_config
+from phaze.errors import PhazeError
+from phaze.estimate.matmul import matmul_report
+from phaze.estimate.stage import estimate
+from phaze.io.select import add_arch_selection_arguments, select_archs
+from phaze.io.tables import read_table, write_table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,8 +39,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _positive_ints(values: list[str], what: str) -> list[int]:
-    from phaze.errors import PhazeError
-
     try:
         return [int(v) for v in values]
     except ValueError:
@@ -42,11 +46,6 @@ def _positive_ints(values: list[str], what: str) -> list[int]:
 
 
 def run_matmul(args: argparse.Namespace, config: dict) -> int:
-    import json
-
-    from phaze.errors import PhazeError
-    from phaze.estimate.matmul import matmul_report
-
     extra = [f"--{a}" for a in ("trace", "space", "out", "chunks", "archs") if getattr(args, a)]
     if extra or args.chunk is not None:
         raise PhazeError(f"--matmul costs one GEMM on --arch; it takes no {extra or ['--chunk']}")
@@ -69,14 +68,6 @@ def run_matmul(args: argparse.Namespace, config: dict) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from phaze.config import load_config
-    from phaze.errors import PhazeError
-    from phaze.estimate.stage import estimate
-    from phaze.io.select import select_archs
-    from phaze.io.tables import read_table, write_table
-
     config = load_config(args.config)
     if args.matmul is not None:
         return run_matmul(args, config)

@@ -8,16 +8,16 @@ cores.
 
 from __future__ import annotations
 
+from phaze.arch.area import tc_local_buffer_bytes
+from phaze.arch.presets import load_preset
 from phaze.errors import PhazeError
+from phaze.estimate.model import matmul_cost
+from phaze.estimate.stage import with_overrides
 
 
 def preset_core(preset: str, config: dict) -> tuple[dict, dict]:
     """(core, costmodel) of a preset as the estimate stage costs it: the arch section with the
     area model's local buffer, and the config's costmodel with the preset's overrides."""
-    from phaze.arch.area import tc_local_buffer_bytes
-    from phaze.arch.presets import load_preset
-    from phaze.estimate.stage import with_overrides
-
     p = load_preset(preset)
     arch = p["arch"]
     cm = with_overrides(config["costmodel"], p["costmodel"], f"preset {preset!r}")
@@ -31,8 +31,6 @@ def peak_flops_per_s(core: dict) -> float:
 
 def matmul_report(m: int, n: int, k: int, batch: int, preset: str, config: dict) -> dict:
     """Latency, FLOP/s and every term of ``[batch×] (m×k)·(k×n)`` on ``preset`` (a JSON-able dict)."""
-    from phaze.estimate.model import matmul_cost
-
     for name, value in (("M", m), ("N", n), ("K", k), ("batch", batch)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise PhazeError(f"--matmul needs positive integers; {name} = {value!r}")

@@ -13,6 +13,8 @@ import json
 import numpy as np
 import pandas as pd
 
+from phaze.arch.presets import load_preset
+from phaze.config import schema_defaults
 from phaze.errors import PhazeError
 from phaze.estimate import model
 from phaze.network import Network, network_for_architecture
@@ -254,8 +256,6 @@ def _estimate_group(
 
 def _prepared(ops: pd.DataFrame, space: pd.DataFrame, place: dict | None):
     if place is None:
-        from phaze.config import schema_defaults
-
         place = schema_defaults()["place"]
     ops = check_ops(ops).reset_index(drop=True)
     space = space.reset_index(drop=True)
@@ -277,8 +277,6 @@ def _arrays(
 ) -> dict[str, np.ndarray]:
     """(archs × ops) arrays per quantity, every architecture with its own cost-model constants
     (a preset's overrides) and network."""
-    from phaze.arch.presets import load_preset
-
     arrays: dict[str, np.ndarray] = {}
     devices = max(place["devices"])
     keys = [space["costmodel_overrides"].fillna(""), space["preset"].fillna("")]

@@ -32,6 +32,9 @@ import numpy as np
 import pandas as pd
 
 from phaze.errors import PhazeError
+from phaze.estimate import matmul_cost, vector_cost
+from phaze.estimate.model import achievable_hbm_Bps
+from phaze.estimate.stage import cycles_per_element
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,9 +113,6 @@ def kernel_latencies(
     """One row per kernel of one layer+pass: ``group`` (first op id), ``latency_s``, ``bound``,
     ``ops`` (op ids). Matmuls via ``phaze.estimate.matmul_cost``, element-wise kernels via
     ``phaze.estimate.vector_cost``; collectives and allocations are not kernels here."""
-    from phaze.estimate import matmul_cost, vector_cost
-    from phaze.estimate.stage import cycles_per_element
-
     ops = ops.reset_index(drop=True)
     if not (ops["op"].to_numpy() == np.arange(len(ops))).all():
         raise PhazeError("ops of a layer+pass must be numbered 0..n-1 in execution order")
@@ -284,8 +284,6 @@ CROSS_ENTROPY_BYTES_PER_LOGIT = {"fwd": 38.0, "bwd": 14.0}
 def megatron_cross_entropy(head: LayerWork, ops: pd.DataFrame, cm: dict) -> None:
     """Add Megatron's fp32 vocab-parallel cross-entropy kernels to the head (HBM-bound), in place
     of the trace's loss kernels, over the logits of one rank (the log-softmax's elements)."""
-    from phaze.estimate.model import achievable_hbm_Bps
-
     logits = ops.loc[(ops["pass"] == "fwd") & (ops["aten"] == "aten._log_softmax.default")]
     elements = float(logits["elements"].sum())
     bw = float(achievable_hbm_Bps(cm))

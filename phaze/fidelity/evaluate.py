@@ -15,6 +15,7 @@ import hashlib
 import json
 from functools import lru_cache
 
+from phaze.arch.presets import preset_peak_flops
 from phaze.errors import PhazeError
 from phaze.estimate.model import achievable_hbm_Bps
 from phaze.fidelity.compute import (
@@ -26,6 +27,7 @@ from phaze.fidelity.compute import (
     preset_costmodel,
 )
 from phaze.network import Network, network_from_section
+from phaze.place.megatron import Axes, optimize
 from phaze.step.layers import ChainCost, LayerCost
 from phaze.step.model import StepConstants, price
 from phaze.step.strategy import Strategy
@@ -61,7 +63,7 @@ _SPECS: dict[str, object] = {}
 
 @lru_cache(maxsize=64)
 def _trace_cached(key: str, microbatch: int, tp: int, seq: int, ep: int, imbalance: float):
-    from phaze.trace.tracer import trace_model
+    from phaze.trace.tracer import trace_model  # deferred: pulls torch
 
     # fuse=False: the GPU kernel fusion is modelled here (compute.py), not upstream's pairing;
     # verify=False: blocks of these models are identical (the trace stage's tests check that).
@@ -205,8 +207,6 @@ def evaluate_strategy(
 ) -> dict:
     """`phaze.step.model.price` of `strategy` for model `spec` on a GPU preset, plus the GPU
     detail (the block's kernel time by bound, the device's peak)."""
-    from phaze.arch.presets import preset_peak_flops
-
     net = preset_network(preset, name, strategy.devices)
     spec.check_tp(strategy.tp)
     strategy.check_layers(spec.num_blocks)
@@ -230,19 +230,6 @@ def evaluate_strategy(
 # ---------------------------------------------------------------------------------------------
 # the best strategy
 # ---------------------------------------------------------------------------------------------
-def axes_from_config(place: dict):
-    """The placement axes of config section ``place`` (phaze.place.megatron.Axes)."""
-    from phaze.place.megatron import Axes
-
-    return Axes(
-        interleave=tuple(place["interleave"]),
-        recompute=tuple(place["recompute"]),
-        sequence_parallel=tuple(place["sequence_parallel"]),
-        distributed_optimizer=tuple(place["distributed_optimizer"]),
-        ddp=tuple(place["ddp"]),
-    )
-
-
 def optimize_strategy(
     spec,
     preset: dict,
@@ -260,8 +247,6 @@ def optimize_strategy(
     """The fastest strategy that fits `hbm_capacity_bytes` per device under the step model (the exact
     search of phaze.place.megatron over the tp, microbatch and ep values given and the axes of
     config ``place``). Returns (evaluate_strategy's dict of it or None, the search's Result)."""
-    from phaze.place.megatron import optimize
-
     net = preset_network(preset, name, devices)
     chains = {}
     for t in tps:
@@ -276,7 +261,7 @@ def optimize_strategy(
         devices,
         global_batch,
         hbm_capacity_bytes,
-        axes_from_config(config["place"]),
+        Axes.from_config(config["place"]),
     )
     if found.strategy is None:
         return None, found

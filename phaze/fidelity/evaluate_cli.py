@@ -11,8 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from phaze.config import add_config_argument
+from phaze.arch.presets import load_preset
+from phaze.config import add_config_argument, load_config
 from phaze.errors import PhazeError
+from phaze.fidelity.evaluate import evaluate_strategy, preset_network
+from phaze.step.strategy import Strategy
+from phaze.trace.models import get_model_spec
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,11 +92,6 @@ def parse_stages(text: str | None) -> tuple[int, ...] | None:
 
 def load_run(args) -> tuple:
     """(spec, preset, config, seq) of an evaluate / optimize command line."""
-    from phaze.arch.presets import load_preset
-    from phaze.config import load_config
-    from phaze.fidelity.evaluate import preset_network
-    from phaze.trace.models import get_model_spec
-
     if args.seq is not None and args.seq < 2:
         raise PhazeError(f"--seq must be >= 2 (got {args.seq})")
     if args.devices < 1 or args.global_batch < 1:
@@ -105,8 +104,6 @@ def load_run(args) -> tuple:
 
 
 def run(args: argparse.Namespace) -> int:
-    from phaze.step.strategy import Strategy
-
     # the strategy first: its errors need no model, config or heavy import
     strategy = Strategy(
         devices=args.devices,
@@ -127,8 +124,6 @@ def run(args: argparse.Namespace) -> int:
     strategy.check_layers(spec.num_blocks)
     moe = getattr(spec, "moe", None)
     strategy.check_experts(moe.experts if moe is not None else 0)
-
-    from phaze.fidelity.evaluate import evaluate_strategy
 
     result = evaluate_strategy(spec, strategy, preset, seq=seq, config=config, name=args.arch)
     print(json.dumps({"model": spec.name, "arch": args.arch, **result}, indent=2))

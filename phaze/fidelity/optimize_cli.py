@@ -17,7 +17,9 @@ import argparse
 import json
 
 from phaze.errors import PhazeError
+from phaze.fidelity.evaluate import optimize_strategy
 from phaze.fidelity.evaluate_cli import add_run_arguments, load_run
+from phaze.step.megatron_args import megatron_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,9 +52,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from phaze.fidelity.evaluate import optimize_strategy
-    from phaze.step.megatron_args import megatron_arguments
-
     spec, preset, config, seq = load_run(args)
     if args.hbm_gib is not None:
         if not args.hbm_gib > 0:

@@ -24,8 +24,12 @@ import csv
 import math
 from pathlib import Path
 
+from phaze.arch.presets import load_preset
 from phaze.errors import PhazeError
+from phaze.fidelity.evaluate import evaluate_strategy
 from phaze.io import checks
+from phaze.step.strategy import Strategy
+from phaze.trace.models import ModelSpec, get_model_spec
 
 REFERENCE = Path(__file__).resolve().parent / "data" / "megatron_narayanan2021_table1.csv"
 SEQ = 2048
@@ -213,8 +217,6 @@ def model_flops(global_batch: int, seq: int, layers: int, hidden: int, vocab: in
 
 
 def gpt_spec(row: dict):
-    from phaze.trace.models import ModelSpec
-
     h, a, l = row["hidden_size"], row["attention_heads"], row["layers"]
     kwargs = {
         "n_layer": l,
@@ -240,8 +242,6 @@ def published_strategy(row: dict):
 def _strategy(row: dict, **settings):
     """A reference row's strategy on every GPU: its parallel sizes, microbatch, interleaving,
     recomputation and sequence parallelism, plus ``settings``."""
-    from phaze.step.strategy import Strategy
-
     return Strategy(
         devices=row["gpus"],
         tp=row["tensor_parallel"],
@@ -293,10 +293,6 @@ def run_strategy(row: dict):
 
 def validate_runs(config: dict, reference: Path | str) -> dict:
     """Predicted vs measured iteration times of a table of runs."""
-    from phaze.arch.presets import load_preset
-    from phaze.fidelity.evaluate import evaluate_strategy
-    from phaze.trace.models import get_model_spec
-
     rows = []
     for ref in read_runs(reference):
         spec = get_model_spec(ref["model"])
@@ -363,9 +359,6 @@ def _summary(presets, rows: list[dict]) -> dict:
 
 
 def validate(config: dict, reference: Path | str = REFERENCE) -> dict:
-    from phaze.arch.presets import load_preset
-    from phaze.fidelity.evaluate import evaluate_strategy
-
     if is_runs_table(reference):
         return validate_runs(config, reference)
     preset = load_preset(PRESET)

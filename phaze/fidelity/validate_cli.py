@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from phaze.config import add_config_argument
+from phaze.config import add_config_argument, load_config
+from phaze.fidelity.validate import REFERENCE, format_table, validate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,9 +20,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from phaze.config import load_config
-    from phaze.fidelity.validate import REFERENCE, format_table, validate
-
     report = validate(load_config(args.config), args.reference or REFERENCE)
     if args.json:
         print(json.dumps(report, indent=2))

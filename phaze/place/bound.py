@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from phaze.network import Network
+from phaze.network import Network, ring_seconds
 from phaze.place.megatron import Axes, allowed_blocks, configurations
 from phaze.step.layers import ChainCost
 from phaze.step.model import StageTerms, StepConstants
@@ -402,8 +402,6 @@ def upstream_time_lower_bounds(
     stages a pipeline of ``devices // d`` devices can have (at most one per layer). The memory
     limits and the stage rules are dropped (a relaxation). ``bandwidth_Bps`` None (a two-level
     network): the all-reduce is dropped too."""
-    from phaze.network import ring_seconds
-
     A = len(next(iter(totals.values())))
     best = np.full(A, np.inf)
     for t, tot in totals.items():

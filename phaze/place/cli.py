@@ -20,9 +20,18 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from pathlib import Path
 
-from phaze.config import add_config_argument
+import pandas as pd
+
+from phaze.config import add_config_argument, load_config
 from phaze.errors import PhazeError
+from phaze.io import read_table, write_json_atomic, write_table
+from phaze.io.atomic import write_text_atomic
+from phaze.io.tables import check_values
+from phaze.place.settings import PlaceSettings, hbm_capacity_bytes_of
+from phaze.place.tables import place_architectures
+from phaze.place.upstream import dumps_result, export_instance, load_instance, solve_instance
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,9 +94,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_instance(args) -> int:
-    from phaze.io.atomic import write_text_atomic
-    from phaze.place.upstream import dumps_result, load_instance, solve_instance
-
     out = solve_instance(load_instance(args.instance))
     text = dumps_result(out)
     if args.out:
@@ -103,14 +109,6 @@ def _require(args, *names):
 
 
 def _run_tables(args) -> int:
-    from pathlib import Path
-
-    from phaze.io import read_table, write_json_atomic, write_table
-    from phaze.io.tables import check_values
-    from phaze.place.settings import PlaceSettings, hbm_capacity_bytes_of
-    from phaze.place.tables import place_architectures
-    from phaze.place.upstream import export_instance
-
     if args.recompute is not None:
         raise PhazeError(
             "--recompute is gone: the placement searches the modes of config place.recompute "
@@ -141,7 +139,6 @@ def _run_tables(args) -> int:
         raise PhazeError(f"--hbm-gib must be a finite number > 0, got {args.hbm_gib}")
     if args.microbatch < 1:
         raise PhazeError(f"--microbatch must be >= 1, got {args.microbatch}")
-    from phaze.config import load_config
 
     config = load_config(args.config)
     pc = config["place"]
@@ -153,7 +150,6 @@ def _run_tables(args) -> int:
         raise PhazeError(f"cluster sizes must be >= 1, got {devices_list}")
 
     layers_by_t, schedules_by_t, ops_by_t, latencies_by_t = {}, {}, {}, {}
-    import pandas as pd
 
     def tables(text: str, schema: str, what: str, t: int) -> pd.DataFrame:
         files = [f for f in text.split(",") if f]

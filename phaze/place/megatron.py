@@ -39,13 +39,21 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from phaze.errors import PhazeError
 from phaze.network import Network
 from phaze.step.layers import ChainCost
-from phaze.step.model import Layout, PlacedChain, StageTerms, StepConstants
+from phaze.step.model import (
+    Layout,
+    PlacedChain,
+    StageTerms,
+    StepConstants,
+    iteration_time,
+    stage_terms,
+)
 from phaze.step.strategy import (
     DDP_MODES,
     RECOMPUTE_MODES,
@@ -66,6 +74,11 @@ class Axes:
     sequence_parallel: tuple[bool, ...] = (False, True)
     distributed_optimizer: tuple[bool, ...] = (False, True)
     ddp: tuple[str, ...] = DDP_MODES
+
+    @classmethod
+    def from_config(cls, place: dict) -> Axes:
+        """The axes of a validated config section ``place`` (each a list there)."""
+        return cls(**{f.name: tuple(place[f.name]) for f in fields(cls)})
 
     def __post_init__(self) -> None:
         if not self.interleave or any(int(v) != v or v < 1 for v in self.interleave):
@@ -405,9 +418,6 @@ def best_fixed(
     """A fixed placement (tp, pp, ep, split; dp = devices / (tp·pp)) at its best over the other
     axes (the microbatches of `chains`, interleave, recompute, sequence parallelism, distributed
     optimizer, DDP). Returns (strategy, time, '') or (None, inf, why not)."""
-    from phaze.errors import PhazeError
-    from phaze.step.model import iteration_time, stage_terms
-
     if devices % (tp * pp):
         return (
             None,

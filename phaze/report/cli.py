@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from phaze.config import add_config_argument
+from phaze.config import add_config_argument, load_config
+from phaze.io import atomic_path, read_table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,13 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    import matplotlib.pyplot as plt  # deferred: matplotlib
 
-    import matplotlib.pyplot as plt
-
-    from phaze.config import load_config
-    from phaze.io import atomic_path, read_table
-    from phaze.report.plots import make_figures
+    from phaze.report.plots import make_figures  # deferred: pulls matplotlib
 
     config = load_config(args.config)
     cfg = config["report"]

@@ -8,8 +8,12 @@ import json
 import sys
 import time
 
-from phaze.config import add_config_argument
+from phaze.config import add_config_argument, load_config
 from phaze.errors import PhazeError
+from phaze.io.atomic import write_text_atomic
+from phaze.schedule.solve import Options, Scheduler, peak_cores
+from phaze.schedule.stage import schedule_tables
+from phaze.schedule.tables import instance_from_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,9 +41,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _options(args, overrides: dict | None = None):
-    from phaze.config import load_config
-    from phaze.schedule.solve import Options
-
     config = load_config(args.config)
     cfg = dict(config["schedule"])
     tier = args.tier
@@ -61,7 +62,6 @@ def run(args: argparse.Namespace) -> int:
     missing = [f"--{k}" for k in ("trace", "latency", "space", "out") if not getattr(args, k)]
     if missing:
         raise PhazeError(f"missing {', '.join(missing)} (or give --instance FILE.json)")
-    from phaze.schedule.stage import schedule_tables
 
     t0 = time.perf_counter()
     stats = schedule_tables(args, _options(args))
@@ -75,9 +75,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_instance(args) -> int:
-    from phaze.schedule.solve import Scheduler, peak_cores
-    from phaze.schedule.tables import instance_from_json
-
     try:
         with open(args.instance) as fh:
             obj = json.load(fh)
@@ -114,8 +111,6 @@ def _run_instance(args) -> int:
     }
     text = json.dumps(out, indent=2) + "\n"
     if args.out:
-        from phaze.io.atomic import write_text_atomic
-
         write_text_atomic(args.out, text)
     else:
         sys.stdout.write(text)

@@ -18,8 +18,8 @@ from phaze.schedule.listsched import Schedule
 
 
 def _worker_main(read_fd: int, write_fd: int) -> None:
-    import pyomo.environ  # noqa: F401  (pay the import once per worker)
-    from pyomo.contrib.solver.solvers.scip.scip_direct import ScipDirect  # noqa: F401
+    import pyomo.environ  # noqa: F401  # deferred: pyomo, paid once per worker process
+    from pyomo.contrib.solver.solvers.scip.scip_direct import ScipDirect  # noqa: F401  # deferred: SCIP
 
     rx = Connection(read_fd, writable=False)
     tx = Connection(write_fd, readable=False)

@@ -16,6 +16,7 @@ the articulation test cheap.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -187,8 +188,6 @@ def make_instance(n_tc: int, n_vc: int, ops: list[dict], edges: list) -> Instanc
             succ[a].add(b)
             indeg[b] += 1
     # Kahn's algorithm, smallest id first, so the index order is deterministic.
-    import heapq
-
     ready = [i for i in ids if indeg[i] == 0]
     heapq.heapify(ready)
     order = []

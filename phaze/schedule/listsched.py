@@ -19,6 +19,8 @@
 
 from __future__ import annotations
 
+import heapq
+import random
 from dataclasses import dataclass
 
 from phaze.schedule.budget import NO_DEADLINE, Deadline, OutOfTime
@@ -442,8 +444,6 @@ def kick_modes(
     the result with every priority rule, double-justified, and keeps it if it is shorter. Stops
     after ``kicks`` kicks, at ``deadline`` or when ``work`` op placements are spent; never
     returns a longer schedule than ``sched``."""
-    import random
-
     search = _Search(inst, deadline, work, best=sched)
     flippable = [i for i in range(inst.n) if inst.la[i] != inst.l1[i]]
     if not flippable:
@@ -523,8 +523,6 @@ def replay(inst: Instance, start: list[float], y: list[int]) -> Schedule:
 
 def keyed_order(inst: Instance, key: list) -> list[int]:
     """Precedence-feasible list: repeatedly the eligible op with the smallest ``key``."""
-    import heapq
-
     indeg = [len(p) for p in inst.preds]
     heap = [(key[i], i) for i in range(inst.n) if indeg[i] == 0]
     heapq.heapify(heap)

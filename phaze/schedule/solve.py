@@ -30,7 +30,7 @@ import hashlib
 import time
 from dataclasses import dataclass
 
-from phaze.config import schema_defaults
+from phaze.config import from_section, schema_defaults
 from phaze.errors import PhazeError
 from phaze.schedule.bnb import BNB_UNLIMITED, branch_and_bound
 from phaze.schedule.bounds import lower_bound
@@ -94,16 +94,8 @@ class Options:
     @classmethod
     def from_config(cls, schedule: dict, tier: str) -> Options:
         """From a validated config section ``schedule`` (phaze.config.load_config)."""
-        return cls(
-            tier=tier,
-            time_limit_s=float(schedule["time_limit_s"]),
-            mip_gap=float(schedule["mip_gap"]),
-            threads=int(schedule["threads"]),
-            cache=bool(schedule["cache"]),
-            watchdog_s=float(schedule["watchdog_s"]),
-            decompose=bool(schedule["decompose"]),
-            node_limit=int(schedule["node_limit"]),
-            bnb_node_limit=int(schedule["bnb_node_limit"]),
+        return from_section(
+            cls, schedule, given={"tier": tier}, not_keys=("local_search", "bnb"), convert=True
         )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 
 from phaze.config import add_config_argument
+from phaze.search import commands
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -128,7 +129,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from phaze.search import commands
-
     action = {"select": "select_round"}.get(args.action, args.action)
     return getattr(commands, action)(args)

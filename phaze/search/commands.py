@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from phaze.arch.space import area_budget_mm2
+from phaze.cli import main
 from phaze.config import load_config
 from phaze.errors import PhazeError
 from phaze.io import read_table, write_json_atomic, write_table
+from phaze.search.baselines import placement_blind_choice
 from phaze.search.dominance import edges_of, scope_edges
 from phaze.search.files import load_manifest, load_place, load_space
 from phaze.search.plan import make_plan, n_rounds
 from phaze.search.progress import jobs_cpu_seconds, progress_line, round_progress
 from phaze.search.rounds import COMPONENT_COLUMNS, select, solve_selection, walk_prior_states
 from phaze.search.scores import LEVEL, SearchSettings, components
+from phaze.search.space_bounds import bounds_table
+from phaze.search.summary import summarize as build_summary
 
 
 def _config(args) -> dict:
@@ -31,8 +37,6 @@ def baseline_presets(search_cfg: dict) -> tuple[str, ...]:
 
 
 def plan(args: argparse.Namespace) -> int:
-    from phaze.arch.space import area_budget_mm2
-
     config = _config(args)
     cfg = config["search"]
     space = read_table(args.space, "space")
@@ -196,8 +200,6 @@ def prune(args: argparse.Namespace) -> int:
 
 def bounds(args: argparse.Namespace) -> int:
     """The space bound of one model and microbatch: every architecture, HBM size, cluster size."""
-    from phaze.search.space_bounds import bounds_table
-
     config = _config(args)
     if len(args.tp) != len(args.trace_dirs):
         raise PhazeError("--tp and --trace-dirs need one trace directory per width")
@@ -212,8 +214,6 @@ def bounds(args: argparse.Namespace) -> int:
 
 
 def blind(args: argparse.Namespace) -> int:
-    from phaze.search.baselines import placement_blind_choice
-
     layers = read_table(Path(args.trace) / "layers.parquet", "layers")
     latency = pd.concat([read_table(p, "latency") for p in args.latency], ignore_index=True)
     space = read_table(args.space, "space")
@@ -270,8 +270,6 @@ def _max_or_none(df: pd.DataFrame, col: str) -> float | None:
 
 
 def summarize(args: argparse.Namespace) -> int:
-    from phaze.search.summary import summarize as build
-
     config = _config(args)
     cfg = config["search"]
     settings = SearchSettings.from_config(cfg)
@@ -295,7 +293,7 @@ def summarize(args: argparse.Namespace) -> int:
     visit, completed = walk_position(args.state)
     if visit is not None:
         raise PhazeError(f"{args.state}: the search is not done (its walk visits round {visit})")
-    out = build(
+    out = build_summary(
         plan_df,
         space,
         place,
@@ -354,10 +352,6 @@ def summarize(args: argparse.Namespace) -> int:
 
 def batch(args: argparse.Namespace) -> int:
     """Run each command with the phaze CLI in this process; stop at the first failure."""
-    import shlex
-
-    from phaze.cli import main
-
     commands = []
     for i, cmd in enumerate(args.commands, 1):
         try:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from phaze.config import schema_defaults
+from phaze.config import from_section, schema_defaults
 from phaze.errors import PhazeError
 from phaze.search.dominance import check_closed, close_bounds
 
@@ -97,17 +97,7 @@ class SearchSettings:
     @classmethod
     def from_config(cls, search_cfg: dict) -> SearchSettings:
         """From a validated config section ``search`` (phaze.config.load_config)."""
-        return cls(
-            patience=search_cfg["patience"],
-            stop_rule=search_cfg["stop_rule"],
-            mode=search_cfg["mode"],
-            prune=search_cfg["prune"],
-            deepen_node_limit=search_cfg["deepen_node_limit"],
-            gap=search_cfg["gap"],
-            front_gap=search_cfg["front_gap"],
-            round_archs=search_cfg["round_archs"],
-            common_score=search_cfg["common_score"],
-        )
+        return from_section(cls, search_cfg)
 
     @property
     def final_tier(self) -> str:

@@ -58,6 +58,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from phaze.config import from_section
 from phaze.errors import PhazeError
 from phaze.network import Network, collective_seconds, p2p_seconds
 from phaze.step.layers import ChainCost
@@ -88,17 +89,7 @@ class StepConstants:
     @classmethod
     def from_config(cls, step: dict, hbm_bandwidth_Bps: float) -> StepConstants:
         """From the validated config section ``step`` and the device's HBM bandwidth."""
-        return cls(
-            state_bytes_per_param=float(step["state_bytes_per_param"]),
-            optimizer_state_bytes_per_param=float(step["optimizer_state_bytes_per_param"]),
-            grad_bytes_per_param=float(step["grad_bytes_per_param"]),
-            weight_bytes_per_param=float(step["weight_bytes_per_param"]),
-            optimizer_bytes_per_param=float(step["optimizer_bytes_per_param"]),
-            grad_accumulation_bytes_per_param=float(step["grad_accumulation_bytes_per_param"]),
-            ddp_bucket_bytes=float(step["ddp_bucket_bytes"]),
-            hbm_bandwidth_Bps=float(hbm_bandwidth_Bps),
-            scatter_gather=bool(step["scatter_gather"]),
-        )
+        return from_section(cls, step, given={"hbm_bandwidth_Bps": hbm_bandwidth_Bps}, convert=True)
 
     def state_bytes(self, distributed_optimizer: bool, dp: int) -> float:
         if not distributed_optimizer:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from phaze.config import add_config_argument
+from phaze.config import add_config_argument, load_config
 from phaze.errors import PhazeError
+from phaze.trace.models import get_model_spec
+from phaze.trace.write import write_trace
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,12 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from phaze.trace.models import get_model_spec
-
     _check_positive(args.microbatch, "--microbatch")
     if args.seq is not None:
         _check_positive(args.seq, "--seq")
-    from phaze.config import load_config
 
     trace_cfg = load_config(args.config)["trace"]
     spec = get_model_spec(args.model)
@@ -53,8 +52,7 @@ def run(args: argparse.Namespace) -> int:
         spec.moe.check_imbalance(trace_cfg["moe_imbalance"], spec.name)
     seq = args.seq or trace_cfg["seq"].get(args.model) or spec.seq
 
-    from phaze.trace.tracer import trace_model
-    from phaze.trace.write import write_trace
+    from phaze.trace.tracer import trace_model  # deferred: pulls torch (after the checks above)
 
     trace = trace_model(
         spec,

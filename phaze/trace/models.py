@@ -133,7 +133,7 @@ class ModelSpec:
     def hf_config(self, num_blocks: int | None = None, seq: int | None = None):
         """A transformers config for this model with ``num_blocks`` blocks (default: all)."""
         _hf_offline()
-        import transformers
+        import transformers  # deferred: transformers
 
         if self.config_path is not None:
             config = _load_hf_config(Path(self.config_path))
@@ -168,7 +168,7 @@ class ModelSpec:
         whose ``architectures`` names the other of the two is contradictory and an error.
         """
         _hf_offline()
-        import transformers
+        import transformers  # deferred: transformers
 
         if self.config_path is None:
             return getattr(transformers, FAMILIES[self.family]["model"])
@@ -199,7 +199,7 @@ class ModelSpec:
 
 def _lm_classes(config) -> tuple:
     """(causal-LM class, masked-LM class) transformers has for ``config``'s type, None if none."""
-    import transformers
+    import transformers  # deferred: transformers
 
     return tuple(
         auto._model_mapping.get(type(config), None)
@@ -415,7 +415,7 @@ def get_model_spec(name: str) -> ModelSpec:
 
 def _load_hf_config(path: Path):
     _hf_offline()
-    import transformers
+    import transformers  # deferred: transformers
 
     raw = _read_config_json(path)
     model_type = raw.get("model_type")

@@ -11,8 +11,8 @@ from phaze.trace.models import ModelSpec
 
 
 def write_trace(trace, out_dir: Path, spec: ModelSpec) -> None:
-    import torch
-    import transformers
+    import torch  # deferred: torch
+    import transformers  # deferred: transformers
 
     ensure_dir(out_dir)
     write_table(trace.ops, out_dir / "ops.parquet", "ops")

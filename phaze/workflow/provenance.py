@@ -23,7 +23,7 @@ from phaze.io.atomic import write_text_atomic
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 # Code every stage depends on.
-_COMMON = ("io", "config.py", "errors.py", "cli.py")
+_COMMON = ("io", "config.py", "paths.py", "errors.py", "cli.py")
 
 
 def code_version(*parts: str) -> str:

@@ -32,11 +32,13 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 
 import pandas as pd
 
 from phaze.arch.presets import load_preset
 from phaze.errors import PhazeError
+from phaze.io import manifest
 from phaze.report import FIGURES
 from phaze.trace.models import get_model_spec
 from phaze.workflow.provenance import code_version, config_section, snapshot_path
@@ -530,12 +532,10 @@ class Sweep:
 
     def write_manifest(self, path: str, doc: dict, inputs) -> str:
         """Write a job's manifest; its files must be exactly the job's declared inputs."""
-        from phaze.io.manifest import write_manifest
-
         listed = _paths(doc)
         if not set(listed) <= set(map(str, inputs)):
             raise AssertionError(f"manifest {path} lists files that are not inputs of its job")
-        return write_manifest(path, doc)
+        return manifest.write_manifest(path, doc)
 
     # --- placement jobs ------------------------------------------------------------------------
     def _place_tables(self, wc, kind: str) -> tuple[list[str], list[list[str]], list[list[str]]]:
@@ -607,7 +607,6 @@ class Sweep:
         """Param function of a batched placement rule: one `phaze place` command line per HBM x
         tier, run by `phaze search batch` in one process (one job per model x microbatch x
         round: the placements are fast, interpreter start-up is not)."""
-        import shlex
 
         def commands(wc) -> list[str]:
             if kind == "ilp":
