@@ -2,11 +2,12 @@
 
     .venv/bin/python benchmarks/compare_summaries.py DIR_A DIR_B [--rtol 0]
 
-Each of ``best.parquet``, ``comparison.parquet``, ``explored.parquet`` and ``search_stats.json``
-must be in both directories. Tables are compared column by column after sorting their rows on
-every column (row order is not part of a summary's contract); a column named ``tmp`` is read as
-``tp`` (the tensor-parallel width's earlier name), every other difference in the columns — one
-missing, one extra, another dtype — is reported. Floats are equal when both are NaN or when
+Each of ``best.parquet``, ``comparison.parquet``, ``explored.parquet``, ``front.parquet``,
+``certified.parquet`` and ``search_stats.json`` must be in both directories. Tables are compared
+column by column after sorting their rows on every column (row order is not part of a summary's
+contract); a column under an earlier name is read under its current one (``RENAMED``: ``tmp`` is
+``tp``, ``hbm_bytes`` is ``hbm_capacity_bytes``; docs/design.md, Glossary), every other
+difference in the columns — one missing, one extra, another dtype — is reported. Floats are equal when both are NaN or when
 ``|a - b| <= rtol * max(|a|, |b|)`` (default rtol 0: bit-identical). Prints one line per file and
 exits 0 when everything is equal, 1 otherwise.
 """
@@ -22,8 +23,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-TABLES = ("best", "comparison", "explored")
-RENAMED = {"tmp": "tp"}
+TABLES = ("best", "comparison", "explored", "front", "certified")
+#: earlier column names -> current ones (docs/design.md, Glossary)
+RENAMED = {"tmp": "tp", "hbm_bytes": "hbm_capacity_bytes"}
 
 
 def _table(path: Path) -> pd.DataFrame:
