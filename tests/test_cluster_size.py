@@ -208,6 +208,13 @@ def test_evenly_spaced_groups_equal_counting_their_members(net, first, stride, g
     """tp groups (stride 1), dp / ep groups (stride tp), expert data-parallel groups (stride
     tp·ep), tied pairs (stride tp·dp·(pp − 1)): ring and all-to-all figures as by member."""
     ranks = first + stride * np.arange(g)
+    per_node = np.unique(ranks // net.devices_per_node, return_counts=True)[1]
+    spans, fewest, most = net._occupancy(np.array([first]), stride, g)
+    assert (bool(spans[0]), int(fewest[0]), int(most[0])) == (
+        len(per_node) > 1,
+        per_node.min(),
+        per_node.max(),
+    )
     firsts = np.array([first, first + 7, first + net.devices_per_node])
     bw, lat = net.progression_ring_params(firsts, stride, g)
     ref_bw, ref_lat = ring_params_by_ranks(net, firsts[:, None] + stride * np.arange(g))
@@ -229,6 +236,37 @@ def test_evenly_spaced_groups_equal_counting_their_members(net, first, stride, g
 )
 def test_two_level_layout_equals_listing_every_rank(net, t, p, d_per_ep, ep):
     assert_layout_equals_reference(net, t, p, d_per_ep * ep, ep)
+
+
+@pytest.mark.parametrize(
+    "n, t, p, d, ep", [(3, 1, 1, 4, 2), (4, 1, 1, 6, 3), (5, 1, 2, 8, 4), (3, 1, 2, 8, 4)]
+)
+def test_every_expert_parallel_class_counts(n, t, p, d, ep):
+    """Layouts whose last class of expert-parallel groups has an all-to-all figure of its own
+    (an inter-node level faster than the intra-node one makes the node counts matter)."""
+    net = HierarchicalNetwork(n, LinkLevel(1.0, 0.0), LinkLevel(3.0, 0.5))
+    assert_layout_equals_reference(net, t, p, d, ep)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n=st.integers(1, 40),
+    step=st.integers(1, 64),
+    count=st.integers(1, 200),
+    extra=st.integers(0, 5000),
+)
+def test_rank_classes_cover_every_position_on_the_nodes(n, step, count, extra):
+    """The first `rank_classes` offsets reach every position in a node that all `count` reach
+    (none fewer would), or all offsets are on one node."""
+    net = HierarchicalNetwork(n, LinkLevel(1.0, 0.0), LinkLevel(1.0, 0.0))
+    total = step * count + extra
+    kept = net.rank_classes(step, count, total)
+    if total <= n:
+        assert kept == 1
+        return
+    every = {step * i % n for i in range(count)}
+    assert {step * i % n for i in range(kept)} == every
+    assert len(every) == kept
 
 
 @settings(max_examples=40, deadline=None)
