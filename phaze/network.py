@@ -258,11 +258,15 @@ class HierarchicalNetwork(_Collectives):
             [n0[..., None] + np.arange(period + 1), n1[..., None]], axis=-1
         )  # the first node, up to `period` inner ones, the last
 
-        def below(m):  # members on the nodes before node m
-            return np.clip(-((first[..., None] - m * n) // stride), 0, g)
+        real = node <= n1[..., None]
+        offset = (first % n)[..., None]
+
+        def below(m):  # members on the nodes before node m; past the last node, all g (nothing
+            # here exceeds the group's last rank: int64 arithmetic cannot wrap)
+            start = (np.minimum(m, n1[..., None]) - n0[..., None]) * n - offset  # m·n − first
+            return np.where(m > n1[..., None], g, np.clip(-(-start // stride), 0, g))
 
         counts = below(node + 1) - below(node)
-        real = node <= n1[..., None]
         fewest = np.where(real, counts, g + 1).min(axis=-1)
         most = np.where(real, counts, 0).max(axis=-1)
         return spans, fewest, most

@@ -338,3 +338,90 @@ def test_a_layout_of_ten_billion_devices_is_as_small_as_one_node(devices_per_nod
         assert _replica_rows(layout, j) == _replica_rows(small, j)
     classes = PlaceNetwork(net).boundary_classes(2, 125_000_000, 40)
     assert set(classes[1:40].tolist()) == {INTER}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.sampled_from([1, 3, 8, 72]),
+    stride=st.integers(1, 100),
+    g=st.integers(1, 50),
+    slack=st.integers(0, 10),
+)
+def test_groups_at_the_top_of_int64_count_without_wrapping(n, stride, g, slack):
+    """The last rank of a group of 2^63 − 1 devices: no intermediate exceeds it (NumPy's int64
+    would wrap silently)."""
+    first = 2**63 - 1 - slack - stride * (g - 1)
+    net = HierarchicalNetwork(n, LinkLevel(1.0, 0.0), LinkLevel(1.0, 0.0))
+    counts: dict[int, int] = {}
+    for i in range(g):
+        counts[(first + stride * i) // n] = counts.get((first + stride * i) // n, 0) + 1
+    spans, fewest, most = net._occupancy(np.array([first]), stride, g)
+    assert (bool(spans[0]), int(fewest[0]), int(most[0])) == (
+        len(counts) > 1,
+        min(counts.values()),
+        max(counts.values()),
+    )
+
+
+def test_divisors_from_prime_factors():
+    from phaze.place.megatron import _divisors
+
+    for n in range(1, 2000):
+        assert _divisors(n) == [k for k in range(1, n + 1) if n % k == 0]
+    start = time.perf_counter()
+    # 2^63 − 1 = 7^2·73·127·337·92737·649657; a prime; a product of two primes near 2^31.5
+    assert len(_divisors(2**63 - 1)) == 3 * 2**5
+    assert _divisors(9223372036854775783) == [1, 9223372036854775783]
+    assert _divisors(3037000493 * 3037000453) == [
+        1,
+        3037000453,
+        3037000493,
+        3037000493 * 3037000453,
+    ]
+    assert _divisors(10**7)[-3:] == [2_500_000, 5_000_000, 10_000_000]
+    assert time.perf_counter() - start < 2.0
+
+
+@pytest.mark.parametrize(
+    "stage, flag, value",
+    [
+        ("optimize", "--devices", "1" + "0" * 30),
+        ("optimize", "--global-batch", str(2**63)),
+        ("evaluate", "--devices", str(2**64)),
+    ],
+)
+def test_a_count_too_large_to_represent_exits_2_with_one_line(stage, flag, value, capsys):
+    """In process (`phaze.cli.main`, what `python -m phaze` runs)."""
+    from phaze.cli import main
+
+    args = {"--devices": "8", "--global-batch": "8", flag: value}
+    argv = [stage, "--model", "megatron-gpt-8.3b", "--arch", "h100-sxm"]
+    argv += [x for kv in args.items() for x in kv]
+    if stage == "evaluate":
+        argv += ["--tp", "1", "--pp", "1", "--microbatch", "1"]
+    start = time.perf_counter()
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"argument {flag}: {value} is too large to represent" in err
+    assert "2^63 - 1" in err
+    assert time.perf_counter() - start < 5.0
+
+
+def test_the_largest_representable_cluster_is_searched(capsys):
+    """2^63 − 1 devices (7^2·73·127·337·92737·649657: tp 1 only, 96 pipeline depths to try):
+    the search runs, prices the answer on one replica per class and prints it."""
+    from phaze.cli import main
+
+    n = str(2**63 - 1)
+    argv = ["optimize", "--model", "megatron-gpt-8.3b", "--arch", "h100-sxm", "--json"]
+    code = main([*argv, "--devices", n, "--global-batch", n, "--microbatch", "1"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    import json
+
+    result = json.loads(out)
+    s = result["strategy"]
+    assert s["tp"] * s["pp"] * s["dp"] == 2**63 - 1
+    assert result["search"]["skipped"]["more pipeline stages than the layers allow"] > 0
