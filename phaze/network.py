@@ -58,6 +58,7 @@ the one an architecture's collectives run on (its preset's, config ``place.netwo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -224,26 +225,76 @@ class HierarchicalNetwork(_Collectives):
         bw = min(self.intra.effective_Bps, shape.per_node * self.inter.effective_Bps)
         return bw, max(self.intra.latency_s, self.inter.latency_s)
 
-    def ring_params(self, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(bottleneck bytes/s, per-step latency) of a ring over each row of `ranks` (each row
-        increasing): `_ring` of the row's `shape`, for many groups at once, in the form
-        `ring_seconds` takes."""
-        nodes = np.asarray(ranks) // self.devices_per_node
-        groups, g = nodes.shape
+    # --- groups of evenly spaced ranks (every group of Megatron's layout is one) --------------
+    def rank_classes(self, step: int, count: int, total: int) -> int:
+        """How many of the offsets ``step·i`` (i < count) of a layout of ranks [0, total) stand
+        for all: a shift by whole nodes changes no figure, so i and i' are alike when
+        ``step·(i − i')`` is a multiple of ``devices_per_node`` (the first
+        ``devices_per_node / gcd(devices_per_node, step)`` offsets cover every class), and all
+        are alike when the layout fits in one node."""
+        n = self.devices_per_node
+        if total <= n:
+            return min(count, 1)
+        return min(count, n // math.gcd(n, step))
+
+    def _occupancy(self, first, stride: int, g: int):
+        """(spans nodes, fewest, most members on one node) of each group
+        ``{first + stride·i : i < g}`` (first: an array), without listing its members: with
+        ``stride ≥ devices_per_node`` every member has a node of its own; otherwise the group
+        touches every node from its first to its last, and an inner node's count depends only
+        on where the group's phase puts it, ``(node·devices_per_node − first) mod stride``,
+        which repeats every ``stride / gcd(devices_per_node, stride)`` nodes: the first node,
+        that many inner ones and the last cover every count."""
+        first = np.asarray(first, dtype=np.int64)
+        n = self.devices_per_node
+        n0 = first // n
+        n1 = (first + stride * (g - 1)) // n
+        spans = n1 > n0
+        if g == 1 or stride >= n:
+            ones = np.ones(first.shape, dtype=np.int64)
+            return spans, ones, ones
+        period = stride // math.gcd(n, stride)
+        node = np.concatenate(
+            [n0[..., None] + np.arange(period + 1), n1[..., None]], axis=-1
+        )  # the first node, up to `period` inner ones, the last
+
+        real = node <= n1[..., None]
+        offset = (first % n)[..., None]
+
+        def below(m):  # members on the nodes before node m; past the last node, all g (nothing
+            # here exceeds the group's last rank: int64 arithmetic cannot wrap)
+            start = (np.minimum(m, n1[..., None]) - n0[..., None]) * n - offset  # m·n − first
+            return np.where(m > n1[..., None], g, np.clip(-(-start // stride), 0, g))
+
+        counts = below(node + 1) - below(node)
+        fewest = np.where(real, counts, g + 1).min(axis=-1)
+        most = np.where(real, counts, 0).max(axis=-1)
+        return spans, fewest, most
+
+    def progression_ring_params(self, first, stride: int, g: int):
+        """(bottleneck bytes/s, per-step latency) of a ring over each group
+        ``{first + stride·i : i < g}`` (`_ring` of its `shape`, for many groups at once, in the
+        form `ring_seconds` takes), in time and memory independent of g."""
+        spans, fewest, _ = self._occupancy(first, stride, g)
         intra, inter = self.intra, self.inter
-        if g == 1:
-            return np.full(groups, intra.effective_Bps), np.full(groups, intra.latency_s)
-        change = nodes[:, 1:] != nodes[:, :-1]
-        spans = change.any(axis=1)
-        starts = np.concatenate([np.ones((groups, 1), dtype=bool), change], axis=1)
-        run = np.cumsum(starts, axis=1) - 1  # which node of its row a member is on
-        counts = np.bincount((np.arange(groups)[:, None] * g + run).ravel(), minlength=groups * g)
-        fewest = np.where(counts > 0, counts, g + 1).reshape(groups, g).min(axis=1)
         bw = np.where(
             spans,
             np.minimum(intra.effective_Bps, fewest * inter.effective_Bps),
             intra.effective_Bps,
         )
+        lat = np.where(spans, max(intra.latency_s, inter.latency_s), intra.latency_s)
+        return bw, lat
+
+    def progression_a2a_params(self, first, stride: int, g: int):
+        """(bytes/s, per-step latency) of the all-to-all over each group
+        ``{first + stride·i : i < g}`` in the ring form (`_a2a` for many groups at once), in time
+        and memory independent of g."""
+        spans, fewest, most = self._occupancy(first, stride, g)
+        intra, inter = self.intra, self.inter
+        worst = np.maximum(
+            (most - 1) / intra.effective_Bps, (g - fewest) / inter.effective_Bps
+        )  # > 0 wherever the group spans nodes (it then has a member off the fewest's node)
+        bw = np.where(spans, (g - 1) / np.where(spans, worst, 1.0), intra.effective_Bps)
         lat = np.where(spans, max(intra.latency_s, inter.latency_s), intra.latency_s)
         return bw, lat
 
@@ -593,6 +644,25 @@ class TorusNetwork(_Collectives):
             return width, hops * self.link.latency_s / (g - 1)
 
         return self._per_group(ranks, form)
+
+    # --- groups of evenly spaced ranks (every group of Megatron's layout is one) --------------
+    def rank_classes(self, step: int, count: int, total: int) -> int:
+        """How many of the offsets ``step·i`` (i < count) stand for all: on a torus every
+        position is its own (a slice has at most one pod of chips, `for_devices`)."""
+        return count
+
+    def _progression(self, first, stride: int, g: int, params):
+        first = np.asarray(first, dtype=np.int64)
+        bw, lat = params(first.reshape(-1, 1) + stride * np.arange(g))
+        return bw.reshape(first.shape), lat.reshape(first.shape)
+
+    def progression_ring_params(self, first, stride: int, g: int):
+        """`ring_params` of each group ``{first + stride·i : i < g}``."""
+        return self._progression(first, stride, g, self.ring_params)
+
+    def progression_a2a_params(self, first, stride: int, g: int):
+        """`a2a_params` of each group ``{first + stride·i : i < g}``."""
+        return self._progression(first, stride, g, self.a2a_params)
 
     def _per_group(self, ranks, form) -> tuple[np.ndarray, np.ndarray]:
         """``form(group, g)`` per row of `ranks`, each distinct group computed once; a group of

@@ -18,6 +18,24 @@ from phaze.fidelity.evaluate import evaluate_strategy, preset_network
 from phaze.step.strategy import Strategy
 from phaze.trace.models import get_model_spec
 
+#: the largest count the step model represents: ranks and batch sizes are 64-bit integers
+MAX_COUNT = 2**63 - 1
+
+
+def count(text: str) -> int:
+    """An integer argument the step model can represent (argparse type: a bad one is a usage
+    error, one line, exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value > MAX_COUNT:
+        raise argparse.ArgumentTypeError(
+            f"{text} is too large to represent (at most 2^63 - 1 = {MAX_COUNT}: ranks and "
+            "batch sizes are 64-bit integers)"
+        )
+    return value
+
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """What `evaluate` and `optimize` share: the model, the preset, the cluster, the batch."""
@@ -29,8 +47,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         help="preset with a `network:` section (config/presets/NAME.yaml), e.g. a100-80gb or tpuv4",
     )
-    parser.add_argument("--devices", type=int, required=True, help="number of devices N")
-    parser.add_argument("--global-batch", type=int, required=True, help="sequences per iteration")
+    parser.add_argument("--devices", type=count, required=True, help="number of devices N")
+    parser.add_argument("--global-batch", type=count, required=True, help="sequences per iteration")
     parser.add_argument("--seq", type=int, help="sequence length (default: the model's)")
     add_config_argument(parser)
 

@@ -218,7 +218,71 @@ def solve_split(
 
 
 def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+    """Every divisor of n, increasing, from its prime factors (not by trying 1..n: a cluster of
+    10^7 devices has 64 divisors)."""
+    divisors = [1]
+    for prime, power in Counter(_prime_factors(n)).items():
+        divisors = [d * prime**e for d in divisors for e in range(power + 1)]
+    return sorted(divisors)
+
+
+def _is_prime(n: int) -> bool:
+    """Miller–Rabin with the first 12 primes as bases: exact below 3.3·10^24."""
+    if n < 2:
+        return False
+    bases = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)
+    for p in bases:
+        if n % p == 0:
+            return n == p
+    d, s = n - 1, 0
+    while d % 2 == 0:
+        d, s = d // 2, s + 1
+    for a in bases:
+        x = pow(a, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(s - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
+            return False
+    return True
+
+
+def _prime_factors(n: int) -> list[int]:
+    """The prime factors of n >= 1 with multiplicity: trial division by small primes, then
+    Pollard's rho on what is left."""
+    factors = []
+    for p in (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37):
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+    stack = [n] if n > 1 else []
+    while stack:
+        m = stack.pop()
+        if _is_prime(m):
+            factors.append(m)
+            continue
+        f = _rho(m)
+        stack += [f, m // f]
+    return sorted(factors)
+
+
+def _rho(n: int) -> int:
+    """A nontrivial factor of the composite n (no factor below 41)."""
+    c = 1
+    while True:
+        x = y = 2
+        f = 1
+        while f == 1:
+            x = (x * x + c) % n
+            y = (y * y + c) % n
+            y = (y * y + c) % n
+            f = math.gcd(abs(x - y), n)
+        if f != n:
+            return f
+        c += 1
 
 
 @dataclass

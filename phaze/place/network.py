@@ -106,7 +106,8 @@ class PlaceNetwork:
         if stages < 2:
             return cls
         s = np.arange(1, stages)[:, None]
-        r = np.arange(d)[None, :]
+        # replicas a shift by whole nodes maps onto each other cross alike: one of each class
+        r = np.arange(self.net.rank_classes(t, d, t * d * stages))[None, :]
         behind = t * (r + d * (s - 1))  # replica r of the stage at position s
         ahead = behind + t * d  # its counterpart at position s + 1
         crosses = (behind // n) != (ahead // n)

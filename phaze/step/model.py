@@ -111,13 +111,16 @@ class Layout:
     net: Network
     tp_bw: float  # slowest tensor-parallel group of the layout
     tp_lat: float
-    tp_group_bw: np.ndarray  # (d, p): the group of replica r at stage j
+    tp_group_bw: np.ndarray  # (reps, p): the group of replica class r at stage j (a replica
+    # class: the replicas a shift by whole nodes maps onto each other, `rank_classes`)
     tp_group_lat: np.ndarray
     dp_bw: np.ndarray  # (p,): slowest data-parallel group of stage j
     dp_lat: np.ndarray
     tied_bw: float  # first-last stage pair (tied embedding); unused for p = 1
     tied_lat: float
-    sends: dict  # "next"/"prev" -> (bytes/s, latency) of each pair (t, d, p), and (d, p): does
+    sends: (
+        dict  # "next"/"prev" -> (bytes/s, latency) of each pair (t, reps, p), and (reps, p): does
+    )
     # any pair of the tensor-parallel group leave its node (scatter/gather applies)
     ep: int = 1
     ep_bw: np.ndarray | None = None  # the expert-parallel groups' all-to-all (a2a_params), one
@@ -129,21 +132,29 @@ class Layout:
     def build(cls, net: Network, t: int, p: int, d: int, ep: int = 1) -> Layout:
         if ep < 1 or d % ep:
             raise AssertionError(f"ep {ep} must divide dp {d}")
+        # replicas (and expert data-parallel ranks) that sit alike on the network share every
+        # figure: one of each class stands for them all (`rank_classes`: on a two-level network
+        # at most devices_per_node of them, so nothing here grows with the device count)
+        total = t * p * d
+        reps = net.rank_classes(t, d, total)
         k = np.arange(t)[:, None, None]
-        r = np.arange(d)[None, :, None]
+        r = np.arange(reps)[None, :, None]
         j = np.arange(p)[None, None, :]
-        rank = k + t * (r + d * j)  # (t, d, p)
-        tp_bw, tp_lat = net.ring_params(rank.transpose(1, 2, 0).reshape(d * p, t))
-        dp_bw, dp_lat = net.ring_params(rank.transpose(0, 2, 1).reshape(t * p, d))
-        dp_bw, dp_lat = dp_bw.reshape(t, p).min(axis=0), dp_lat.reshape(t, p).max(axis=0)
+        rank = k + t * (r + d * j)  # (t, reps, p)
+        tp_bw, tp_lat = net.progression_ring_params(rank[0], 1, t)  # (reps, p)
+        dp_bw, dp_lat = net.progression_ring_params(k[:, 0] + t * d * j[0], t, d)  # (t, p)
+        dp_bw, dp_lat = dp_bw.min(axis=0), dp_lat.max(axis=0)
         ep_bw, ep_lat, edp_bw, edp_lat = None, None, dp_bw, dp_lat
         if ep > 1:  # dp_rank = ep_rank + ep·edp_rank
             e = d // ep
-            split = rank.reshape(t, e, ep, p)  # (t, edp_rank, ep_rank, p)
-            a2a_bw, a2a_lat = net.a2a_params(split.transpose(0, 1, 3, 2).reshape(-1, ep))
-            shapes = np.unique(np.stack([a2a_bw, a2a_lat], axis=1), axis=0)
+            es = np.arange(net.rank_classes(t * ep, e, total))[None, :, None]
+            a2a_bw, a2a_lat = net.progression_a2a_params(
+                k + t * (ep * es + d * j), t, ep
+            )  # (t, edp_rank, p): the group of ep ranks t apart at each
+            shapes = np.unique(np.stack([a2a_bw.ravel(), a2a_lat.ravel()], axis=1), axis=0)
             ep_bw, ep_lat = shapes[:, 0], shapes[:, 1]
-            edp_bw, edp_lat = net.ring_params(split.transpose(0, 2, 3, 1).reshape(-1, e))
+            i = np.arange(ep)[None, :, None]
+            edp_bw, edp_lat = net.progression_ring_params(k + t * (i + d * j), t * ep, e)
             edp_bw = edp_bw.reshape(t * ep, p).min(axis=0)
             edp_lat = edp_lat.reshape(t * ep, p).max(axis=0)
         sends = {}
@@ -151,12 +162,11 @@ class Layout:
             other = np.roll(rank, -step, axis=2)  # the counterpart at stage j ± 1
             bw, lat = net.p2p_params(rank, other)
             sends[name] = (bw, lat, net.crosses_nodes(rank, other).any(axis=0))
-        if p > 1:
-            pair = np.stack([rank[:, :, 0], rank[:, :, p - 1]], axis=-1).reshape(t * d, 2)
-            tied_bw, tied_lat = net.ring_params(pair)
+        if p > 1:  # each rank of the first stage with its counterpart on the last
+            tied_bw, tied_lat = net.progression_ring_params(rank[:, :, 0], t * d * (p - 1), 2)
             tbw, tlat = float(tied_bw.min()), float(tied_lat.max())
         else:  # no first-last pair: unused
-            tbw, tlat = (float(x[0]) for x in net.ring_params(np.zeros((1, 1), dtype=int)))
+            tbw, tlat = (float(x[0]) for x in net.progression_ring_params(np.zeros(1), 1, 1))
         return cls(
             tp=t,
             pp=p,
@@ -164,8 +174,8 @@ class Layout:
             net=net,
             tp_bw=float(tp_bw.min()),
             tp_lat=float(tp_lat.max()),
-            tp_group_bw=tp_bw.reshape(d, p),
-            tp_group_lat=tp_lat.reshape(d, p),
+            tp_group_bw=tp_bw,
+            tp_group_lat=tp_lat,
             dp_bw=dp_bw,
             dp_lat=dp_lat,
             tied_bw=tbw,
@@ -207,12 +217,12 @@ class Layout:
         return float(np.max(total))
 
     def send_s(self, nbytes: float, direction: str, sequence_parallel: bool, sg: bool):
-        """(d, p) seconds for one send of an activation (or its gradient) of `nbytes` (the full
-        tensor) from each stage of each replica to the next / previous stage."""
+        """(reps, p) seconds for one send of an activation (or its gradient) of `nbytes` (the full
+        tensor) from each stage of each replica class to the next / previous stage."""
         t, p = self.tp, self.pp
         bw, lat, crosses = self.sends[direction]
         if nbytes <= 0 or p == 1:
-            return np.zeros((self.dp, p))
+            return np.zeros(self.tp_group_bw.shape)
 
         def p2p(size):  # the t pairs at once, each on its own links
             return p2p_seconds(size, bw, lat).max(axis=0)
@@ -261,7 +271,7 @@ class PlacedChain:
             layout.expert_parallel_s(chain.block.bwd_collectives),
         )
         sp, sg = chain.sequence_parallel, consts.scatter_gather
-        self.x_next = layout.send_s(chain.boundary_bytes, "next", sp, sg)  # (d, p)
+        self.x_next = layout.send_s(chain.boundary_bytes, "next", sp, sg)  # (reps, p)
         self.x_prev = layout.send_s(chain.boundary_bytes, "prev", sp, sg)
         self.tied_s = 0.0
         if layout.pp > 1 and chain.tied:
