@@ -118,10 +118,9 @@ class Layout:
     dp_lat: np.ndarray
     tied_bw: float  # first-last stage pair (tied embedding); unused for p = 1
     tied_lat: float
-    sends: (
-        dict  # "next"/"prev" -> (bytes/s, latency) of each pair (t, reps, p), and (reps, p): does
-    )
-    # any pair of the tensor-parallel group leave its node (scatter/gather applies)
+    # "next"/"prev" -> (bytes/s, latency) of each pair (t, reps, p), and (reps, p): does any pair
+    # of the tensor-parallel group leave its node (scatter/gather applies)
+    sends: dict
     ep: int = 1
     ep_bw: np.ndarray | None = None  # the expert-parallel groups' all-to-all (a2a_params), one
     ep_lat: np.ndarray | None = None  # entry per distinct group shape; unused at ep 1
