@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from phaze.arch.presets import load_preset
+from phaze.config import from_section
 from phaze.errors import PhazeError
 from phaze.network import network_for_architecture
 from phaze.place.megatron import Axes
@@ -55,22 +56,16 @@ class PlaceSettings:
         """The settings of one placement job: the outer axes given, the rest from the validated
         config (phaze.config.load_config fills its defaults)."""
         place = config["place"]
-        return cls(
-            model=model,
-            hbm_capacity_bytes=int(hbm_capacity_bytes),
-            microbatch=int(microbatch),
-            global_batch=place["global_batch"],
-            place_model=place["model"],
-            axes=Axes.from_config(place),
-            step=dict(config["step"]),
-            optimizer=place["optimizer"],
-            bytes_per_element=place["bytes_per_element"],
-            dp_must_divide_batch=place["dp_must_divide_batch"],
-            dp_must_divide_devices=place["dp_must_divide_devices"],
-            expert=place["expert"].get(model),
-            network=place["network"],
-            preset_networks=place["preset_networks"],
-        )
+        given = {
+            "model": model,
+            "hbm_capacity_bytes": int(hbm_capacity_bytes),
+            "microbatch": int(microbatch),
+            "place_model": place["model"],
+            "axes": Axes.from_config(place),
+            "step": dict(config["step"]),
+            "expert": place["expert"].get(model),
+        }
+        return from_section(cls, place, given=given)
 
     @property
     def scatter_gather(self) -> bool:
