@@ -25,7 +25,7 @@ optimal schedule is of that kind (left-shift any schedule), so the enumeration i
   keeps a state from being judged by its own ancestor;
 * ops of zero latency start as soon as they are eligible (they hold no core).
 
-**Bounds at every node**, for the target ``(1 - gap) x incumbent`` (so a branch is pruned as soon
+**Bounds at every node**, for the target ``(1 - mip_gap) x incumbent`` (so a branch is pruned as soon
 as it cannot beat the target):
 
 * earliest finish along precedence from the node's state: an unstarted op ends no earlier than
@@ -111,7 +111,7 @@ def _bits(m: int) -> tuple[int, ...]:
 
 
 class _Search:
-    def __init__(self, inst: Instance, ub: float, gap: float, deadline: Deadline, work: int):
+    def __init__(self, inst: Instance, ub: float, mip_gap: float, deadline: Deadline, work: int):
         n = self.n = inst.n
         s = 1.0 / ub  # time in units of the incumbent's makespan
         tiny = TINY
@@ -157,9 +157,9 @@ class _Search:
         self.prio = [self.l1[i] + 1e-3 * self.tail[i] for i in range(n)]
         self.order_key = [(self.prio[i], -self.before[i].bit_count()) for i in range(n)]
         self.full = (1 << n) - 1
-        self.gap = gap
+        self.mip_gap = mip_gap
         self.inc = 1.0  # incumbent makespan (scaled), real or of the relaxed instance
-        self.thr = 1.0 - gap
+        self.thr = 1.0 - mip_gap
         self.found: tuple[list[float], list[int]] | None = None
         self.minpruned = _INF
         self.nodes = 0
@@ -303,7 +303,7 @@ class _Search:
         if started == self.full and not running:
             if t < self.inc:
                 self.inc = t
-                self.thr = t * (1 - self.gap)
+                self.thr = t * (1 - self.mip_gap)
                 self.found = (list(self.start), list(self.mode))
             return
         nxt = min((e for e, _, _ in running), default=_INF)
@@ -393,11 +393,11 @@ class _Search:
 def branch_and_bound(
     inst: Instance,
     incumbent: Schedule,
-    gap: float,
+    mip_gap: float,
     deadline: Deadline = NO_DEADLINE,
     work: int = BNB_UNLIMITED,
 ) -> BnbOutcome:
-    """Search for a schedule shorter than ``(1 - gap)`` x the incumbent's makespan. A complete
+    """Search for a schedule shorter than ``(1 - mip_gap)`` x the incumbent's makespan. A complete
     search proves the bound it returns (at least that target, or the shortest schedule found
     below it); a schedule found is returned (replayed with the real latencies) if it beats the
     incumbent. Stops at ``deadline`` or after ``work`` nodes (then ``complete`` is False and the
@@ -405,7 +405,7 @@ def branch_and_bound(
     ub = incumbent.makespan(inst)
     if ub <= 0.0:
         return BnbOutcome(None, 0.0, True, 0)
-    srch = _Search(inst, ub, gap, deadline, work)
+    srch = _Search(inst, ub, mip_gap, deadline, work)
     try:
         srch.node(0.0, 0, 0, [], 0)
         complete = True
