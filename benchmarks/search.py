@@ -31,7 +31,7 @@ from paper import rule_of  # the rule of each benchmark file: one mapping for bo
 
 def _cpu(results: Path) -> Counter:
     """CPU seconds per stage/tier from the benchmark files (rules named by paper.py's rule_of;
-    the deep stage counts with the ILP tier, as its jobs are ILP solves at deeper limits)."""
+    the deep solve counts with the ILP tier, as its jobs are ILP solves at deeper limits)."""
     cpu = Counter()
     root = results / "benchmarks"
     for f in root.rglob("*.tsv"):

@@ -21,7 +21,7 @@ SAMPLE = {
     "round": "12",
     "tag": "b2_s2048_tp8",
     "hbm": "32",
-    "stage": "deep",
+    "solve": "deep",
 }
 
 
