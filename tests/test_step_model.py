@@ -2,6 +2,7 @@
 and on the GPU chains `phaze evaluate` prices, the schedule's closed forms and an event
 simulation, the FLOP conventions, and the rejection of impossible strategies."""
 
+import itertools
 import math
 
 import numpy as np
@@ -15,7 +16,7 @@ from phaze.fidelity.evaluate import evaluate_strategy, gpu_chains, step_constant
 from phaze.network import HierarchicalNetwork
 from phaze.step.model import price
 from phaze.step.simulate import simulate_1f1b
-from phaze.step.strategy import PipelineSchedule, Strategy, stages_reason
+from phaze.step.strategy import PipelineSchedule, Strategy, schedule_reason, stages_reason
 from tests.step_cases import (
     TINY_SEQ,
     random_chain,
@@ -526,3 +527,17 @@ def test_megatron_arguments_and_layout_string():
     args = megatron_arguments(even, 12)
     assert "--num-layers-per-virtual-pipeline-stage 2" in args
     assert not any("layout" in a for a in args)
+
+
+def test_a_schedules_per_rank_arrays_are_its_per_rank_methods():
+    """sends_all / inflight_all (what StageTerms reads) against sends / inflight rank by rank."""
+    n = 0
+    for p, v, m in itertools.product(range(1, 9), range(1, 5), range(1, 40)):
+        if schedule_reason(p, v, m):
+            continue
+        s = PipelineSchedule(p, v, m)
+        sends = np.array([s.sends(j) for j in range(p)], dtype=float)
+        inflight = np.array([s.inflight(j) for j in range(p)], dtype=float)
+        assert np.array_equal(s.sends_all(), sends) and np.array_equal(s.inflight_all(), inflight)
+        n += 1
+    assert n > 300

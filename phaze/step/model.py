@@ -322,7 +322,7 @@ class StageTerms:
             last, H.fwd_s + H.bwd_s, 0.0
         )
         self.tp_0 = np.where(first, ef + eb, 0.0) + np.where(last, hf + hb, 0.0)
-        sends = np.array([schedule.sends(j) for j in range(p)], dtype=float).reshape(p, 2)
+        sends = schedule.sends_all()
         # at the slowest replica
         self.pp_comm = (sends[:, 0] * placed.x_next + sends[:, 1] * placed.x_prev).max(axis=0)
         self.intercept = self.compute_0 + self.tp_0 + self.pp_comm
@@ -348,7 +348,7 @@ class StageTerms:
         self.edp, self.edp_bw, self.edp_lat = layout.edp, layout.edp_bw, layout.edp_lat
         self.tied_s = np.where(first | last, placed.tied_s, 0.0)
         # memory
-        self.inflight = np.array([schedule.inflight(j) for j in range(p)])
+        self.inflight = schedule.inflight_all()
         self.state = consts.state_bytes(distributed_optimizer, layout.dp)
         self.expert_state = consts.state_bytes(distributed_optimizer, layout.edp)
         self.stash = B.stash_bytes(recompute)

@@ -38,6 +38,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from phaze.errors import PhazeError
 
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -98,6 +100,22 @@ class PipelineSchedule:
             return 0, 0
         v = self.chunks
         return v - (rank == self.stages - 1), v - (rank == 0)
+
+    def sends_all(self) -> np.ndarray:
+        """`sends` of every rank, (p, 2)."""
+        p, v = self.stages, self.chunks
+        if p == 1:
+            return np.zeros((1, 2))
+        rank = np.arange(p)
+        return np.stack([v - (rank == p - 1), v - (rank == 0)], axis=1).astype(float)
+
+    def inflight_all(self) -> np.ndarray:
+        """`inflight` of every rank, (p,)."""
+        p, v, m = self.stages, self.chunks, self.microbatches
+        rank = np.arange(p)
+        if v == 1:
+            return np.minimum(p - rank, m).astype(float)
+        return np.minimum(2 * (p - rank - 1) + (v - 1) * p + 1, m * v) / v
 
     def inflight(self, rank: int) -> float:
         """Microbatches whose activations rank `rank` (0 = first) holds at the peak, in units of
