@@ -46,21 +46,6 @@ def ring_params_by_ranks(net: HierarchicalNetwork, ranks):
     return bw, lat
 
 
-def a2a_by_ranks(net: HierarchicalNetwork, ranks):
-    """(B', L') of the direct-exchange all-to-all over these ranks, from the members per node."""
-    counts: dict[int, int] = {}
-    for r in ranks:
-        counts[r // net.devices_per_node] = counts.get(r // net.devices_per_node, 0) + 1
-    g = len(ranks)
-    if len(counts) == 1:
-        return net.intra.effective_Bps, net.intra.latency_s
-    worst = max(
-        (max(counts.values()) - 1) / net.intra.effective_Bps,
-        (g - min(counts.values())) / net.inter.effective_Bps,
-    )
-    return (g - 1) / worst, max(net.intra.latency_s, net.inter.latency_s)
-
-
 def _ring(net, rows):
     if isinstance(net, TorusNetwork):
         return net.ring_params(rows)
@@ -70,7 +55,7 @@ def _ring(net, rows):
 def _a2a(net, rows):
     if isinstance(net, TorusNetwork):
         return net.a2a_params(rows)
-    out = [a2a_by_ranks(net, [int(r) for r in row]) for row in rows]
+    out = [net._a2a([int(r) for r in row]) for row in rows]
     return np.array([b for b, _ in out]), np.array([x for _, x in out])
 
 
@@ -221,7 +206,7 @@ def test_evenly_spaced_groups_equal_counting_their_members(net, first, stride, g
     assert np.array_equal(bw, ref_bw) and np.array_equal(lat, ref_lat)
     a_bw, a_lat = net.progression_a2a_params(np.array([first]), stride, g)
     if g > 1:
-        assert (float(a_bw[0]), float(a_lat[0])) == a2a_by_ranks(net, ranks.tolist())
+        assert (float(a_bw[0]), float(a_lat[0])) == net._a2a(ranks.tolist())
     else:
         assert (float(a_bw[0]), float(a_lat[0])) == (net.intra.effective_Bps, net.intra.latency_s)
 
