@@ -358,3 +358,86 @@ def replace_sp(chain):
     from dataclasses import replace
 
     return replace(chain, sequence_parallel=True)
+
+
+def _retime(rng, chain):
+    """`chain` with every computation time (its window's too) scaled by its own random factor:
+    the same layers on another architecture (`ChainCost.shape` unchanged)."""
+    from dataclasses import replace
+
+    def layer(x):
+        f = rng.uniform(0.2, 3.0, size=3)
+        return replace(
+            x,
+            fwd_s=x.fwd_s * f[0],
+            bwd_s=x.bwd_s * f[1],
+            attention_fwd_s=min(x.attention_fwd_s * f[2], x.fwd_s * f[0]),
+        )
+
+    out = replace(chain, first=layer(chain.first), block=layer(chain.block), last=layer(chain.last))
+    if rng.random() < 0.5:  # a lower-bound chain with an achievable window
+        out = replace(out, window=chain)
+    assert out.shape == chain.shape
+    return out
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_shared_setting_gives_every_architecture_its_own_optimum(seed):
+    """`optimize` with the settings dict a placement job keeps across its architectures returns,
+    for each, what a fresh search returns; a chain of another shape (here: more parameters, so
+    other memory) is not served the first shape's setting."""
+    from dataclasses import replace
+
+    chains, net, consts, devices, global_batch, hbm, axes = draw(seed)
+    rng = np.random.default_rng(1000 + seed)
+    archs = [chains] + [{k: _retime(rng, c) for k, c in chains.items()} for _ in range(3)]
+    heavier = {
+        k: replace(c, block=replace(c.block, params=c.block.params * 1.7))
+        for k, c in chains.items()
+    }
+    assert {c.shape for c in heavier.values()}.isdisjoint(c.shape for c in chains.values())
+    archs.append(heavier)
+    shared = {}
+    for arch in archs:
+        got = optimize(arch, net, consts, devices, global_batch, hbm, axes, shared)
+        fresh = optimize(arch, net, consts, devices, global_batch, hbm, axes)
+        assert got.strategy == fresh.strategy
+        assert got.time_s == fresh.time_s
+        assert got.skipped == fresh.skipped and got.configurations == fresh.configurations
+    assert len(shared) == 2
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_retimed_terms_are_the_terms_of_the_other_chain(seed):
+    """`StageTerms.retimed` recomputes every term a computation time enters, and only those:
+    every attribute equals the terms built on the other chain from scratch."""
+    chains, net, consts, *_ = draw(seed)
+    rng = np.random.default_rng(2000 + seed)
+    for key, chain in sorted(chains.items()):
+        t, ep = key[0], (key[3] if len(key) == 4 else 1)
+        other = _retime(rng, chain)
+        for p in (1, 2, 3):
+            d = 2 * ep
+            s = Strategy(
+                devices=t * p * d,
+                tp=t,
+                pp=p,
+                microbatch=chain.microbatch,
+                global_batch=chain.microbatch * d * p,
+                recompute=str(rng.choice(["none", "selective", "full"])),
+                sequence_parallel=chain.sequence_parallel,
+                ddp=str(rng.choice(["overlap", "after"])),
+                ep=ep,
+            )
+            layout = Layout.build(net, t, p, d, ep)
+            args = (s.schedule, s.recompute, False, s.ddp)
+            built = StageTerms(PlacedChain(chain, layout, consts), *args)
+            want = StageTerms(PlacedChain(other, layout, consts), *args)
+            got = built.retimed(other)
+            assert vars(got).keys() == vars(want).keys()
+            for name, value in vars(want).items():
+                assert np.array_equal(getattr(got, name), value), name
+            # the original is untouched
+            again = StageTerms(PlacedChain(chain, layout, consts), *args)
+            for name, value in vars(again).items():
+                assert np.array_equal(getattr(built, name), value), name

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from phaze.network import Network, ring_seconds
-from phaze.place.megatron import Axes, allowed_blocks, configurations
+from phaze.place.megatron import Axes, allowed_blocks, configurations, tail_floor
 from phaze.step.layers import ChainCost
 from phaze.step.model import StageTerms, StepConstants
 
@@ -264,26 +264,10 @@ def config_time_bound(
     return S / v + bottom
 
 
-def _tail_floor(terms: StageTerms, allowed: np.ndarray, v: int, ddp: str) -> float:
-    """A lower bound on X = max_j tail_j over every split, whatever the architecture: every rank
-    holds some allowed count, and one holds at least ⌈K/p⌉ units; the tail is at least its part
-    that no overlap hides — the last bucket (at most the reduction) and what follows — or the
-    whole reduction without overlap."""
-    p, K = allowed.shape[0], allowed.shape[1] - 1
-    n = np.broadcast_to(np.arange(K + 1) * v, allowed.shape).astype(float)
-    floor = terms.after_reduction(n) + terms.optimizer(n)
-    floor = floor + (terms.reduction(n) if ddp == "after" else terms.last_bucket(n))
-    floor = np.where(allowed, floor, np.inf)
-    every = float(floor.min(axis=1).max())
-    heavy = -(-K // p)
-    busiest = float(floor[:, heavy:].min()) if heavy <= K else np.inf
-    return max(every, busiest if np.isfinite(busiest) else every)
-
-
 def _cheap_bound(
     terms: StageTerms, v: int, m: int, chain: SpaceChain, recompute: str, L: int, tail: float
 ) -> np.ndarray:
-    """M ≥ S/p, X ≥ ``tail`` (`_tail_floor`): a bound of every split, cheap to take for every
+    """M ≥ S/p, X ≥ ``tail`` (`phaze.place.megatron.tail_floor`): a bound of every split, cheap to take for every
     architecture."""
     low = chain.lower
     redo = {"none": 0.0, "selective": chain.attention, "full": low["block_fwd"]}[recompute]
@@ -333,7 +317,7 @@ def _jobs(chains, net, consts, devices, global_batch, hbm_capacity_bytes, axes) 
             else:
                 by_allowed[key] = (got[1], [h])
         for allowed, hs in by_allowed.values():
-            tail = _tail_floor(terms, allowed, sched.chunks, cfg.ddp)
+            tail = tail_floor(terms, allowed, sched.chunks)
             cheap = _cheap_bound(
                 terms,
                 sched.chunks,

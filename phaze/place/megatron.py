@@ -29,9 +29,16 @@ smallest resulting T — the R-th smallest increment sets M. The cap then descen
 distinct tail values: a solution with M*(x) and tail X(x) ≤ x beats every split whose tail lies in
 [X(x), x], so the next cap is the largest value below X(x), until ``(m − 1/V)·M*(x) + S/V +
 X_lb`` (X_lb: the smallest tail any split can have) cannot beat the best. Configurations are
-solved best-first by a lower bound (``M ≥ max(S/p, max_j T_j(lo_j))``) and the search stops
-when the next bound cannot beat the best found. The brute-force tests (tests/test_step_dp.py)
-enumerate every split of small chains.
+solved best-first by a lower bound (``M ≥ max(S/p, max_j T_j(lo_j))``, the tail at least
+`tail_floor`) and the search stops when the next bound cannot beat the best found; a
+configuration in which no split fits in memory is never solved. The brute-force tests
+(tests/test_step_dp.py) enumerate every split of small chains.
+
+What the architectures of a job share. Memory, communication and the stage rules do not depend
+on the layer times (`ChainCost.shape`), so the configurations, which splits fit
+(`allowed_blocks`), the tail's floor and the tail's untimed parts are computed once per `Setting`
+(network, constants, devices, batch, capacity, axes, chain shapes) and each architecture only
+re-times its terms (`StageTerms.retimed`): the same answer, tested against fresh searches.
 """
 
 from __future__ import annotations
@@ -51,8 +58,8 @@ from phaze.step.model import (
     PlacedChain,
     StageTerms,
     StepConstants,
+    check_chain,
     iteration_time,
-    stage_terms,
 )
 from phaze.step.strategy import (
     DDP_MODES,
@@ -63,6 +70,8 @@ from phaze.step.strategy import (
 )
 
 INF = math.inf
+#: `Setting`s a caller's dict keeps (one per cluster size and HBM capacity of a job, typically)
+SETTINGS_KEPT = 16
 
 
 @dataclass(frozen=True)
@@ -165,7 +174,7 @@ def allowed_blocks(
     K = blocks // v
     lo = lower_ends(p, v, blocks)
     ks = np.arange(K + 1)
-    n = np.broadcast_to(ks * v, (p, K + 1)).astype(float)
+    n = np.broadcast_to((ks * v).astype(float), (p, K + 1))  # a read-only view
     hi = K - (lo.sum() - lo)
     shape_ok = (ks[None, :] >= lo[:, None]) & (ks[None, :] <= hi[:, None])
     fits = terms.memory(n) <= hbm_capacity_bytes
@@ -175,19 +184,41 @@ def allowed_blocks(
     return n, allowed
 
 
+def tail_floor(terms: StageTerms, allowed: np.ndarray, v: int) -> float:
+    """A lower bound on X = max_j tail_j over every split, whatever the layer times: every rank
+    holds some allowed count, and one holds at least ⌈K/p⌉ units; the tail is at least its part
+    that no overlap hides — the last bucket (at most the reduction) and what follows — or the
+    whole reduction without overlap (then the floor is the tail itself)."""
+    p, K = allowed.shape[0], allowed.shape[1] - 1
+    n = np.broadcast_to((np.arange(K + 1) * v).astype(float), allowed.shape)
+    floor = terms.after_reduction(n) + terms.optimizer(n)
+    floor = floor + (terms.reduction(n) if terms.ddp == "after" else terms.last_bucket(n))
+    floor = np.where(allowed, floor, np.inf)
+    every = float(floor.min(axis=1).max())
+    heavy = -(-K // p)
+    busiest = float(floor[:, heavy:].min()) if heavy <= K else np.inf
+    return max(every, busiest if np.isfinite(busiest) else every)
+
+
 def solve_split(
-    terms: StageTerms, schedule: PipelineSchedule, blocks: int, hbm_capacity_bytes: float
+    terms: StageTerms,
+    schedule: PipelineSchedule,
+    blocks: int,
+    hbm_capacity_bytes: float,
+    fit: tuple | None = None,
+    tail_parts: tuple | None = None,
 ):
     """The best split of `blocks` blocks for one configuration: (time, blocks per stage) or
-    (None, reason)."""
+    (None, reason). `fit`: `allowed_blocks` of these terms at `hbm_capacity_bytes`, and
+    `tail_parts`: `StageTerms.untimed_tail` on its lattice, when the caller has them."""
     p, v = terms.p, schedule.chunks
     K = blocks // v
-    got = allowed_blocks(terms, schedule, blocks, hbm_capacity_bytes)
+    got = fit if fit is not None else allowed_blocks(terms, schedule, blocks, hbm_capacity_bytes)
     if got is None:
         return None, "does not fit in memory"
     n, allowed = got
     T = terms.time(n)
-    X = np.where(allowed, terms.tail(n), INF)
+    X = np.where(allowed, terms.tail(n, tail_parts), INF)
     x_floor = float(X.min(axis=1).max())  # every rank holds some allowed n
     values = np.unique(X[allowed])
     best, best_k = INF, None
@@ -287,7 +318,6 @@ def _rho(n: int) -> int:
 
 @dataclass
 class _Config:
-    bound: float
     order: int
     placed: PlacedChain
     schedule: PipelineSchedule
@@ -391,7 +421,6 @@ def configurations(
                             for ddp in axes.ddp:
                                 configs.append(
                                     _Config(
-                                        0.0,
                                         order,
                                         placed[key],
                                         schedule,
@@ -405,6 +434,52 @@ def configurations(
     return configs
 
 
+@dataclass
+class _Fit:
+    """One configuration's part that no layer time changes: its terms (on the layer times of
+    the chain it was built with; `StageTerms.retimed` for another), the blocks each rank may
+    hold (`allowed_blocks`) and the floor of its tail (`tail_floor`)."""
+
+    terms: StageTerms
+    allowed: tuple
+    tail_floor: float
+    tail_parts: tuple | None = None  # `StageTerms.untimed_tail` on the lattice, once solved
+
+
+@dataclass
+class Setting:
+    """What every architecture of a placement job shares at one setting (network, constants,
+    devices, global batch, HBM capacity, axes and the chains' shapes): the configurations, the
+    combinations skipped, and per configuration its `_Fit` (None: no split fits in memory).
+    Memory and communication do not depend on the layer times (`ChainCost.shape`)."""
+
+    configs: list[_Config]
+    skipped: Counter
+    fits: list[_Fit | None]
+    blocks: int
+
+    @classmethod
+    def build(cls, chains, net, consts, devices, global_batch, hbm_capacity_bytes, axes):
+        skipped = Counter()
+        configs = configurations(chains, net, consts, devices, global_batch, axes, skipped)
+        L = next(iter(chains.values())).blocks
+        fits = []
+        for cfg in configs:
+            terms = cfg.terms()
+            got = allowed_blocks(terms, cfg.schedule, L, hbm_capacity_bytes)
+            fit = None
+            if got is not None:
+                fit = _Fit(terms, got, tail_floor(terms, got[1], cfg.schedule.chunks))
+            fits.append(fit)
+        return cls(configs, skipped, fits, L)
+
+
+def setting_key(chains, net, consts, devices, global_batch, hbm_capacity_bytes, axes) -> tuple:
+    """The key of a `Setting`: equal keys, equal settings."""
+    shapes = tuple(sorted((_chain_key(k), c.shape) for k, c in chains.items()))
+    return (net, consts, devices, global_batch, float(hbm_capacity_bytes), axes, shapes)
+
+
 def optimize(
     chains: Mapping[tuple[int, int, bool], ChainCost],
     net: Network,
@@ -413,30 +488,50 @@ def optimize(
     global_batch: int,
     hbm_capacity_bytes: float,
     axes: Axes,
+    settings: dict | None = None,
 ) -> Result:
     """The fastest strategy that fits `hbm_capacity_bytes` per device. `chains` maps (tp, microbatch,
-    sequence_parallel) to the chain at that setting (the t and b values searched are its keys)."""
-    result = Result(None, INF)
-    configs = configurations(chains, net, consts, devices, global_batch, axes, result.skipped)
-    L = next(iter(chains.values())).blocks
-    result.configurations = len(configs)
-    terms_of = {}
-    for cfg in configs:
-        terms = cfg.terms()
-        terms_of[cfg.order] = terms
-        cfg.bound = _lower_bound(terms, cfg.schedule, L)
-    configs.sort(key=lambda c: (c.bound, c.order))
+    sequence_parallel) to the chain at that setting (the t and b values searched are its keys).
+    `settings`: a dict the caller keeps across architectures (`Setting`s by `setting_key`), so
+    what they share is computed once."""
+    chains = {_chain_key(k): c for k, c in chains.items()}
+    args = (chains, net, consts, devices, global_batch, float(hbm_capacity_bytes), axes)
+    key = setting_key(*args) if settings is not None else None
+    setting = settings.get(key) if settings is not None else None
+    if setting is None:
+        setting = Setting.build(*args)
+        if settings is not None:
+            if len(settings) >= SETTINGS_KEPT:
+                settings.clear()
+            settings[key] = setting
+    result = Result(None, INF, skipped=Counter(setting.skipped))
+    result.configurations = len(setting.configs)
+    L = setting.blocks
+    todo = []
+    for cfg, fit in zip(setting.configs, setting.fits):
+        if fit is None:
+            result.infeasible["does not fit in memory"] += 1
+            continue
+        c = cfg.placed.chain
+        terms = fit.terms.retimed(chains[(c.tp, c.microbatch, c.sequence_parallel, c.ep)])
+        bound = _lower_bound(terms, cfg.schedule, L) + fit.tail_floor
+        todo.append((bound, cfg.order, cfg, fit, terms))
+    todo.sort(key=lambda x: (x[0], x[1]))
     best_key = (INF, INF)
-    for cfg in configs:
-        if cfg.bound > best_key[0]:
+    for bound, order, cfg, fit, terms in todo:
+        if bound > best_key[0]:
             break
         result.solved += 1
-        time_s, stages = solve_split(terms_of[cfg.order], cfg.schedule, L, hbm_capacity_bytes)
+        if fit.tail_parts is None:
+            fit.tail_parts = fit.terms.untimed_tail(fit.allowed[0])
+        time_s, stages = solve_split(
+            terms, cfg.schedule, L, hbm_capacity_bytes, fit.allowed, fit.tail_parts
+        )
         if time_s is None:
             result.infeasible[stages] += 1
             continue
-        if (time_s, cfg.order) < best_key:
-            best_key = (time_s, cfg.order)
+        if (time_s, order) < best_key:
+            best_key = (time_s, order)
             result.time_s = time_s
             result.strategy = Strategy(
                 devices=devices,
@@ -456,8 +551,8 @@ def optimize(
 
 
 def _lower_bound(terms: StageTerms, schedule: PipelineSchedule, blocks: int) -> float:
-    """No split of this configuration is faster: M ≥ the mean stage time and ≥ every rank's time
-    at its fewest blocks, the tail ≥ 0."""
+    """No split of this configuration has a faster pipeline: M ≥ the mean stage time and ≥ every
+    rank's time at its fewest blocks (the tail is bounded apart, `tail_floor`)."""
     p, v = terms.p, schedule.chunks
     lo = lower_ends(p, v, blocks) * v
     S = float(terms.intercept.sum() + terms.slope * blocks)
@@ -493,9 +588,11 @@ def best_fixed(
     chains = {_chain_key(k): c for k, c in chains.items()}
     if not any(t == tp and e == ep for t, _, _, e in chains):
         return None, INF, f"no layer costs for tp {tp} and ep {ep}"
+    layout = None  # every strategy here has the same (tp, pp, dp, ep)
     for (t, b, sp, e), chain in sorted(chains.items()):
         if t != tp or e != ep or sp not in axes.sequence_parallel:
             continue
+        placed = None
         for v in axes.interleave:
             for rc in axes.recompute:
                 for zero in axes.distributed_optimizer:
@@ -520,7 +617,12 @@ def best_fixed(
                         except PhazeError as exc:
                             why[str(exc)] += 1
                             continue
-                        terms = stage_terms(chain, s, net, consts)
+                        check_chain(chain, s)
+                        if layout is None:
+                            layout = Layout.build(net, tp, pp, s.dp, ep)
+                        if placed is None:
+                            placed = PlacedChain(chain, layout, consts)
+                        terms = StageTerms(placed, s.schedule, rc, zero, ddp)
                         n = np.asarray(stages, dtype=float)
                         if (terms.memory(n) > hbm_capacity_bytes).any():
                             why["does not fit in memory"] += 1

@@ -37,6 +37,7 @@ class MegatronObjective:
                 "every tp (--latencies); or leave selective out of place.recompute"
             )
         self.settings = settings
+        self.shared = {}  # `phaze.place.megatron.Setting`s: what the architectures share
         self.lookups = inputs.lookups
         self.tables = {
             (t, ep): ChainTables(
@@ -87,7 +88,14 @@ class MegatronObjective:
             placed_net, net_label = network_for(settings, preset, costmodel, devices)
             net = step_network(placed_net, bw, lat, devices)
             found = optimize(
-                chains, net, consts, devices, settings.global_batch, hbm, settings.axes
+                chains,
+                net,
+                consts,
+                devices,
+                settings.global_batch,
+                hbm,
+                settings.axes,
+                self.shared,
             )
             row = {"devices": int(devices), "feasible": found.strategy is not None, "reason": ""}
             row["network"] = net_label

@@ -21,7 +21,7 @@ blocks; the first and last layer keep their activations.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from phaze.step.strategy import RECOMPUTE_MODES
 
@@ -88,6 +88,11 @@ class LayerCost:
     def working_bytes(self, mode: str) -> float:
         """Recomputed bytes live during the layer's backward."""
         return self.activation_bytes - self.stash_bytes(mode)
+
+    @property
+    def untimed(self) -> LayerCost:
+        """This layer without its computation times: what does not depend on the device."""
+        return replace(self, fwd_s=0.0, bwd_s=0.0, attention_fwd_s=0.0)
 
     @property
     def model_matmul_flops(self) -> float:
@@ -166,6 +171,23 @@ class ChainCost:
     @property
     def tied(self) -> bool:
         return self.last.tied_params > 0
+
+    @property
+    def shape(self) -> tuple:
+        """Everything of the chain but its layers' computation times (and its window's): chains
+        of one shape differ only in what `phaze.step.model.StageTerms.retimed` recomputes."""
+        return (
+            self.first.untimed,
+            self.block.untimed,
+            self.last.untimed,
+            self.blocks,
+            self.tp,
+            self.microbatch,
+            self.sequence_parallel,
+            self.boundary_bytes,
+            self.ep,
+            self.experts,
+        )
 
     def model_flops_per_microbatch(self) -> float:
         """Model FLOPs of one microbatch (all ranks of a tensor-parallel group), PaLM's convention

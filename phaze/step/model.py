@@ -54,6 +54,7 @@ sequence parallelism every rank holds 1/t of the activation and sends only that.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -302,33 +303,22 @@ class StageTerms:
         self.consts = consts
         first = np.arange(p) == 0
         last = np.arange(p) == p - 1
+        self._first, self._last = first, last
         B, E, H = chain.block, chain.first, chain.last
         full = recompute == "full"
         bf, bb = placed.coll["block"]
-        rc = B.recompute_s(recompute)
-        # per block
-        self.compute_per_block = B.fwd_s + B.bwd_s
-        self.recompute_per_block = rc
+        # communication per block
         af, ab = placed.block_a2a
         self.ep_per_block = af * (2 if full else 1) + ab
         self.tp_per_block = bf * (2 if full else 1) + bb - self.ep_per_block
-        self.slope = self.compute_per_block + rc + self.tp_per_block + self.ep_per_block
-        # the backward the DDP overlap hides behind (ChainCost.window)
-        win = chain.overlap_window
-        self.bwd_slope = win.block.bwd_s + win.block.recompute_s(recompute) + bb
-        self.bwd_slope += bf if full else 0.0
+        # the backward's collectives (the DDP overlap hides the reduction behind them too)
+        self._bwd_comm = (bb, bf if full else 0.0)
         (ef, eb), (hf, hb) = placed.coll["first"], placed.coll["last"]
-        self.compute_0 = np.where(first, E.fwd_s + E.bwd_s, 0.0) + np.where(
-            last, H.fwd_s + H.bwd_s, 0.0
-        )
         self.tp_0 = np.where(first, ef + eb, 0.0) + np.where(last, hf + hb, 0.0)
+        self._bwd_comm_0 = (eb, hb)
         sends = schedule.sends_all()
         # at the slowest replica
         self.pp_comm = (sends[:, 0] * placed.x_next + sends[:, 1] * placed.x_prev).max(axis=0)
-        self.intercept = self.compute_0 + self.tp_0 + self.pp_comm
-        self.bwd_intercept = np.where(first, win.first.bwd_s + eb, 0.0) + np.where(
-            last, win.last.bwd_s + hb, 0.0
-        )
         # parameters (a last stage with a tied LM head keeps its own copy of the embedding); of
         # them the routed experts' (only blocks hold experts)
         self.param_slope = B.params
@@ -342,8 +332,6 @@ class StageTerms:
         m = schedule.microbatches
         per_param = consts.grad_accumulation_bytes_per_param / consts.hbm_bandwidth_Bps
         self.accumulate_per_param = per_param * (m - 1) / m
-        self.slope += self.param_slope * self.accumulate_per_param
-        self.intercept = self.intercept + self.param_intercept * self.accumulate_per_param
         self.dp_bw, self.dp_lat = layout.dp_bw, layout.dp_lat
         self.edp, self.edp_bw, self.edp_lat = layout.edp, layout.edp_bw, layout.edp_lat
         self.tied_s = np.where(first | last, placed.tied_s, 0.0)
@@ -356,6 +344,40 @@ class StageTerms:
         self.mem_intercept = np.where(first, self.inflight * E.activation_bytes, 0.0) + np.where(
             last, H.activation_bytes, 0.0
         )
+        self._time(chain)
+
+    def _time(self, chain: ChainCost) -> None:
+        """The terms that depend on the layers' computation times (`chain`'s)."""
+        B, E, H = chain.block, chain.first, chain.last
+        first, last = self._first, self._last
+        rc = B.recompute_s(self.recompute)
+        self.compute_per_block = B.fwd_s + B.bwd_s
+        self.recompute_per_block = rc
+        self.slope = self.compute_per_block + rc + self.tp_per_block + self.ep_per_block
+        self.slope += self.param_slope * self.accumulate_per_param
+        # the backward the DDP overlap hides behind (ChainCost.window)
+        win = chain.overlap_window
+        bb, bf = self._bwd_comm
+        self.bwd_slope = win.block.bwd_s + win.block.recompute_s(self.recompute) + bb
+        self.bwd_slope += bf
+        self.compute_0 = np.where(first, E.fwd_s + E.bwd_s, 0.0) + np.where(
+            last, H.fwd_s + H.bwd_s, 0.0
+        )
+        self.intercept = self.compute_0 + self.tp_0 + self.pp_comm
+        self.intercept = self.intercept + self.param_intercept * self.accumulate_per_param
+        eb, hb = self._bwd_comm_0
+        self.bwd_intercept = np.where(first, win.first.bwd_s + eb, 0.0) + np.where(
+            last, win.last.bwd_s + hb, 0.0
+        )
+
+    def retimed(self, chain: ChainCost) -> StageTerms:
+        """These terms with the computation times of `chain`: a chain of the same shape
+        (`ChainCost.shape`, e.g. the same layers on another architecture). Communication,
+        parameters and memory do not depend on computation times, so they are taken as they
+        are; the caller vouches for the shape."""
+        out = copy.copy(self)
+        out._time(chain)
+        return out
 
     @staticmethod
     def _col(x, n):
@@ -433,12 +455,20 @@ class StageTerms:
     def _reduce_kind(self) -> str:
         return "reduce_scatter" if self.zero else "all_reduce"
 
-    def data_parallel(self, n):
-        """D_j: exposed data-parallel traffic after the pipeline (tied embedding included)."""
-        reduce = self.reduction(n)
+    def untimed_tail(self, n) -> tuple:
+        """The parts of the tail that no layer time changes, for `tail(n, parts)`: the
+        reduction, the last bucket (None without DDP overlap), what follows the reduction, and
+        the optimizer step."""
+        last = self.last_bucket(n) if self.ddp == "overlap" else None
+        return self.reduction(n), last, self.after_reduction(n), self.optimizer(n)
+
+    def data_parallel(self, n, parts: tuple | None = None):
+        """D_j: exposed data-parallel traffic after the pipeline (tied embedding included).
+        `parts`: `untimed_tail(n)`, when the caller has it."""
+        reduce, last, after, _ = parts if parts is not None else self.untimed_tail(n)
         if self.ddp == "overlap":
-            reduce = np.maximum(reduce - self.backward(n), self.last_bucket(n))
-        return reduce + self.after_reduction(n)
+            reduce = np.maximum(reduce - self.backward(n), last)
+        return reduce + after
 
     def optimizer(self, n):
         c = self.consts
@@ -447,9 +477,10 @@ class StageTerms:
             for params, d, _, _ in self._groups(n)
         )
 
-    def tail(self, n):
-        """D_j + O_j."""
-        return self.data_parallel(n) + self.optimizer(n)
+    def tail(self, n, parts: tuple | None = None):
+        """D_j + O_j (`parts`: as for `data_parallel`)."""
+        parts = parts if parts is not None else self.untimed_tail(n)
+        return self.data_parallel(n, parts) + parts[3]
 
     def memory(self, n):
         blocks_held = np.asarray(n, dtype=float) > 0
