@@ -538,3 +538,41 @@ def test_brute_force_sanity():
     # a fused op blocks the vector core
     assert brute_force(2, 1, ("fused", "vc"), (2.0, 1.0), (2.0, 1.0), ()) == 3.0
     _ = itertools
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 10**9))
+def test_earliest_fit_is_the_earliest_feasible_start(seed):
+    """`_earliest_fit` against a direct search: every candidate start (est and every placed end
+    after it) in increasing order, each checked against every placed op at every instant of
+    [s, s + p) where usage can change."""
+    from phaze.schedule.listsched import _earliest_fit
+
+    rng = random.Random(seed)
+    inst = random_instance(rng, n_max=4)
+    n_tc, n_vc = inst.n_tc, inst.n_vc
+    placed = []
+    for _ in range(rng.randint(0, 9)):
+        s = rng.choice([0.0, 1.0, 2.0, 3.0, rng.uniform(0, 6)])
+        excl = rng.random() < 0.2
+        tc = n_tc if excl else rng.randint(0, 1)
+        vc = 0 if excl or tc else rng.randint(0, 1)
+        placed.append((s, s + rng.choice([0.5, 1.0, 2.0, rng.uniform(0.1, 3)]), tc, vc, excl))
+    est, p = rng.choice([0.0, 1.0, rng.uniform(0, 5)]), rng.choice([1.0, rng.uniform(0.1, 3)])
+    excl = rng.random() < 0.3
+    tc = n_tc if excl else int(rng.random() < 0.5)
+    vc = 0 if excl or tc else 1
+
+    def fits(s):
+        f = s + p
+        over = [iv for iv in placed if iv[0] < f and iv[1] > s]
+        if over and (excl or any(iv[4] for iv in over)):
+            return False
+        for t in [s] + [iv[0] for iv in over if s < iv[0] < f]:
+            used = [(c, d) for a, b, c, d, _ in over if a <= t < b]
+            if tc + sum(c for c, _ in used) > n_tc or vc + sum(d for _, d in used) > n_vc:
+                return False
+        return True
+
+    want = next(s for s in sorted({est} | {iv[1] for iv in placed if iv[1] > est}) if fits(s))
+    assert _earliest_fit(inst, placed, est, p, tc, vc, excl) == want

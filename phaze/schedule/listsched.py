@@ -90,9 +90,10 @@ def _earliest_fit(
 ) -> float:
     """Earliest start >= est at which an op holding (tc, vc, excl) for p fits beside ``placed``
     (candidate starts: est and every placed end after it; the last one always fits)."""
-    for s in sorted({est} | {e for (_, e, _, _, _) in placed if e > est}):
+    live = [iv for iv in placed if iv[1] > est]  # no other can overlap a start >= est
+    for s in sorted({est} | {iv[1] for iv in live}):
         f = s + p
-        over = [iv for iv in placed if iv[0] < f and iv[1] > s]
+        over = [iv for iv in live if iv[0] < f and iv[1] > s]
         if _fits(over, s, tc, vc, excl, inst.n_tc, inst.n_vc):
             return s
     raise AssertionError("unreachable: after every placed op ends, any op fits")
