@@ -19,7 +19,9 @@ from tests.test_schedule import _bf, random_instance
 
 
 def _scalar_lower(inst: Instance) -> float:
-    """The scheduler's decomposition with the cheap bounds, one architecture."""
+    """The scheduler's decomposition with the cheap bounds, one architecture: per segment the
+    critical path, the energy per core type, the exclusion bound and the forced-mode energy
+    (capped by the serial schedule), the last two on critical-path heads and tails."""
     arts = articulation_ops(inst)
     if not arts or len(arts) == inst.n:
         groups, arts = [list(range(inst.n))], []
@@ -38,8 +40,13 @@ def _scalar_lower(inst: Instance) -> float:
         for c in ("tc", "vc"):
             mine = [i for i in range(sub.n) if sub.uses(i, c)]
             k[c] = max(1, min(sub.n_cores(c), bounds.antichain_width(sub, mine))) if mine else 1
+        hd, tl = bounds.heads(sub), bounds.tails(sub)
         total += max(
-            bounds.critical_path(sub), bounds.energy(sub, "tc", k), bounds.energy(sub, "vc", k)
+            bounds.critical_path(sub),
+            bounds.energy(sub, "tc", k),
+            bounds.energy(sub, "vc", k),
+            bounds.exclusion_bound(sub, hd, tl, k),
+            bounds.forced_energy(sub, sum(sub.q), hd, tl, k),
         )
     return total
 
@@ -90,3 +97,23 @@ def test_never_above_the_optimum_and_serial_is_a_real_schedule(seed):
         assert verify(one, sched, 1e-12) == []
         assert sched.makespan(one) <= serial[a] * (1 + 1e-12)
         assert _bf(one) <= serial[a] * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_tied_thresholds_get_the_scalar_bounds(seed):
+    """Latencies of few distinct values: operators share their head + L1 + tail, so the
+    forced-mode energy meets thresholds several operators reach at once (all of them are forced
+    there, as in the scalar bound)."""
+    rng = random.Random(5000 + seed)
+    inst = random_instance(rng, n_max=9)
+    graph = OpGraph("sig", "bwd", list(range(inst.n)), inst.core, inst.edges)
+    plan = layer_plan(graph, {("sig", "bwd", i): i for i in range(inst.n)})
+    archs = 30
+    l1 = np.array([[rng.choice([2, 4, 6]) * 1e-5 for _ in range(inst.n)] for _ in range(archs)])
+    la = np.minimum(l1, np.array([[rng.choice([1, 2]) * 1e-5 for _ in range(inst.n)]] * archs))
+    n_tc = np.array([rng.randint(1, 4) for _ in range(archs)])
+    n_vc = np.array([rng.randint(1, 4) for _ in range(archs)])
+    lower, _ = layer_bounds(plan, l1, la, n_tc, n_vc)
+    for a in range(archs):
+        one = _instance(inst, l1[a], la[a], n_tc[a], n_vc[a])
+        assert lower[a] == pytest.approx(_scalar_lower(one), rel=1e-12)

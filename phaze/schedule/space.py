@@ -14,7 +14,10 @@ operators' latencies of every architecture as arrays (architectures × operators
   operator using that type needs ``min(L_all, L_1 / k)`` of the chip's time, with k the cores of
   that type that can run at once, at most the antichain width of the operators using it
   (:func:`phaze.schedule.bounds.core_limits`; the width is taken over all of them, zero-length
-  or not, which can only make k larger and the bound weaker).
+  or not, which can only make k larger and the bound weaker); and the exclusion and forced-mode
+  energy bounds (:func:`phaze.schedule.bounds.exclusion_bound`, :func:`~phaze.schedule.bounds.
+  forced_energy`, the latter capped by ``serial_s``) on critical-path heads and tails, which are
+  never above the energy heads and tails the scheduler uses: the same bounds on weaker inputs.
 * ``serial_s`` — the operators one after another, each at its faster mode: the makespan of a real
   schedule, so at least the optimal makespan (the search's DDP-overlap window bound).
 
@@ -112,19 +115,84 @@ def layer_bounds(
     cores = {"tc": np.asarray(n_tc, dtype=float), "vc": np.asarray(n_vc, dtype=float)}
     for seg in plan.segments:
         idx = list(seg.members)
-        qs = q[:, idx]
-        head = np.zeros_like(qs)
+        qs, l1, la = q[:, idx], L1[:, idx], LA[:, idx]
+        head, tail = np.zeros_like(qs), np.zeros_like(qs)
         for j, preds in enumerate(seg.preds):
             for i in preds:
                 np.maximum(head[:, j], head[:, i] + qs[:, i], out=head[:, j])
+        for j in reversed(range(len(idx))):  # operators are in topological order
+            for i in seg.preds[j]:
+                np.maximum(tail[:, i], tail[:, j] + qs[:, j], out=tail[:, i])
         best = (head + qs).max(axis=1)
+        weights = []  # per core type: each operator's least share of the chip's time
         for c, (mine, width) in seg.uses.items():
             k = np.minimum(cores[c], float(width))
-            cols = [seg.members[i] for i in mine]
-            energy = np.minimum(LA[:, cols], L1[:, cols] / k[:, None]).sum(axis=1)
-            np.maximum(best, energy, out=best)
+            w = np.zeros_like(qs)
+            w[:, list(mine)] = np.minimum(la[:, list(mine)], l1[:, list(mine)] / k[:, None])
+            weights.append(w)
+            np.maximum(best, w.sum(axis=1), out=best)  # the energy bound
+        np.maximum(best, _exclusion(head, tail, l1, la, weights), out=best)
+        np.maximum(best, _forced_energy(head, tail, l1, la, weights, qs.sum(axis=1)), out=best)
         lower = lower + best
     return np.asarray(lower, dtype=float) + np.zeros(len(q)), q.sum(axis=1)
+
+
+def _exclusion(head, tail, l1, la, weights) -> np.ndarray:
+    """`phaze.schedule.bounds.exclusion_bound` on critical-path heads and tails, for every
+    architecture (rows): each operator on one core has nothing comparable beside it (head + L1
+    + tail); intra-op, nothing at all (head + L_all + tail, and L_all + the others' energy)."""
+    single = head + l1 + tail
+    others = np.zeros_like(l1)
+    for w in weights:
+        np.maximum(others, w.sum(axis=1, keepdims=True) - w, out=others)
+    intra = np.maximum(head + la + tail, la + others)
+    return np.where(la < l1, np.minimum(single, intra), single).max(axis=1)
+
+
+def _forced_energy(head, tail, l1, la, weights, ub) -> np.ndarray:
+    """`phaze.schedule.bounds.forced_energy` on critical-path heads and tails with ``ub`` (a real
+    schedule's makespan), for every architecture (rows). An operator whose single-core latency
+    cannot fit below T (head + L1 + tail > T, intra-op faster) runs intra-op, alone, in every
+    schedule shorter than T; g(T) = their L_all + the largest energy of the others per core type
+    does not increase with T and the optimum has OPT >= g(OPT): the first threshold (the
+    operators' head + L1 + tail values in (0, ub), then ub) at which g is at most the threshold
+    gives the bound, at least the threshold before it, at most ub."""
+    A = l1.shape[0]
+    bp = np.where(la < l1, head + l1 + tail, 0.0)
+    order = np.argsort(bp, axis=1, kind="stable")
+    sbp = np.take_along_axis(bp, order, axis=1)
+
+    def suffix(x):  # sums over the operators from each sorted position on
+        s = np.take_along_axis(x, order, axis=1)
+        return np.cumsum(s[:, ::-1], axis=1)[:, ::-1]
+
+    def g(forced_la, forced_w):
+        rest = np.zeros_like(forced_la)
+        for w, fw in zip(weights, forced_w):
+            np.maximum(rest, w.sum(axis=1, keepdims=True) - fw, out=rest)
+        return forced_la + rest
+
+    ubc = ub[:, None]
+    # a threshold several operators reach is tried once per operator: past the first, the set
+    # lacks the earlier ones, so g is no larger there and any answer found is that threshold,
+    # as the scalar bound's next step would give
+    valid = (sbp > 0.0) & (sbp < ubc)
+    at_sorted = g(suffix(la), [suffix(w) for w in weights])
+    forced = bp >= ubc
+    at_ub = g(
+        (la * forced).sum(axis=1, keepdims=True),
+        [(w * forced).sum(axis=1, keepdims=True) for w in weights],
+    )
+    thr = np.concatenate([np.where(valid, sbp, np.inf), ubc], axis=1)
+    val = np.concatenate([at_sorted, at_ub], axis=1)
+    ok = np.concatenate([valid, np.ones((A, 1), dtype=bool)], axis=1) & (val <= thr)
+    # the threshold before each: thresholds rise along the row, so a running maximum
+    before = np.maximum.accumulate(np.where(np.isfinite(thr), thr, 0.0), axis=1)
+    before = np.concatenate([np.zeros((A, 1)), before[:, :-1]], axis=1)
+    j = ok.argmax(axis=1)
+    rows = np.arange(A)
+    got = np.minimum(np.maximum(before[rows, j], val[rows, j]), ub)
+    return np.where(ok.any(axis=1), got, ub)
 
 
 def attention_seconds(ops: pd.DataFrame, l1: np.ndarray, la: np.ndarray) -> dict[str, np.ndarray]:
