@@ -513,15 +513,17 @@ def optimize(
             result.infeasible["does not fit in memory"] += 1
             continue
         c = cfg.placed.chain
-        terms = fit.terms.retimed(chains[(c.tp, c.microbatch, c.sequence_parallel, c.ep)])
-        bound = _lower_bound(terms, cfg.schedule, L) + fit.tail_floor
-        todo.append((bound, cfg.order, cfg, fit, terms))
+        chain = chains[(c.tp, c.microbatch, c.sequence_parallel, c.ep)]
+        intercept, slope = fit.terms.line(chain)[:2]
+        bound = _lower_bound(intercept, slope, cfg.schedule, L) + fit.tail_floor
+        todo.append((bound, cfg.order, cfg, fit, chain))
     todo.sort(key=lambda x: (x[0], x[1]))
     best_key = (INF, INF)
-    for bound, order, cfg, fit, terms in todo:
+    for bound, order, cfg, fit, chain in todo:
         if bound > best_key[0]:
             break
         result.solved += 1
+        terms = fit.terms.retimed(chain)
         if fit.tail_parts is None:
             fit.tail_parts = fit.terms.untimed_tail(fit.allowed[0])
         time_s, stages = solve_split(
@@ -550,13 +552,14 @@ def optimize(
     return result
 
 
-def _lower_bound(terms: StageTerms, schedule: PipelineSchedule, blocks: int) -> float:
-    """No split of this configuration has a faster pipeline: M ≥ the mean stage time and ≥ every
-    rank's time at its fewest blocks (the tail is bounded apart, `tail_floor`)."""
-    p, v = terms.p, schedule.chunks
+def _lower_bound(intercept, slope: float, schedule: PipelineSchedule, blocks: int) -> float:
+    """No split of a configuration whose ranks take T_j = intercept_j + slope·n has a faster
+    pipeline: M ≥ the mean stage time and ≥ every rank's time at its fewest blocks (the tail is
+    bounded apart, `tail_floor`)."""
+    p, v = len(intercept), schedule.chunks
     lo = lower_ends(p, v, blocks) * v
-    S = float(terms.intercept.sum() + terms.slope * blocks)
-    M = max(S / p, float(terms.time(lo.astype(float)).max()))
+    S = float(intercept.sum() + slope * blocks)
+    M = max(S / p, float((intercept + lo.astype(float) * slope).max()))
     return schedule.microbatches * M + (S - M) / v
 
 

@@ -346,25 +346,33 @@ class StageTerms:
         )
         self._time(chain)
 
+    def line(self, chain: ChainCost) -> tuple:
+        """(intercept, slope) of T_j = intercept_j + slope·n with the computation times of
+        `chain` (a chain of this shape), then the block's computation, its recomputation and
+        the first and last layers' computation per rank: what `retimed` sets, without a copy."""
+        B, E, H = chain.block, chain.first, chain.last
+        rc = B.recompute_s(self.recompute)
+        compute_per_block = B.fwd_s + B.bwd_s
+        slope = compute_per_block + rc + self.tp_per_block + self.ep_per_block
+        slope += self.param_slope * self.accumulate_per_param
+        compute_0 = np.where(self._first, E.fwd_s + E.bwd_s, 0.0) + np.where(
+            self._last, H.fwd_s + H.bwd_s, 0.0
+        )
+        intercept = compute_0 + self.tp_0 + self.pp_comm
+        intercept = intercept + self.param_intercept * self.accumulate_per_param
+        return intercept, slope, compute_per_block, rc, compute_0
+
     def _time(self, chain: ChainCost) -> None:
         """The terms that depend on the layers' computation times (`chain`'s)."""
-        B, E, H = chain.block, chain.first, chain.last
         first, last = self._first, self._last
-        rc = B.recompute_s(self.recompute)
-        self.compute_per_block = B.fwd_s + B.bwd_s
-        self.recompute_per_block = rc
-        self.slope = self.compute_per_block + rc + self.tp_per_block + self.ep_per_block
-        self.slope += self.param_slope * self.accumulate_per_param
+        line = self.line(chain)
+        self.intercept, self.slope, self.compute_per_block, self.recompute_per_block = line[:4]
+        self.compute_0 = line[4]
         # the backward the DDP overlap hides behind (ChainCost.window)
         win = chain.overlap_window
         bb, bf = self._bwd_comm
         self.bwd_slope = win.block.bwd_s + win.block.recompute_s(self.recompute) + bb
         self.bwd_slope += bf
-        self.compute_0 = np.where(first, E.fwd_s + E.bwd_s, 0.0) + np.where(
-            last, H.fwd_s + H.bwd_s, 0.0
-        )
-        self.intercept = self.compute_0 + self.tp_0 + self.pp_comm
-        self.intercept = self.intercept + self.param_intercept * self.accumulate_per_param
         eb, hb = self._bwd_comm_0
         self.bwd_intercept = np.where(first, win.first.bwd_s + eb, 0.0) + np.where(
             last, win.last.bwd_s + hb, 0.0
