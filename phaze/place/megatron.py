@@ -37,8 +37,9 @@ configuration in which no split fits in memory is never solved. The brute-force 
 What the architectures of a job share. Memory, communication and the stage rules do not depend
 on the layer times (`ChainCost.shape`), so the configurations, which splits fit
 (`allowed_blocks`), the tail's floor and the tail's untimed parts are computed once per `Setting`
-(network, constants, devices, batch, capacity, axes, chain shapes) and each architecture only
-re-times its terms (`StageTerms.retimed`): the same answer, tested against fresh searches.
+(network, constants, devices, batch, capacity, axes, chain shapes), when a search first reaches
+the configuration, and each architecture only re-times its terms (`StageTerms.retimed`): the
+same answer, tested against fresh searches.
 """
 
 from __future__ import annotations
@@ -437,25 +438,34 @@ def configurations(
 @dataclass
 class _Fit:
     """One configuration's part that no layer time changes: its terms (on the layer times of
-    the chain it was built with; `StageTerms.retimed` for another), the blocks each rank may
-    hold (`allowed_blocks`) and the floor of its tail (`tail_floor`)."""
+    the chain it was built with; `StageTerms.retimed` for another) and, once a search first
+    reaches it, the blocks each rank may hold (`allowed_blocks`; None: no split fits), the
+    floor of its tail (`tail_floor`) and the tail's untimed parts on the lattice."""
 
     terms: StageTerms
-    allowed: tuple
-    tail_floor: float
-    tail_parts: tuple | None = None  # `StageTerms.untimed_tail` on the lattice, once solved
+    reached: bool = False
+    allowed: tuple | None = None
+    tail_floor: float = 0.0
+    tail_parts: tuple | None = None
+
+    def reach(self, schedule: PipelineSchedule, blocks: int, hbm_capacity_bytes: float) -> None:
+        if not self.reached:
+            self.allowed = allowed_blocks(self.terms, schedule, blocks, hbm_capacity_bytes)
+            if self.allowed is not None:
+                self.tail_floor = tail_floor(self.terms, self.allowed[1], schedule.chunks)
+            self.reached = True
 
 
 @dataclass
 class Setting:
     """What every architecture of a placement job shares at one setting (network, constants,
     devices, global batch, HBM capacity, axes and the chains' shapes): the configurations, the
-    combinations skipped, and per configuration its `_Fit` (None: no split fits in memory).
+    combinations skipped, and per configuration its `_Fit`, filled in as searches reach it.
     Memory and communication do not depend on the layer times (`ChainCost.shape`)."""
 
     configs: list[_Config]
     skipped: Counter
-    fits: list[_Fit | None]
+    fits: list[_Fit]
     blocks: int
 
     @classmethod
@@ -463,15 +473,7 @@ class Setting:
         skipped = Counter()
         configs = configurations(chains, net, consts, devices, global_batch, axes, skipped)
         L = next(iter(chains.values())).blocks
-        fits = []
-        for cfg in configs:
-            terms = cfg.terms()
-            got = allowed_blocks(terms, cfg.schedule, L, hbm_capacity_bytes)
-            fit = None
-            if got is not None:
-                fit = _Fit(terms, got, tail_floor(terms, got[1], cfg.schedule.chunks))
-            fits.append(fit)
-        return cls(configs, skipped, fits, L)
+        return cls(configs, skipped, [_Fit(cfg.terms()) for cfg in configs], L)
 
 
 def setting_key(chains, net, consts, devices, global_batch, hbm_capacity_bytes, axes) -> tuple:
@@ -509,19 +511,27 @@ def optimize(
     L = setting.blocks
     todo = []
     for cfg, fit in zip(setting.configs, setting.fits):
-        if fit is None:
+        if fit.reached and fit.allowed is None:
             result.infeasible["does not fit in memory"] += 1
             continue
         c = cfg.placed.chain
         chain = chains[(c.tp, c.microbatch, c.sequence_parallel, c.ep)]
         intercept, slope = fit.terms.line(chain)[:2]
-        bound = _lower_bound(intercept, slope, cfg.schedule, L) + fit.tail_floor
-        todo.append((bound, cfg.order, cfg, fit, chain))
+        # the tail's floor (0 until a search has reached the configuration) bounds apart
+        bound = _lower_bound(intercept, slope, cfg.schedule, L)
+        todo.append((bound + fit.tail_floor, cfg.order, bound, cfg, fit, chain))
     todo.sort(key=lambda x: (x[0], x[1]))
     best_key = (INF, INF)
-    for bound, order, cfg, fit, chain in todo:
-        if bound > best_key[0]:
+    for key, order, bound, cfg, fit, chain in todo:
+        if key > best_key[0]:
             break
+        if not fit.reached:
+            fit.reach(cfg.schedule, L, hbm_capacity_bytes)
+            if fit.allowed is None:
+                result.infeasible["does not fit in memory"] += 1
+                continue
+            if bound + fit.tail_floor > best_key[0]:
+                continue  # the floor it now has: no split of it can beat the best
         result.solved += 1
         terms = fit.terms.retimed(chain)
         if fit.tail_parts is None:
