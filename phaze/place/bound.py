@@ -267,8 +267,8 @@ def config_time_bound(
 def _cheap_bound(
     terms: StageTerms, v: int, m: int, chain: SpaceChain, recompute: str, L: int, tail: float
 ) -> np.ndarray:
-    """M ≥ S/p, X ≥ ``tail`` (`phaze.place.megatron.tail_floor`): a bound of every split, cheap to take for every
-    architecture."""
+    """M ≥ S/p, X ≥ ``tail`` (`phaze.place.megatron.tail_floor`): a bound of every split, cheap
+    to take for every architecture."""
     low = chain.lower
     redo = {"none": 0.0, "selective": chain.attention, "full": low["block_fwd"]}[recompute]
     S = (

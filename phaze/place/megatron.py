@@ -185,15 +185,25 @@ def allowed_blocks(
     return n, allowed
 
 
-def tail_floor(terms: StageTerms, allowed: np.ndarray, v: int) -> float:
+def tail_floor(terms: StageTerms, allowed: np.ndarray, v: int, parts: tuple | None = None) -> float:
     """A lower bound on X = max_j tail_j over every split, whatever the layer times: every rank
     holds some allowed count, and one holds at least ⌈K/p⌉ units; the tail is at least its part
     that no overlap hides — the last bucket (at most the reduction) and what follows — or the
-    whole reduction without overlap (then the floor is the tail itself)."""
+    whole reduction without overlap (then the floor is the tail itself). `parts`:
+    `StageTerms.untimed_tail` on the lattice, when the caller has it."""
     p, K = allowed.shape[0], allowed.shape[1] - 1
-    n = np.broadcast_to((np.arange(K + 1) * v).astype(float), allowed.shape)
-    floor = terms.after_reduction(n) + terms.optimizer(n)
-    floor = floor + (terms.reduction(n) if terms.ddp == "after" else terms.last_bucket(n))
+    after_ddp = terms.ddp == "after"
+    if parts is None:  # only the parts the floor reads
+        n = np.broadcast_to((np.arange(K + 1) * v).astype(float), allowed.shape)
+        parts = (
+            terms.reduction(n) if after_ddp else None,
+            None if after_ddp else terms.last_bucket(n),
+            terms.after_reduction(n),
+            terms.optimizer(n),
+        )
+    reduction, last_bucket, after, optimizer = parts
+    floor = after + optimizer
+    floor = floor + (reduction if after_ddp else last_bucket)
     floor = np.where(allowed, floor, np.inf)
     every = float(floor.min(axis=1).max())
     heavy = -(-K // p)
@@ -448,12 +458,16 @@ class _Fit:
     tail_floor: float = 0.0
     tail_parts: tuple | None = None
 
-    def reach(self, schedule: PipelineSchedule, blocks: int, hbm_capacity_bytes: float) -> None:
-        if not self.reached:
-            self.allowed = allowed_blocks(self.terms, schedule, blocks, hbm_capacity_bytes)
-            if self.allowed is not None:
-                self.tail_floor = tail_floor(self.terms, self.allowed[1], schedule.chunks)
-            self.reached = True
+    def reach(self, schedule: PipelineSchedule, blocks: int, hbm_capacity_bytes: float):
+        """Take the memory check and the tail's floor; returns the tail's untimed parts the
+        floor was taken from (None: no split fits), for a solve that follows at once."""
+        self.reached = True
+        self.allowed = allowed_blocks(self.terms, schedule, blocks, hbm_capacity_bytes)
+        if self.allowed is None:
+            return None
+        parts = self.terms.untimed_tail(self.allowed[0])
+        self.tail_floor = tail_floor(self.terms, self.allowed[1], schedule.chunks, parts)
+        return parts
 
 
 @dataclass
@@ -525,8 +539,9 @@ def optimize(
     for key, order, bound, cfg, fit, chain in todo:
         if key > best_key[0]:
             break
+        parts = None
         if not fit.reached:
-            fit.reach(cfg.schedule, L, hbm_capacity_bytes)
+            parts = fit.reach(cfg.schedule, L, hbm_capacity_bytes)
             if fit.allowed is None:
                 result.infeasible["does not fit in memory"] += 1
                 continue
@@ -534,8 +549,8 @@ def optimize(
                 continue  # the floor it now has: no split of it can beat the best
         result.solved += 1
         terms = fit.terms.retimed(chain)
-        if fit.tail_parts is None:
-            fit.tail_parts = fit.terms.untimed_tail(fit.allowed[0])
+        if fit.tail_parts is None:  # kept for the job's other architectures once solved
+            fit.tail_parts = parts or fit.terms.untimed_tail(fit.allowed[0])
         time_s, stages = solve_split(
             terms, cfg.schedule, L, hbm_capacity_bytes, fit.allowed, fit.tail_parts
         )

@@ -87,16 +87,9 @@ class MegatronObjective:
         for devices in devices_list:
             placed_net, net_label = network_for(settings, preset, costmodel, devices)
             net = step_network(placed_net, bw, lat, devices)
-            found = optimize(
-                chains,
-                net,
-                consts,
-                devices,
-                settings.global_batch,
-                hbm,
-                settings.axes,
-                self.shared,
-            )
+            # what the search and the expert placement are priced on
+            on = (chains, net, consts, devices, settings.global_batch, hbm, settings.axes)
+            found = optimize(*on, self.shared)
             row = {"devices": int(devices), "feasible": found.strategy is not None, "reason": ""}
             row["network"] = net_label
             priced = None
@@ -129,13 +122,7 @@ class MegatronObjective:
             else:
                 split = expert_split(blocks, int(e["pp"]))
                 es, _, ereason = best_fixed(
-                    chains,
-                    net,
-                    consts,
-                    devices,
-                    settings.global_batch,
-                    hbm,
-                    settings.axes,
+                    *on,
                     tp=int(e["tp"]),
                     pp=int(e["pp"]),
                     stages=split,
