@@ -171,35 +171,45 @@ def invocations(results: Path, specs: list[str]) -> list[dict]:
     return out
 
 
-def searches(explored: pd.DataFrame, best: pd.DataFrame) -> list[dict]:
-    """Architectures visited and the certificate of every search (strategy x model x HBM x N)."""
-    ex = explored[explored["strategy"].str.startswith("phaze-")]
-    out = []
-    keys = ["strategy", "model", "hbm_capacity_bytes", "devices"]
-    win = best[best["mode"] == "early_stop"].copy()
+def searches(best: pd.DataFrame) -> list[dict]:
+    """Every search's answer in the configured mode beside the early stop's (upstream's rule, from
+    the same tables): architecture, area, throughput (Phaze-Common: its score), the ratio of the
+    two, and each answer's certificate with what it covers (the whole space, or the buckets the
+    early stop visited) and how many architectures it refined or visited."""
+    keys = ["strategy", "common_score", "model", "hbm_capacity_bytes", "devices"]
+    best = best.copy()
+    best["common_score"] = best["common_score"].fillna("")
     # Phaze-Common's answer has one row per model (one arch); its search is model "*"
-    win.loc[win["strategy"] == "phaze-common", "model"] = "*"
-    win = win.sort_values("throughput_seq_s", ascending=False).drop_duplicates(keys)
-    win = win.set_index(keys)
-    for key, grp in ex.groupby(keys):
-        visited = grp[grp["visited"]]
-        row = win.loc[key] if key in win.index else None
-        if row is not None and key[0] == "phaze-common":
-            row = row.copy()
-            row["throughput_seq_s"] = row["search_score"]  # the mean over models
-        out.append(
-            {
-                "strategy": key[0],
-                "model": key[1],
-                "hbm_gib": key[2] / GIB,
-                "devices": int(key[3]),
-                "archs_visited": int(visited["arch"].nunique()),
-                "archs_with_ilp": int(visited.loc[visited["has_ilp"], "arch"].nunique()),
-                "last_bucket": int(visited["bucket"].max()) if len(visited) else -1,
-                "throughput_seq_s": None if row is None else float(row["throughput_seq_s"]),
-                "certified_gap": None if row is None else float(row["certified_gap"]),
+    common = best["strategy"] == "phaze-common"
+    best.loc[common, "model"] = "*"
+    best = best.drop_duplicates(keys + ["mode"])
+    modes = sorted(set(best["mode"]) - {"early_stop"})
+    out = []
+    for key, grp in best.groupby(keys, sort=True):
+        by_mode = grp.set_index("mode")
+        row = {
+            "strategy": key[0],
+            "common_score": key[1] or None,
+            "model": key[2],
+            "hbm_gib": key[3] / GIB,
+            "devices": int(key[4]),
+        }
+        for mode in modes + ["early_stop"]:
+            if mode not in by_mode.index:
+                continue
+            r = by_mode.loc[mode]
+            row[mode] = {
+                "arch": r["arch"],
+                "area_mm2": round(float(r["area_mm2"]), 3),
+                "score": float(r["search_score"]),
+                "certified_gap": float(r["certified_gap"]),
+                "space_gap": float(r["space_gap"]),
+                "archs_refined": int(r["archs_refined"]),
+                "archs_visited": int(r["archs_visited"]),
             }
-        )
+        if modes and modes[0] in row and "early_stop" in row:
+            row["ratio"] = row[modes[0]]["score"] / row["early_stop"]["score"]
+        out.append(row)
     return out
 
 
@@ -325,12 +335,16 @@ def main() -> int:
         ilp_instances_deepened=stats.get("ilp_instances_deepened"),
         archs_deepened=stats.get("archs_deepened"),
         archs_in_space=stats["archs_in_space"],
-        archs_computed=stats["archs_computed"],
+        archs_refined=stats["archs_refined"],
         archs_with_ilp=stats["archs_with_ilp"],
+        components_in_space=stats["components_in_space"],
+        components_refined=stats["components_refined"],
+        components_ilp=stats["components_ilp"],
         rounds_computed=stats["rounds_computed"],
-        rounds_total=stats["rounds_total"],
         certified_gap_max=stats.get("certified_gap_max"),
-        searches=searches(explored, best),
+        space_gap_max=stats.get("space_gap_max"),
+        no_answer=stats.get("no_answer"),
+        searches=searches(best),
     )
     args.out.mkdir(parents=True, exist_ok=True)
     suffix = f"_{args.name}" if args.name else ""
@@ -343,11 +357,31 @@ def main() -> int:
 
         from phaze.report.plots import make_figures
 
-        for name, fig in make_figures(best, cmp, explored, args.hbm_gib).items():
+        front = read_table(summary / "front.parquet", "front")
+        certified = read_table(summary / "certified.parquet", "certified")
+        mode = stats["settings"]["mode"]
+        figs = make_figures(best, cmp, explored, front, certified, mode, args.hbm_gib)
+        for name, fig in figs.items():
             fig.savefig(args.out / f"{name}{suffix}.png", dpi=110, bbox_inches="tight")
             plt.close(fig)
     keys = ["cpu_s_total", "cpu_h_total", "wall_s", "ilp_instances_solved", "certified_gap_max"]
     print(json.dumps({k: run.get(k) for k in keys}))
+    for row in run["searches"]:
+        mode = next((m for m in row if m not in ("early_stop",) and isinstance(row[m], dict)), None)
+        if mode is None:
+            continue
+        a, e = row[mode], row.get("early_stop")
+        name = row["model"] + (f" ({row['common_score']})" if row["common_score"] else "")
+        line = (
+            f"{row['strategy']:<16}{name:<24}{row['hbm_gib']:>4g} GiB  {mode}: {a['arch']} "
+            f"{a['area_mm2']:7.1f} mm2 {a['score']:12.6g} (cert {100 * a['certified_gap']:.2f} %)"
+        )
+        if e is not None:
+            line += (
+                f"  early_stop: {e['arch']} {e['area_mm2']:7.1f} mm2 {e['score']:12.6g}"
+                f"  ratio {row['ratio']:.4f}"
+            )
+        print(line)
     return 0
 
 

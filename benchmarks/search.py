@@ -147,7 +147,7 @@ def main() -> int:
     print(f"  ILP tier: {n_ilp} instances, {n_limited} hit the time limit, {solve:.1f} s in solves")
     print(
         f"  ILP instances solved: {stats['ilp_instances']}, avoided by pruning: "
-        f"{stats['ilp_instances_avoided_by_pruning']}; archs computed {stats['archs_computed']} "
+        f"{stats['ilp_instances_avoided_by_pruning']}; archs refined {stats['archs_refined']} "
         f"of {stats['archs_in_space']}, with ILP {stats['archs_with_ilp']}"
     )
 

@@ -75,14 +75,14 @@ def main() -> int:
         print(f"{rule:<16}{jobs[rule]:>6}{cpu[rule]:>10.1f}")
     keys = (
         "rounds_computed",
-        "rounds_total",
         "archs_in_space",
-        "archs_computed",
+        "archs_refined",
         "archs_with_ilp",
         "ilp_instances",
         "ilp_instances_avoided_by_pruning",
         "searches",
-        "searches_stopped_early",
+        "certified_gap_max",
+        "space_gap_max",
     )
     for k in keys:
         print(f"{k}: {stats.get(k)}")

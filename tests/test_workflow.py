@@ -273,6 +273,40 @@ def test_summary_tables_and_plots_are_nontrivial(run_dir):
             assert f.exists() and f.stat().st_size > 5_000, f
 
 
+def test_paper_artifact_script_reads_the_run(run_dir, tmp_path):
+    """benchmarks/paper.py on a finished run: every search's answer in both modes, the run's
+    counts and the figures, from the summary the workflow wrote (not a hand-made one)."""
+    res = run_dir["dir"] / "results"
+    out = tmp_path / "artifact"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "paper.py"), "--results", str(res)]
+        + ["--out", str(out), "--config", "config/test.yaml"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = json.loads((out / "run.json").read_text())
+    stats = json.loads((res / "summary" / "search_stats.json").read_text())
+    assert run["archs_refined"] == stats["archs_refined"] > 0
+    assert run["certified_gap_max"] == stats["certified_gap_max"]
+    best = pd.read_parquet(res / "summary" / "best.parquet")
+    keys = ["strategy", "common_score", "model", "hbm_capacity_bytes", "devices"]
+    per_search = best.fillna({"common_score": ""})
+    per_search.loc[per_search["strategy"] == "phaze-common", "model"] = "*"
+    assert len(run["searches"]) == len(per_search.drop_duplicates(keys)) > 0
+    for row in run["searches"]:
+        g, e = row["global"], row["early_stop"]
+        assert row["ratio"] == pytest.approx(g["score"] / e["score"])
+        # the early stop's answer is one of the architectures the global search covers
+        assert g["score"] * (1 + g["certified_gap"]) >= e["score"] * (1 - 1e-12)
+        assert g["archs_visited"] >= e["archs_visited"]
+    for name in ("area_throughput", "speedup"):
+        assert (out / f"{name}.png").stat().st_size > 10_000
+    assert len(proc.stdout.strip().splitlines()) == 1 + len(run["searches"])
+
+
 def _dry_run_jobs(work: Path, snakemake, *args: str) -> dict[str, int]:
     # targets first: --configfile takes every argument after it
     out = snakemake(work, *args, "-n", "--cores", "2", *CONFIG)
