@@ -234,3 +234,30 @@ def test_a_preset_with_the_old_hbm_key_names_the_new_one(tmp_path, monkeypatch):
             presets.load_preset("old")
     finally:
         presets._load.cache_clear()
+
+
+def _overlay(base: dict, top: dict) -> dict:
+    """Snakemake's merge of --configfile A B: B's keys update A's, section by section."""
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = (
+            _overlay(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+        )
+    return out
+
+
+def test_fine_grid_overlay_holds_the_paper_grid_and_8x_more():
+    from pathlib import Path
+
+    from phaze.arch.space import build_space
+
+    cfg = Path(__file__).resolve().parents[1] / "config"
+    paper = yaml.safe_load((cfg / "paper.yaml").read_text())
+    fine = _overlay(paper, yaml.safe_load((cfg / "paper-fine.yaml").read_text()))
+    assert set(fine) == set(paper) and fine["search"] == paper["search"]
+    coarse, _ = build_space(validate_config(paper))
+    finer, _ = build_space(validate_config(fine))
+    # every architecture of upstream's grid is in the fine one (same ids), so its answer can
+    # only be as fast or faster; and the space is at least 8x larger
+    assert set(coarse["arch"]) <= set(finer["arch"])
+    assert len(finer) >= 8 * len(coarse)
