@@ -138,6 +138,33 @@ def _check_consistency(config: dict) -> None:
             )
 
 
+# the keys of each form of place.network (the schema says which are required)
+_NETWORK_FORMS = {
+    "two_level": {"devices_per_node", "intra_node", "inter_node"},
+    "torus3d": {"cube", "pod", "link"},
+}
+
+
+def _check_network_form(network) -> None:
+    """place.network is one form or the other: a one-line error naming the topology or the keys
+    of the other form (the schema would report a missing key of the form it guessed)."""
+    if not isinstance(network, dict):
+        return
+    topology = network.get("topology", "two_level")
+    if topology not in _NETWORK_FORMS:
+        raise PhazeError(
+            f"config invalid at place/network/topology: unknown topology {topology!r} "
+            f"(known: {', '.join(_NETWORK_FORMS)})"
+        )
+    others = set().union(*(keys for t, keys in _NETWORK_FORMS.items() if t != topology))
+    mixed = sorted(others & set(network))
+    if mixed:
+        raise PhazeError(
+            f"config invalid at place/network: topology {topology!r} takes "
+            f"{', '.join(sorted(_NETWORK_FORMS[topology]))}, not {', '.join(mixed)}"
+        )
+
+
 def validate_config(config: dict) -> dict:
     """Validate in place (filling defaults) and return the config."""
     old = _renamed_key(config)
@@ -159,6 +186,7 @@ def validate_config(config: dict) -> dict:
             "config place.recompute lists recompute modes now, not on/off: write e.g. "
             "[none, selective, full] (false was none, true full)"
         )
+    _check_network_form((config.get("place") or {}).get("network"))
     bad = _non_finite(config)
     if bad:
         raise PhazeError(f"config invalid at {bad}: NaN and infinite numbers are not allowed")

@@ -261,3 +261,21 @@ def test_fine_grid_overlay_holds_the_paper_grid_and_8x_more():
     # only be as fast or faster; and the space is at least 8x larger
     assert set(coarse["arch"]) <= set(finer["arch"])
     assert len(finer) >= 8 * len(coarse)
+
+
+def test_ici_overlay_is_the_tpuv4_presets_torus_for_every_architecture():
+    from pathlib import Path
+
+    from phaze.arch.presets import load_preset
+
+    cfg = Path(__file__).resolve().parents[1] / "config"
+    paper = yaml.safe_load((cfg / "paper.yaml").read_text())
+    top = yaml.safe_load((cfg / "paper-ici.yaml").read_text())
+    ici = validate_config(_overlay(paper, top))
+    torus = dict(load_preset("tpuv4")["network"])
+    assert ici["place"]["network"] == torus
+    assert ici["place"]["preset_networks"] is False  # presets on it too
+    # only the network differs from the paper config
+    plain = validate_config(paper)
+    ici["place"]["network"] = None
+    assert ici == plain

@@ -423,6 +423,32 @@ def test_a_presets_network_is_used_for_its_architecture(inputs):
     assert flat.loc[("slow", 64), "time_per_batch_s"] == df.loc[("slow", 64), "time_per_batch_s"]
 
 
+@pytest.mark.parametrize(
+    "network, named",
+    [
+        ({"topology": "torus3d", "cube": [4, 4, 4], "pod": [16, 16, 16]}, "link"),
+        ({"topology": "mesh", "devices_per_node": 8}, "mesh"),
+        (
+            {"topology": "torus3d", "cube": [4, 4, 4], "pod": [16, 16, 16], "devices_per_node": 8}
+            | {"link": _level(4.5e10, 1e-6)},
+            "devices_per_node",
+        ),
+        (
+            {"topology": "torus3d", "cube": [4, 4], "pod": [16, 16, 16]}
+            | {"link": _level(4.5e10, 1e-6)},
+            "cube",
+        ),
+    ],
+)
+def test_a_bad_torus_place_network_is_one_line(inputs, capsys, network, named):
+    tmp_path, args = inputs
+    cfg = _with_place(tmp_path, "badtorus.yaml", network=network)
+    assert run_place(tmp_path, args, out="badtorus.parquet", config=cfg) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and named in err and "place/network" in err, err
+    assert not (tmp_path / "badtorus.parquet").exists()
+
+
 def test_invalid_network_config_is_an_error(inputs, capsys):
     tmp_path, args = inputs
     cfg = _with_place(
@@ -513,6 +539,32 @@ def _flat_and_consts():
     cm = cfg["costmodel"]
     net = HierarchicalNetwork.flat(LinkLevel(cm["link_bandwidth_Bps"], cm["link_latency_s"]), 64)
     return net, StepConstants.from_config(cfg["step"], cm["hbm_bandwidth_Bps"])
+
+
+def test_a_torus_place_network_is_the_presets_torus_for_grid_points(inputs):
+    """place.network with topology torus3d puts every grid point on that torus: the same rows as
+    the tpuv4 preset's own network gives the architecture that carries the preset's name."""
+    from phaze.arch.presets import load_preset
+
+    tmp_path, args = inputs
+    torus = load_preset("tpuv4")["network"]
+    space = read_table(tmp_path / "space.parquet", "space")
+    space.loc[space["arch"] == "fast", "preset"] = "tpuv4"
+    write_table(space, tmp_path / "space.parquet", "space")
+    assert run_place(tmp_path, args, config=_megatron_cfg(tmp_path), out="own.parquet") == 0
+    own = read_table(tmp_path / "own.parquet").set_index(["arch", "devices"])
+    cfg = _megatron_cfg(tmp_path, "torus.yaml", network=torus, preset_networks=False)
+    assert run_place(tmp_path, args, out="torus.parquet", config=cfg) == 0
+    grid = read_table(tmp_path / "torus.parquet").set_index(["arch", "devices"])
+    assert (grid["network"] == "config").all()
+    assert own.loc[("fast", 64), "network"] == "preset:tpuv4"
+    assert own.loc[("slow", 64), "network"] == "flat"
+    cols = ["time_per_batch_s", "pp", "tp", "dp", "microbatch"]
+    pd.testing.assert_frame_equal(own.loc[["fast"], cols], grid.loc[["fast"], cols])
+    # the other architecture moved from the flat link onto the torus
+    assert not np.allclose(
+        own.loc["slow", "time_per_batch_s"].to_numpy(), grid.loc["slow", "time_per_batch_s"]
+    )
 
 
 def test_megatron_rows_price_their_strategy_and_beat_the_expert(inputs):
