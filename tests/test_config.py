@@ -279,3 +279,16 @@ def test_ici_overlay_is_the_tpuv4_presets_torus_for_every_architecture():
     plain = validate_config(paper)
     ici["place"]["network"] = None
     assert ici == plain
+
+
+def test_reproduce_overlay_is_a_reduced_paper_sweep():
+    from pathlib import Path
+
+    cfg = Path(__file__).resolve().parents[1] / "config"
+    paper = yaml.safe_load((cfg / "paper.yaml").read_text())
+    small = validate_config(_overlay(paper, yaml.safe_load((cfg / "reproduce.yaml").read_text())))
+    full = validate_config(paper)
+    assert set(small["models"]) < set(full["models"])
+    assert small["place"]["hbm_gib"] == [32]
+    for section in ("trace", "arch", "costmodel", "schedule", "search", "step"):
+        assert small[section] == full[section], section

@@ -88,3 +88,30 @@ def test_search_benchmark_charges_every_rule_file_to_its_tier(tmp_path, monkeypa
     # SAMPLE's stage is "deep": its schedule and place jobs are ILP-tier costs
     assert cpu["schedule_ilp"] > 0 and cpu["place_ilp"] > 0
     assert "schedule_deep" not in cpu and cpu["schedule_bounds"] > 0
+
+
+def _reproduce():
+    spec = importlib.util.spec_from_file_location("reproduce", REPO / "benchmarks" / "reproduce.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_reproduce_refuses_a_missing_config(capsys):
+    assert _reproduce().main(["--configfile", "config/no-such.yaml"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "config/no-such.yaml" in err
+
+
+def test_reproduce_digests_tell_files_apart(tmp_path):
+    mod = _reproduce()
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+        (d / "best.parquet").write_bytes(b"same")
+        (d / "search_stats.json").write_text("{}")
+    assert mod.digests(a) == mod.digests(b)
+    (b / "search_stats.json").write_text("{ }")
+    da, db = mod.digests(a), mod.digests(b)
+    assert da["best.parquet"] == db["best.parquet"]
+    assert da["search_stats.json"] != db["search_stats.json"]
