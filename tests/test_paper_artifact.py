@@ -115,3 +115,58 @@ def test_reproduce_digests_tell_files_apart(tmp_path):
     da, db = mod.digests(a), mod.digests(b)
     assert da["best.parquet"] == db["best.parquet"]
     assert da["search_stats.json"] != db["search_stats.json"]
+
+
+def _network_study():
+    spec = importlib.util.spec_from_file_location(
+        "network_study", REPO / "benchmarks" / "network_study.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_network_study_overlay_is_the_ici_torus_at_the_given_bandwidth():
+    import yaml
+
+    from phaze.config import validate_config
+
+    mod = _network_study()
+    top = mod.overlay(["opt-350m"], [32.0], 16e9)
+    cfg = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
+    cfg["models"] = top["models"]
+    cfg["place"].update(top["place"])
+    net = validate_config(cfg)["place"]["network"]
+    ici = yaml.safe_load((REPO / "config" / "paper-ici.yaml").read_text())["place"]["network"]
+    assert net["link"]["bandwidth_Bps"] == 16e9
+    assert {k: v for k, v in net.items() if k != "link"} == {
+        k: v for k, v in ici.items() if k != "link"
+    }
+    assert net["link"]["latency_s"] == ici["link"]["latency_s"]
+
+
+def test_network_study_collates_every_point_model_and_strategy(tmp_path):
+    import pandas as pd
+
+    mod = _network_study()
+    points = {}
+    for gbps in (4.0, 45.0):
+        d = tmp_path / f"p{gbps:g}" / "summary"
+        d.mkdir(parents=True)
+        rows = []
+        for model in ("m1", "m2"):
+            for strategy in ("phaze-per-model", "tpuv4-phaze", "tpuv4-expert", "placement-blind"):
+                for devices in (512, 1024):
+                    rows.append(
+                        {c: 1 for c in mod.COLUMNS if c not in ("link_GBps", "model", "strategy")}
+                        | {"model": model, "strategy": strategy, "devices": devices}
+                        | {"throughput_seq_s": gbps * devices + (strategy == "tpuv4-phaze")}
+                    )
+        pd.DataFrame(rows).to_parquet(d / "comparison.parquet")
+        points[gbps] = d
+    table = mod.collate(points)
+    assert len(table) == 2 * 2 * 3  # points x models x drawn strategies, largest cluster only
+    assert set(table["strategy"]) == set(mod.STRATEGIES)
+    assert (table["throughput_seq_s"] >= 4.0 * 1024).all()
+    fig = mod.figure(table, 4.29)
+    assert len(fig.axes) == 2 and all(len(ax.lines) == 4 for ax in fig.axes)

@@ -1,0 +1,160 @@
+"""The chosen architecture and the TPUv4 baselines against the interconnect's link bandwidth.
+
+    .venv/bin/python benchmarks/network_study.py --workdir DIR \
+        [--models opt-350m llama2-7b gpt3-175b] [--link-gbps 4 16 45 100] [--hbm-gib 32] [--jobs 2]
+
+For each link bandwidth, a copy of the committed tree (``git archive HEAD``, .venv linked) runs
+the paper sweep on TPU v4's torus (`config/paper.yaml` + `config/paper-ici.yaml`) with that
+bandwidth per link and direction, the given models and HBM size, and everything else unchanged:
+a new global search at every point, so the architecture may change with the network. A point
+whose `results/summary/` exists is not run again (re-running the script resumes). Then
+`DIR/network_study.csv` (one row per point, model and strategy: throughput, MFU, architecture,
+placement) and `DIR/network_study.png` (per model, Phaze-Per-Model's and the TPUv4 baselines'
+throughput against the link bandwidth, the flat 4 GiB/s link of upstream's config marked), and
+each point's CPU time from its jobs' `benchmark:` files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+#: the strategies the figure draws, and how
+STRATEGIES = {
+    "phaze-per-model": ("Phaze-Per-Model (re-searched)", "C0", "o-"),
+    "tpuv4-phaze": ("TPUv4, our placement", "k", "s--"),
+    "tpuv4-expert": ("TPUv4, expert placement", "0.5", "D:"),
+}
+COLUMNS = [
+    "link_GBps",
+    "model",
+    "strategy",
+    "throughput_seq_s",
+    "mfu",
+    "arch",
+    "area_mm2",
+    "pp",
+    "tp",
+    "dp",
+    "microbatch",
+    "certified_gap",
+]
+
+
+def overlay(models: list[str], hbm_gib: list[float], link_Bps: float) -> dict:
+    """The config overlay of one point: config/paper-ici.yaml's torus at ``link_Bps``."""
+    ici = yaml.safe_load((REPO / "config" / "paper-ici.yaml").read_text())
+    net = ici["place"]["network"]
+    net["link"] = {**net["link"], "bandwidth_Bps": float(link_Bps)}
+    return {"models": list(models), "place": {"hbm_gib": list(hbm_gib), "network": net}}
+
+
+def collate(points: dict[float, Path]) -> pd.DataFrame:
+    """One row per (link bandwidth, model, strategy) from each point's comparison table (the
+    largest cluster size)."""
+    frames = []
+    for gbps, summary in sorted(points.items()):
+        cmp = pd.read_parquet(summary / "comparison.parquet")
+        cmp = cmp[cmp["devices"] == cmp["devices"].max()]
+        cmp = cmp[cmp["strategy"].isin(list(STRATEGIES))].copy()
+        cmp.insert(0, "link_GBps", gbps)
+        frames.append(cmp)
+    if not frames:
+        raise SystemExit("network_study: no finished point")
+    out = pd.concat(frames, ignore_index=True)
+    return out[COLUMNS].sort_values(["model", "strategy", "link_GBps"]).reset_index(drop=True)
+
+
+def figure(table: pd.DataFrame, flat_GBps: float | None = None):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(table["model"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.6), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        mine = table[table["model"] == model]
+        for strategy, (label, color, style) in STRATEGIES.items():
+            s = mine[mine["strategy"] == strategy].sort_values("link_GBps")
+            if len(s):
+                ax.plot(s["link_GBps"], s["throughput_seq_s"], style, color=color, label=label)
+        if flat_GBps is not None:
+            ax.axvline(flat_GBps, color="C3", lw=0.8, ls=":", label="upstream's flat link")
+        ax.set_xscale("log")
+        ax.set_xlabel("ICI link bandwidth per direction (GB/s)")
+        ax.set_ylabel("throughput (seq/s)")
+        ax.set_title(model)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7)
+    fig.suptitle("1,024 accelerators on TPU v4's 3D torus: throughput against link bandwidth")
+    fig.tight_layout()
+    return fig
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workdir", type=Path, required=True)
+    ap.add_argument("--models", nargs="+", default=["opt-350m", "llama2-7b", "gpt3-175b"])
+    ap.add_argument("--link-gbps", nargs="+", type=float, default=[4.0, 16.0, 45.0, 100.0])
+    ap.add_argument("--hbm-gib", nargs="+", type=float, default=[32.0])
+    ap.add_argument("--jobs", type=int, default=2)
+    args = ap.parse_args(argv)
+    if any(b <= 0 for b in args.link_gbps):
+        print("network_study: --link-gbps must be positive", file=sys.stderr)
+        return 2
+    reproduce = _load("reproduce")
+    paper = _load("paper")
+    points = {}
+    for gbps in args.link_gbps:
+        d = args.workdir / f"link_{gbps:g}GBps"
+        summary = d / "results" / "summary"
+        if not (summary / "comparison.parquet").is_file():
+            if not d.exists():
+                reproduce.checkout(d)
+            cfg = overlay(args.models, args.hbm_gib, gbps * 1e9)
+            (d / "config" / "network-study.yaml").write_text(yaml.safe_dump(cfg))
+            cmd = ["bash", "scripts/run.sh", "--configfile", "config/paper.yaml"]
+            cmd += ["config/network-study.yaml", "-j", str(args.jobs)]
+            with open(d / "run.log", "a") as log:
+                proc = subprocess.run(cmd, check=False, cwd=d, stdout=log, stderr=subprocess.STDOUT)
+            rc = proc.returncode
+            if rc != 0:
+                where = d / "run.log"
+                print(
+                    f"network_study: the run at {gbps:g} GB/s failed; log: {where}", file=sys.stderr
+                )
+                return 2
+        cpu, _jobs = paper.job_cpu(d / "results", 0.0)
+        print(f"{gbps:g} GB/s: {sum(cpu.values()):.0f} CPU-s of jobs")
+        points[gbps] = summary
+    table = collate(points)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.workdir / "network_study.csv", index=False)
+    flat = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())["costmodel"]
+    fig = figure(table, flat["link_bandwidth_Bps"] / 1e9)
+    fig.savefig(args.workdir / "network_study.png", dpi=110, bbox_inches="tight")
+    with pd.option_context("display.width", 200, "display.max_rows", 200):
+        print(table.to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
