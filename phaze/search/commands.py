@@ -17,7 +17,7 @@ from phaze.errors import PhazeError
 from phaze.io import read_table, write_json_atomic, write_table
 from phaze.search.baselines import placement_blind_choice
 from phaze.search.dominance import edges_of, scope_edges
-from phaze.search.files import load_manifest, load_place, load_space
+from phaze.search.files import check_memory, load_manifest, load_place, load_space
 from phaze.search.plan import make_plan, n_rounds
 from phaze.search.progress import jobs_cpu_seconds, progress_line, round_progress
 from phaze.search.rounds import COMPONENT_COLUMNS, select, solve_selection, walk_prior_states
@@ -69,6 +69,7 @@ class RoundInputs:
         doc = load_manifest(args.manifest, ("space", "place"))
         if not doc["space"]:
             raise PhazeError(f"round {args.round}: no space bounds in {args.manifest}")
+        check_memory(doc["space"], f"search round {args.round}")
         self.space = load_space(doc["space"])
         self.edges = edges_of(self.space)
         self.models = sorted(self.space["model"].astype(str).unique())
@@ -279,6 +280,7 @@ def summarize(args: argparse.Namespace) -> int:
     if not doc["place"]:
         raise PhazeError(f"summarize: no placement files in {args.manifest}")
     last = max(e["round"] for e in doc["place"])
+    check_memory(doc["space"], "search summary")
     place = load_place(doc["place"])
     bounds = load_space(doc["space"])
     blind_place = load_place(doc["blind_place"])

@@ -3,6 +3,8 @@ with the round and tier each holds; nothing is read from a file's name."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
 from phaze.errors import PhazeError
@@ -76,3 +78,81 @@ def load_space(entries: list[dict]) -> pd.DataFrame:
             ]
         )
     return pd.concat(frames, ignore_index=True)
+
+
+#: peak resident bytes of a round step per component of the space: `search select` on round 0 of
+#: config/paper.yaml peaks at 3.85 GB for 2,823,744 components (benchmarks/README.md, "Memory of
+#: a round step on the paper grid"); the step holds every component in string-keyed tables, so
+#: its memory grows with their number
+BYTES_PER_COMPONENT = 1360
+#: a cgroup limit at least this large is "no limit" (cgroup v1 reports 2^63 rounded to a page)
+_NO_LIMIT = 2**60
+
+
+def _cgroup_limit(proc: Path, cgroup_root: Path) -> int | None:
+    """This process's cgroup memory limit (v2 ``memory.max``, v1 ``memory.limit_in_bytes``)."""
+    try:
+        lines = (proc / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        rel = path.lstrip("/")
+        if controllers == "":
+            candidates = [
+                cgroup_root / rel / "memory.max",
+                cgroup_root / "unified" / rel / "memory.max",
+            ]
+        elif "memory" in controllers.split(","):
+            candidates = [cgroup_root / "memory" / rel / "memory.limit_in_bytes"]
+        else:
+            continue
+        for f in candidates:
+            try:
+                text = f.read_text().strip()
+            except OSError:
+                continue
+            if text.isdigit() and int(text) < _NO_LIMIT:
+                limits.append(int(text))
+    return min(limits) if limits else None
+
+
+def available_memory_bytes(proc: Path = Path("/proc"), cgroup_root: Path = Path("/sys/fs/cgroup")):
+    """The memory a step may take: the smaller of the machine's MemAvailable and the process's
+    cgroup limit (a SLURM job's); None when neither can be read (no check then)."""
+    found = []
+    try:
+        for line in (proc / "meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    limit = _cgroup_limit(proc, cgroup_root)
+    if limit is not None:
+        found.append(limit)
+    return min(found) if found else None
+
+
+def check_memory(entries: list[dict], step: str, available: int | None = None) -> int:
+    """Refuse, before loading anything, a round step whose components (the space bounds' rows)
+    would need more memory than there is: one line with the count, the need and what is
+    available, instead of the kernel's out-of-memory kill halfway. Returns the count."""
+    import pyarrow.parquet as pq
+
+    n = 0
+    for e in entries:
+        try:
+            n += pq.read_metadata(e["path"]).num_rows
+        except OSError:
+            continue  # read_table names a missing or unreadable file next
+    available = available_memory_bytes() if available is None else available
+    need = n * BYTES_PER_COMPONENT
+    if available is not None and need > available:
+        raise PhazeError(
+            f"{step}: the space has {n:,} components (architectures x models x microbatches x "
+            f"HBM sizes x cluster sizes), about {need / 1e9:.1f} GB at {BYTES_PER_COMPONENT} B "
+            f"each, and {available / 1e9:.1f} GB is available: use a smaller space or fewer "
+            "models, microbatches or HBM sizes"
+        )
+    return n
