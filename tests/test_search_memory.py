@@ -76,3 +76,29 @@ def test_available_memory_is_the_smaller_of_machine_and_cgroup(tmp_path, cgroup_
 
 def test_nothing_readable_means_no_check(tmp_path):
     assert available_memory_bytes(tmp_path / "none", tmp_path / "none") is None
+
+
+def test_plan_refuses_a_space_the_rounds_cannot_hold(tmp_path, monkeypatch, capsys):
+    """`phaze search plan` (the first search job) counts architectures x models x microbatches x
+    HBM sizes x cluster sizes of the config and stops the run before any job if a round step
+    could not hold them."""
+    from phaze.cli import main
+    from phaze.config import load_config
+    from phaze.io import read_table
+    from phaze.search import files
+
+    space = tmp_path / "space.parquet"
+    assert main(["arch", "--out", str(space)]) == 0
+    cfg = load_config(None)
+    n = len(read_table(space, "space")) * len(cfg["models"]) * len(cfg["trace"]["microbatch"])
+    n *= len(cfg["place"]["hbm_gib"]) * len(cfg["place"]["devices"])
+    args = ["search", "plan", "--space", str(space), "--out", str(tmp_path / "plan.parquet")]
+    monkeypatch.setattr(files, "available_memory_bytes", lambda: n * BYTES_PER_COMPONENT)
+    assert main(args) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(files, "available_memory_bytes", lambda: n * BYTES_PER_COMPONENT - 1)
+    (tmp_path / "plan.parquet").unlink()
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{n:,} components" in err, err
+    assert not (tmp_path / "plan.parquet").exists()

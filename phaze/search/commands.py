@@ -17,7 +17,7 @@ from phaze.errors import PhazeError
 from phaze.io import read_table, write_json_atomic, write_table
 from phaze.search.baselines import placement_blind_choice
 from phaze.search.dominance import edges_of, scope_edges
-from phaze.search.files import check_memory, load_manifest, load_place, load_space
+from phaze.search.files import check_components, check_memory, load_manifest, load_place, load_space
 from phaze.search.plan import make_plan, n_rounds
 from phaze.search.progress import jobs_cpu_seconds, progress_line, round_progress
 from phaze.search.rounds import COMPONENT_COLUMNS, select, solve_selection, walk_prior_states
@@ -40,6 +40,12 @@ def plan(args: argparse.Namespace) -> int:
     config = _config(args)
     cfg = config["search"]
     space = read_table(args.space, "space")
+    # the rounds will hold every component: refuse a space they cannot hold before any job runs
+    per_arch = [config["models"], config["trace"]["microbatch"], config["place"]["hbm_gib"]]
+    check_components(
+        len(space) * int(np.prod([len(x) for x in per_arch])) * len(config["place"]["devices"]),
+        "search plan",
+    )
     df = make_plan(
         space,
         cfg["bucket_width_mm2"],

@@ -134,10 +134,24 @@ def available_memory_bytes(proc: Path = Path("/proc"), cgroup_root: Path = Path(
     return min(found) if found else None
 
 
+def check_components(n: int, step: str, available: int | None = None) -> None:
+    """Refuse a round step over ``n`` components that would need more memory than there is: one
+    line with the count, the need and what is available, instead of the kernel's out-of-memory
+    kill halfway."""
+    available = available_memory_bytes() if available is None else available
+    need = n * BYTES_PER_COMPONENT
+    if available is not None and need > available:
+        raise PhazeError(
+            f"{step}: the space has {n:,} components (architectures x models x microbatches x "
+            f"HBM sizes x cluster sizes), about {need / 1e9:.1f} GB at {BYTES_PER_COMPONENT} B "
+            f"each for a round step, and {available / 1e9:.1f} GB is available: use a smaller "
+            "space or fewer models, microbatches or HBM sizes"
+        )
+
+
 def check_memory(entries: list[dict], step: str, available: int | None = None) -> int:
-    """Refuse, before loading anything, a round step whose components (the space bounds' rows)
-    would need more memory than there is: one line with the count, the need and what is
-    available, instead of the kernel's out-of-memory kill halfway. Returns the count."""
+    """:func:`check_components` on the rows of the space bounds listed (their metadata only,
+    before anything is loaded). Returns the count."""
     import pyarrow.parquet as pq
 
     n = 0
@@ -146,13 +160,5 @@ def check_memory(entries: list[dict], step: str, available: int | None = None) -
             n += pq.read_metadata(e["path"]).num_rows
         except OSError:
             continue  # read_table names a missing or unreadable file next
-    available = available_memory_bytes() if available is None else available
-    need = n * BYTES_PER_COMPONENT
-    if available is not None and need > available:
-        raise PhazeError(
-            f"{step}: the space has {n:,} components (architectures x models x microbatches x "
-            f"HBM sizes x cluster sizes), about {need / 1e9:.1f} GB at {BYTES_PER_COMPONENT} B "
-            f"each, and {available / 1e9:.1f} GB is available: use a smaller space or fewer "
-            "models, microbatches or HBM sizes"
-        )
+    check_components(n, step, available)
     return n
