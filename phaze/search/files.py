@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 
 from phaze.errors import PhazeError
 from phaze.io.manifest import read_manifest
@@ -152,8 +153,6 @@ def check_components(n: int, step: str, available: int | None = None) -> None:
 def check_memory(entries: list[dict], step: str, available: int | None = None) -> int:
     """:func:`check_components` on the rows of the space bounds listed (their metadata only,
     before anything is loaded). Returns the count."""
-    import pyarrow.parquet as pq
-
     n = 0
     for e in entries:
         try:
