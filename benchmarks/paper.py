@@ -352,6 +352,7 @@ def main() -> int:
     table = comparison_table(cmp)
     table.to_csv(args.out / f"comparison{suffix}.csv", index=False)
     (args.out / f"claims{suffix}.json").write_text(json.dumps(claims(table), indent=1) + "\n")
+    mode = stats["settings"]["mode"]  # the configured search mode, beside the early stop
     if not args.no_figures:
         import matplotlib.pyplot as plt
 
@@ -359,7 +360,6 @@ def main() -> int:
 
         front = read_table(summary / "front.parquet", "front")
         certified = read_table(summary / "certified.parquet", "certified")
-        mode = stats["settings"]["mode"]
         figs = make_figures(best, cmp, explored, front, certified, mode, args.hbm_gib)
         for name, fig in figs.items():
             fig.savefig(args.out / f"{name}{suffix}.png", dpi=110, bbox_inches="tight")
@@ -367,8 +367,7 @@ def main() -> int:
     keys = ["cpu_s_total", "cpu_h_total", "wall_s", "ilp_instances_solved", "certified_gap_max"]
     print(json.dumps({k: run.get(k) for k in keys}))
     for row in run["searches"]:
-        mode = next((m for m in row if m not in ("early_stop",) and isinstance(row[m], dict)), None)
-        if mode is None:
+        if mode == "early_stop" or mode not in row:
             continue
         a, e = row[mode], row.get("early_stop")
         name = row["model"] + (f" ({row['common_score']})" if row["common_score"] else "")

@@ -35,6 +35,7 @@ import yaml
 
 from phaze.arch.presets import PRESET_DIR, list_presets
 from phaze.errors import PhazeError
+from phaze.network import NETWORK_FORMS
 from phaze.paths import REPO_ROOT
 
 SCHEMA_PATH = REPO_ROOT / "config" / "schema.yaml"
@@ -138,30 +139,23 @@ def _check_consistency(config: dict) -> None:
             )
 
 
-# the keys of each form of place.network (the schema says which are required)
-_NETWORK_FORMS = {
-    "two_level": {"devices_per_node", "intra_node", "inter_node"},
-    "torus3d": {"cube", "pod", "link"},
-}
-
-
 def _check_network_form(network) -> None:
     """place.network is one form or the other: a one-line error naming the topology or the keys
     of the other form (the schema would report a missing key of the form it guessed)."""
     if not isinstance(network, dict):
         return
     topology = network.get("topology", "two_level")
-    if topology not in _NETWORK_FORMS:
+    if topology not in NETWORK_FORMS:
         raise PhazeError(
             f"config invalid at place/network/topology: unknown topology {topology!r} "
-            f"(known: {', '.join(_NETWORK_FORMS)})"
+            f"(known: {', '.join(NETWORK_FORMS)})"
         )
-    others = set().union(*(keys for t, keys in _NETWORK_FORMS.items() if t != topology))
+    others = set().union(*(keys for t, keys in NETWORK_FORMS.items() if t != topology))
     mixed = sorted(others & set(network))
     if mixed:
         raise PhazeError(
             f"config invalid at place/network: topology {topology!r} takes "
-            f"{', '.join(sorted(_NETWORK_FORMS[topology]))}, not {', '.join(mixed)}"
+            f"{', '.join(sorted(NETWORK_FORMS[topology]))}, not {', '.join(mixed)}"
         )
 
 

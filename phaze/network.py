@@ -720,6 +720,14 @@ class TorusNetwork(_Collectives):
 Network = HierarchicalNetwork | TorusNetwork
 
 
+#: the forms of a ``network:`` section (a preset's, or config ``place.network``): each topology
+#: and its keys
+NETWORK_FORMS = {
+    "two_level": ("devices_per_node", "intra_node", "inter_node"),
+    "torus3d": ("cube", "pod", "link"),
+}
+
+
 def network_from_section(network: dict, devices: int, where: str = "preset network") -> Network:
     """A preset's (or config place's) ``network:`` section: ``topology: torus3d`` (cube, pod,
     link) for a job of ``devices`` chips, or the default two-level form (devices_per_node,
@@ -729,8 +737,8 @@ def network_from_section(network: dict, devices: int, where: str = "preset netwo
     topology = network.get("topology", "two_level")
     if topology == "torus3d":
         return TorusNetwork.for_devices(network, devices, where)
-    if topology != "two_level":
-        raise PhazeError(f"{where}: unknown topology {topology!r} (two_level or torus3d)")
+    if topology not in NETWORK_FORMS:
+        raise PhazeError(f"{where}: unknown topology {topology!r} ({' or '.join(NETWORK_FORMS)})")
     return HierarchicalNetwork.from_preset(
         {k: v for k, v in network.items() if k != "topology"}, where
     )

@@ -458,16 +458,16 @@ class _Fit:
     tail_floor: float = 0.0
     tail_parts: tuple | None = None
 
-    def reach(self, schedule: PipelineSchedule, blocks: int, hbm_capacity_bytes: float):
-        """Take the memory check and the tail's floor; returns the tail's untimed parts the
-        floor was taken from (None: no split fits), for a solve that follows at once."""
+    def reach(self, schedule: PipelineSchedule, blocks: int, hbm_capacity_bytes: float) -> None:
+        """Take the memory check, the tail's untimed parts (kept for every solve of the job's
+        architectures) and the tail's floor taken from them; ``allowed`` None: no split fits."""
         self.reached = True
         self.allowed = allowed_blocks(self.terms, schedule, blocks, hbm_capacity_bytes)
-        if self.allowed is None:
-            return None
-        parts = self.terms.untimed_tail(self.allowed[0])
-        self.tail_floor = tail_floor(self.terms, self.allowed[1], schedule.chunks, parts)
-        return parts
+        if self.allowed is not None:
+            self.tail_parts = self.terms.untimed_tail(self.allowed[0])
+            self.tail_floor = tail_floor(
+                self.terms, self.allowed[1], schedule.chunks, self.tail_parts
+            )
 
 
 @dataclass
@@ -539,9 +539,8 @@ def optimize(
     for key, order, bound, cfg, fit, chain in todo:
         if key > best_key[0]:
             break
-        parts = None
         if not fit.reached:
-            parts = fit.reach(cfg.schedule, L, hbm_capacity_bytes)
+            fit.reach(cfg.schedule, L, hbm_capacity_bytes)
             if fit.allowed is None:
                 result.infeasible["does not fit in memory"] += 1
                 continue
@@ -549,8 +548,6 @@ def optimize(
                 continue  # the floor it now has: no split of it can beat the best
         result.solved += 1
         terms = fit.terms.retimed(chain)
-        if fit.tail_parts is None:  # kept for the job's other architectures once solved
-            fit.tail_parts = parts or fit.terms.untimed_tail(fit.allowed[0])
         time_s, stages = solve_split(
             terms, cfg.schedule, L, hbm_capacity_bytes, fit.allowed, fit.tail_parts
         )

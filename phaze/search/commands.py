@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 from pathlib import Path
 
@@ -41,11 +42,9 @@ def plan(args: argparse.Namespace) -> int:
     cfg = config["search"]
     space = read_table(args.space, "space")
     # the rounds will hold every component: refuse a space they cannot hold before any job runs
-    per_arch = [config["models"], config["trace"]["microbatch"], config["place"]["hbm_gib"]]
-    check_components(
-        len(space) * int(np.prod([len(x) for x in per_arch])) * len(config["place"]["devices"]),
-        "search plan",
-    )
+    place = config["place"]
+    axes = (config["models"], config["trace"]["microbatch"], place["hbm_gib"], place["devices"])
+    check_components(len(space) * math.prod(len(a) for a in axes), "search plan")
     df = make_plan(
         space,
         cfg["bucket_width_mm2"],
