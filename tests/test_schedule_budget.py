@@ -102,3 +102,92 @@ def test_core_count_far_above_the_op_count_changes_nothing_and_costs_no_memory(t
     assert res["makespan_s"] == pytest.approx(a.makespan_s, rel=1e-6)
     intra_tc = any(s["intra_op"] and s["tc_cores"] for s in res["schedule"])
     assert intra_tc and res["peak_tc"] == 10**9  # all of them busy, none allocated
+
+
+class _Spy:
+    """Records the deadline (monotonic end) each solver step of a segment is handed; the worker
+    is replaced by one that proves nothing and reports ``status``."""
+
+    def __init__(self, monkeypatch, status="open", lns_sleep_s=0.0):
+        import phaze.schedule.solve as solve_mod
+        from phaze.schedule.ilp import IlpOutcome
+
+        self.ends: dict[str, list[float]] = {}  # the deadline handed to each call of a step
+        self.spans: dict[str, list[float]] = {}  # its seconds from the call
+        self.fit_s: list = []
+
+        def record(name, deadline):
+            self.ends.setdefault(name, []).append(deadline.end)
+            self.spans.setdefault(name, []).append(deadline.end - time.monotonic())
+
+        bnb, lns, lists = (
+            solve_mod.branch_and_bound,
+            solve_mod.large_neighbourhood_search,
+            solve_mod.best_list_schedule,
+        )
+
+        def spy_bnb(inst, sched, gap, deadline, work):
+            record("bnb", deadline)
+            return bnb(inst, sched, gap, deadline, work)
+
+        def spy_lns(inst, sched, deadline, work):
+            record("lns", deadline)
+            time.sleep(lns_sleep_s)
+            return lns(inst, sched, deadline, work)
+
+        def spy_list(inst, **kw):
+            record("list", kw["deadline"])
+            return lists(inst, **kw)
+
+        def spy_worker(_self, inst, warm, lb, time_limit_s, *args, **stages):
+            self.ends.setdefault("worker", []).append(time.monotonic() + time_limit_s)
+            self.fit_s.append(stages["fit_s"])
+            return IlpOutcome(status, None, None, None, 0.0, (), 0.0)
+
+        monkeypatch.setattr(solve_mod, "branch_and_bound", spy_bnb)
+        monkeypatch.setattr(solve_mod, "large_neighbourhood_search", spy_lns)
+        monkeypatch.setattr(solve_mod, "best_list_schedule", spy_list)
+        monkeypatch.setattr(solve_mod.SolverWorker, "solve", spy_worker)
+
+
+def test_work_bound_solves_give_every_step_the_whole_safety_net(monkeypatch):
+    # with both node limits set, each step ends on its own work allowance: no step may get a
+    # share of the clock, which on a slower or busier machine would bind before the node limits
+    # and change the answer (the defect benchmarks/reproduce.py found)
+    inst = random_dag(40, seed=5, n_tc=2, n_vc=2)
+    spy = _Spy(monkeypatch)
+    limit = 600.0
+    t0 = time.monotonic()
+    with Scheduler(Options(time_limit_s=limit, node_limit=50, bnb_node_limit=20000)) as sch:
+        r = sch.solve(inst)
+    assert {"list", "bnb", "lns", "worker"} <= set(spy.ends), spy.ends  # every step ran
+    for step, ends in spy.ends.items():
+        for end in ends:
+            assert end >= t0 + limit - 30, (step, end - t0)  # the whole net, less time spent
+    assert spy.fit_s and all(f == limit for f in spy.fit_s)  # the model test reads the config
+    assert r.status in ("time_limit", "node_limit", "gap_limit", "optimal")
+
+
+def test_clock_bound_solves_share_the_time_limit(monkeypatch):
+    # the contrast: without node limits the clock is the only budget, and the steps share it
+    inst = random_dag(40, seed=5, n_tc=2, n_vc=2)
+    spy = _Spy(monkeypatch)
+    limit = 2.0
+    with Scheduler(Options(time_limit_s=limit, node_limit=0, bnb_node_limit=0)) as sch:
+        sch.solve(inst)
+    assert spy.spans["list"][0] <= 0.5 * limit + 1e-6  # half of the segment's time
+    assert spy.spans["bnb"][0] <= 0.02 * limit + 1e-6  # the short probe's 2 %
+    assert spy.spans["lns"][0] <= 0.4 * limit + 1e-6
+    assert spy.fit_s and all(f is None for f in spy.fit_s)
+
+
+def test_a_work_bound_solve_cut_by_the_safety_net_says_so(monkeypatch):
+    # the clock cut the large-neighbourhood search short, then the (stub) solver reported its
+    # node limit: the answer depends on the machine, and its status must say time_limit
+    inst = random_dag(40, seed=5, n_tc=2, n_vc=2)
+    spy = _Spy(monkeypatch, status="node_limit", lns_sleep_s=1.2)
+    with Scheduler(Options(time_limit_s=1.0, node_limit=50, bnb_node_limit=20000)) as sch:
+        r = sch.solve(inst)
+    assert "lns" in spy.ends
+    assert r.status == "time_limit"
+    assert verify(inst, r.schedule, 1e-12) == []

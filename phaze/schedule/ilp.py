@@ -144,6 +144,7 @@ def solve_once(
     mode_bound: bool = True,
     kicks: int = KICKS,
     full: bool = True,
+    fit_s: float | None = None,
 ) -> IlpOutcome:
     """One ILP solve within ``time_limit_s`` (and before the monotonic time ``end``, if given:
     the caller's deadline, which also covers the worker's start-up). First (``mode_bound``) the
@@ -152,7 +153,12 @@ def solve_once(
     mode kicks (``kick_modes``) try to shorten the warm start, which is again returned if it is
     then within ``mip_gap`` of the bound; else (``full``) the full model starts from it. Without
     ``full`` the call ends after the kicks: status ``open``, the (kicked) warm start returned
-    with the bound, and the mode bound and the kicks split the whole time limit (60 / 40 %)."""
+    with the bound, and the mode bound and the kicks split the whole time limit (60 / 40 %).
+
+    ``fit_s`` (a work-bound solve, solve.py ``Options.work_bound``): no step takes a share of the
+    clock, each ends on its node limit or kick count, and whether the model is built at all is
+    decided against ``fit_s`` seconds (the configured limit), not the time left; the clock
+    (``time_limit_s``, ``end``) is only a safety net."""
     import pyomo.environ as pyo  # deferred: pyomo is heavy (light commands never solve)
 
     t0 = time.perf_counter()
@@ -164,6 +170,9 @@ def solve_once(
     bound = 0.0
     status = "no_solution"
     work = [0, 0]  # SCIP nodes, LP iterations
+
+    def time_left():
+        return stop - time.monotonic() if fit_s is None else fit_s
 
     def proven():
         return ub - max(bound, lb) <= mip_gap * ub
@@ -182,9 +191,9 @@ def solve_once(
             method="list",
         )
 
-    if mode_bound and ilp_fits(inst, stop - time.monotonic()):
+    if mode_bound and ilp_fits(inst, time_left()):
         share = _MODE_BOUND_SHARE if full else _MODE_BOUND_SHARE_ALONE
-        budget = share * (stop - time.monotonic())
+        budget = (share if fit_s is None else 1.0) * (stop - time.monotonic())
         res, _st = _scip(
             mode_bound_model(inst, ub, lb, incumbent_y=warm.y),
             budget,
@@ -200,7 +209,8 @@ def solve_once(
             return warm_outcome()
         lb = max(lb, bound)
     if kicks:
-        kick_deadline = Deadline.at(stop).share(_KICK_SHARE) if full else Deadline.at(stop)
+        shared = full and fit_s is None
+        kick_deadline = Deadline.at(stop).share(_KICK_SHARE) if shared else Deadline.at(stop)
         kicked = kick_modes(inst, warm, kicks, seed, kick_deadline)
         if kicked.makespan(inst) < ub:
             warm, ub = kicked, kicked.makespan(inst)
@@ -213,7 +223,7 @@ def solve_once(
         out.status = "open"
         return out
     while True:
-        if not ilp_fits(inst, stop - time.monotonic()):
+        if not ilp_fits(inst, time_left()):
             status = "time_limit"
             break
         tb = time.monotonic()

@@ -91,6 +91,13 @@ class Options:
     node_limit: int = _DEFAULT["node_limit"]  # SCIP branch-and-bound nodes per solve; 0 = none
     bnb_node_limit: int = _DEFAULT["bnb_node_limit"]  # nodes of bnb.py's search; 0 = none
 
+    @property
+    def work_bound(self) -> bool:
+        """Both node limits set: every step of a solve ends on its own work allowance (nodes,
+        op placements, kicks), and ``time_limit_s`` is only a safety net; without them the
+        steps share the clock (docs/schedule.md, "Bounded work")."""
+        return self.node_limit > 0 and self.bnb_node_limit > 0
+
     @classmethod
     def from_config(cls, schedule: dict, tier: str) -> Options:
         """From a validated config section ``schedule`` (phaze.config.load_config)."""
@@ -237,7 +244,7 @@ class Scheduler:
                 sub = inst.subinstance(seg)
                 # each segment left gets an equal share of the time left (chains and cache
                 # hits take none, so later segments inherit it)
-                self._deadline = whole.share(1 / sum(1 for c in buckets if c >= b))
+                self._deadline = self._share(whole, 1 / sum(1 for c in buckets if c >= b))
                 r = self._cached(sub, self._solve_segment, top=False)
                 self._deadline = whole
                 for k, i in enumerate(seg):
@@ -295,7 +302,7 @@ class Scheduler:
             inst,
             local_search=self.opts.local_search and self.opts.tier == "ilp",
             extra=seeds,
-            deadline=deadline.share(0.5),
+            deadline=self._share(deadline, 0.5),
         )
         ub = best.makespan(inst)
         lb, _which = lower_bound(inst, ub, deadline)
@@ -313,13 +320,13 @@ class Scheduler:
         # ILP (each skipped once the gap is proven)
         run = _Run(best, ub, lb, ub, self.opts.bnb_node_limit or BNB_UNLIMITED)
         if self.opts.bnb:
-            self._bnb(inst, run, deadline.share(_BNB_PROBE_SHARE), _BNB_PROBE_NODES)
+            self._bnb(inst, run, self._share(deadline, _BNB_PROBE_SHARE), _BNB_PROBE_NODES)
         if not self._proven(run):
-            self._worker_stage(inst, run, deadline.share(_SOLVER_SHARE), full=False)
+            self._worker_stage(inst, run, self._share(deadline, _SOLVER_SHARE), full=False)
         if self.opts.bnb and not self._proven(run):
-            self._lns(inst, run, deadline.share(_LNS_SHARE))
+            self._lns(inst, run, self._share(deadline, _LNS_SHARE))
         if self.opts.bnb and not self._proven(run):
-            self._bnb(inst, run, deadline.share(_BNB_SHARE), BNB_UNLIMITED)
+            self._bnb(inst, run, self._share(deadline, _BNB_SHARE), BNB_UNLIMITED)
         if not self._proven(run) and run.status not in _WORKER_LOST:
             self._worker_stage(inst, run, deadline, full=True)
         ms, lb = run.ub, run.lb
@@ -334,6 +341,9 @@ class Scheduler:
             status = "optimal"
         elif self._proven(run):
             status = "gap_limit"
+        if status != "optimal" and self.opts.work_bound and deadline.expired():
+            # the safety net cut a step short: this answer depends on the machine's speed
+            status = "time_limit"
         self._remember(skey, seeds, inst, run.best)
         return Result(
             ms,
@@ -347,6 +357,11 @@ class Scheduler:
             lp_iterations=run.lp_iterations,
             bnb_nodes=run.bnb_nodes,
         )
+
+    def _share(self, deadline: Deadline, fraction: float) -> Deadline:
+        """A step's deadline: ``fraction`` of the time left, or (``work_bound``) the whole
+        safety net, the step's own work allowance ending it."""
+        return deadline if self.opts.work_bound else deadline.share(fraction)
 
     def _proven(self, run: _Run) -> bool:
         return run.ub - run.lb <= self.opts.mip_gap * run.ub
@@ -379,13 +394,17 @@ class Scheduler:
         """One call of the solver worker: the mode bound and the mode kicks (``full`` False), or
         the full ILP warm-started from the best schedule so far (``full`` True)."""
         remaining = deadline.remaining()
-        if not ilp_fits(inst, remaining):
+        # work-bound: the test reads the configured limit, not the clock, so it decides the same
+        # on every machine
+        fit_s = self.opts.time_limit_s if self.opts.work_bound else None
+        if not ilp_fits(inst, remaining if fit_s is None else fit_s):
             # not even the model would be built and handed to SCIP in the time left
             return
         if self._worker is None:
             self._worker = SolverWorker()
         self.ilp_solves += 1
         stages = {"mode_bound": not full, "kicks": 0 if full else KICKS, "full": full}
+        stages["fit_s"] = fit_s
         out = self._worker.solve(
             inst,
             run.best,
