@@ -50,7 +50,7 @@ def test_a_work_bound_call_gives_no_step_a_share_of_the_clock(monkeypatch):
     # machine; without fit_s they take 30 % and 20 % of the time left
     import time
 
-    import phaze.schedule.ilp as ilp
+    from phaze.schedule import ilp
 
     inst = _wide_instance(3)
     warm = serial_sgs(inst, list(range(inst.n)), [0] * inst.n)
