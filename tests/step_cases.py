@@ -100,14 +100,21 @@ def random_layer(rng, *, block: bool, tp: int, tied: bool = False) -> LayerCost:
 
 
 def random_chain(
-    rng, blocks: int, tp: int, microbatch: int, sp: bool, ep: int = 1, experts: int = 0
+    rng,
+    blocks: int,
+    tp: int,
+    microbatch: int,
+    sp: bool,
+    ep: int = 1,
+    experts: int = 0,
+    etp: int | None = None,
 ) -> ChainCost:
     """A random chain; with `experts` > 0 a mixture-of-experts chain at expert-parallel size
-    `ep` (`moe_block`)."""
+    `ep` and experts' tensor-parallel size `etp` (`moe_variant`)."""
     tied = bool(rng.random() < 0.5)
     if experts:
         chain = random_chain(rng, blocks, tp, microbatch, sp)
-        return moe_variant(rng, chain, ep, experts)
+        return moe_variant(rng, chain, ep, experts, etp)
     return ChainCost(
         first=random_layer(rng, block=False, tp=tp),
         block=random_layer(rng, block=True, tp=tp),
@@ -120,7 +127,7 @@ def random_chain(
     )
 
 
-def moe_variant(rng, chain: ChainCost, ep: int, experts: int) -> ChainCost:
+def moe_variant(rng, chain: ChainCost, ep: int, experts: int, etp: int | None = None) -> ChainCost:
     """The chain as a mixture-of-experts model at expert-parallel size `ep`: the block holds
     experts/ep experts of a random share of its parameters (the rest dense), a dispatch and a
     combine all-to-all each way (sizes random, one per pass direction), and its mean rank's
@@ -140,7 +147,7 @@ def moe_variant(rng, chain: ChainCost, ep: int, experts: int) -> ChainCost:
         bwd_collectives=(*a2a, *B.bwd_collectives),
         mean_fwd_matmul_flops=B.fwd_matmul_flops * float(rng.uniform(0.7, 1.0)),
     )
-    return replace(chain, block=block, ep=ep, experts=experts)
+    return replace(chain, block=block, ep=ep, experts=experts, etp=etp)
 
 
 def tensor_parallel_variant(rng, chain: ChainCost, tp: int) -> ChainCost:
@@ -249,7 +256,9 @@ def reference_price(chain: ChainCost, s: Strategy, net: Network, c: StepConstant
     # tensor-parallel collectives: on the slowest tensor-parallel group of the layout; the
     # all-to-alls on the slowest expert-parallel group
     groups = [s.tp_group(r, j) for r in range(d) for j in range(p)]
-    ep_groups = [s.ep_group(k, i, j) for k in range(t) for i in range(s.edp) for j in range(p)]
+    ep_groups = [
+        s.ep_group(k, i, j) for k in range(s.expert_tp) for i in range(s.edp) for j in range(p)
+    ]
 
     def tp_time(colls):
         a2a = [c for c in colls if c[0] == "all_to_all"]
@@ -318,7 +327,8 @@ def reference_price(chain: ChainCost, s: Strategy, net: Network, c: StepConstant
         parts = []
         kinds = [(P - Pe, [s.dp_group(k, j) for k in range(t)])]
         if chain.experts:
-            kinds.append((Pe, [s.edp_group(k, e, j) for k in range(t) for e in range(s.ep)]))
+            groups = [s.edp_group(k, e, j) for k in range(s.expert_tp) for e in range(s.ep)]
+            kinds.append((Pe, groups))
         for params, group_list in kinds:
             grads = params * c.grad_bytes_per_param
             got = []

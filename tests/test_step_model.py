@@ -178,18 +178,21 @@ def test_the_reference_draws_cover_every_feature():
 # ---------------------------------------------------------------------------------------------
 # expert parallelism
 # ---------------------------------------------------------------------------------------------
-def draw_moe_case(seed, torus=False):
+def draw_moe_case(seed, torus=False, etp1=False):
     """A random mixture-of-experts chain at a random ep, a network (two-level, or a torus of
-    the job's size) and a valid strategy: ep dividing dp and the experts, SP with tp > 1."""
-    rng = np.random.default_rng(5000 + seed)
+    the job's size) and a valid strategy: ep dividing dp and the experts, SP with tp > 1. With
+    `etp1`, tp 2 or 4 with the experts' tensor parallelism off (etp = 1): ep dividing tp·dp."""
+    rng = np.random.default_rng(5000 + seed + (1000 if etp1 else 0))
     while True:
-        t = int(rng.choice([1, 2]))
+        t = int(rng.choice([2, 4] if etp1 else [1, 2]))
         experts = int(rng.choice([2, 4, 8]))
         p = int(rng.choice([1, 2, 3]))
-        d = int(rng.choice([2, 4, 6, 8]))
-        eps = [e for e in (1, 2, 4, 8) if experts % e == 0 and d % e == 0]
+        d = int(rng.choice([1, 2, 3, 4] if etp1 else [2, 4, 6, 8]))
+        width = t * d if etp1 else d
+        eps = [e for e in (1, 2, 4, 8) if experts % e == 0 and width % e == 0]
         ep = int(rng.choice(eps))
-        chain = random_chain(rng, int(rng.integers(p, 9)), t, 1, t > 1, ep, experts)
+        etp = 1 if etp1 else None
+        chain = random_chain(rng, int(rng.integers(p, 9)), t, 1, t > 1, ep, experts, etp)
         net = random_torus(rng, t * p * d) if torus else random_network(rng)
         stages = random_split(rng, chain.blocks, p, 1)
         kw = {
@@ -199,6 +202,7 @@ def draw_moe_case(seed, torus=False):
             "microbatch": 1,
             "global_batch": d * 4,
             "ep": ep,
+            "etp": etp,
             "sequence_parallel": t > 1,
             "distributed_optimizer": bool(rng.random() < 0.5),
             "ddp": str(rng.choice(["overlap", "after"])),
@@ -224,6 +228,32 @@ def test_expert_parallel_price_equals_the_reference(seed, torus):
     assert got["iteration_time_s"] == pytest.approx(want, rel=1e-12)
     assert [x["memory_bytes"] for x in got["per_stage"]] == pytest.approx(mem, rel=1e-12)
     assert math.isclose(sum(got["breakdown"].values()), got["iteration_time_s"], rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("torus", [False, True], ids=["two-level", "torus"])
+@pytest.mark.parametrize("seed", range(30))
+def test_expert_tensor_parallelism_off_price_equals_the_reference(seed, torus):
+    """etp = 1 (Megatron's parallel folding): expert-parallel groups of ep consecutive ranks,
+    expert data-parallel groups of tp·dp/ep ranks ep apart (explicit rank lists of Megatron's
+    expert generator in the reference)."""
+    chain, net, consts, s = draw_moe_case(seed, torus, etp1=True)
+    got = price(chain, s, net, consts, peak_flops=1.0)
+    want, mem = reference_price(chain, s, net, consts)
+    assert got["iteration_time_s"] == pytest.approx(want, rel=1e-12)
+    assert [x["memory_bytes"] for x in got["per_stage"]] == pytest.approx(mem, rel=1e-12)
+
+
+def test_expert_tensor_parallelism_off_draws_cover_the_cases():
+    seen = set()
+    for seed in range(30):
+        _, net, _, s = draw_moe_case(seed, etp1=True)
+        seen |= {f"ep{s.ep}", f"tp{s.tp}"}
+        seen |= {"ep > dp"} if s.ep > s.dp else set()
+        seen |= {"edp1"} if s.ep > 1 and s.edp == 1 else set()
+        seen |= {"edp>1"} if s.ep > 1 and s.edp > 1 else set()
+        seen |= {"ep across nodes"} if s.ep > net.devices_per_node else set()
+    assert {"ep2", "ep4", "ep8", "tp2", "tp4", "ep > dp", "edp1", "edp>1"} <= seen
+    assert "ep across nodes" in seen
 
 
 def test_expert_parallel_draws_cover_the_cases():

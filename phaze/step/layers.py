@@ -129,6 +129,7 @@ class ChainCost:
     boundary_bytes: float  # the activation between two stages (b·s·h·2: the full tensor)
     ep: int = 1  # expert-parallel size the block was built for (its all-to-alls, its experts)
     experts: int = 0  # routed experts per block (0: a dense model)
+    etp: int | None = None  # the experts' tensor-parallel size the block was built for: tp or 1
     # The chain whose computation times bound the backward a DDP overlap hides the gradient
     # reduction behind (None = this chain). A placement priced on lower bounds of the layer
     # latencies passes achievable ones here: its time then stays a lower bound of every
@@ -149,20 +150,37 @@ class ChainCost:
             or (self.experts and self.experts % self.ep)
         ):
             raise AssertionError(f"ep {self.ep} does not fit {self.experts} experts")
+        if self.etp not in (None, 1, self.tp) or (self.experts == 0 and self.expert_tp != self.tp):
+            raise AssertionError(
+                f"etp {self.etp} does not fit tp {self.tp}, {self.experts} experts"
+            )
         if self.experts == 0 and self.block.expert_params > 0:
             raise AssertionError("a dense chain has no expert parameters")
         if self.window is not None:
             w = self.window
-            same = (w.blocks, w.tp, w.microbatch, w.sequence_parallel, w.ep, w.experts) == (
+            same = (
+                w.blocks,
+                w.tp,
+                w.microbatch,
+                w.sequence_parallel,
+                w.ep,
+                w.experts,
+                w.expert_tp,
+            ) == (
                 self.blocks,
                 self.tp,
                 self.microbatch,
                 self.sequence_parallel,
                 self.ep,
                 self.experts,
+                self.expert_tp,
             )
             if not same or w.window is not None:
                 raise AssertionError("a window chain must be a plain chain of the same shape")
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
 
     @property
     def overlap_window(self) -> ChainCost:
@@ -187,6 +205,7 @@ class ChainCost:
             self.boundary_bytes,
             self.ep,
             self.experts,
+            self.expert_tp,
         )
 
     def model_flops_per_microbatch(self) -> float:

@@ -123,15 +123,19 @@ class Layout:
     # of the tensor-parallel group leave its node (scatter/gather applies)
     sends: dict
     ep: int = 1
+    etp: int | None = None  # the experts' tensor-parallel size: tp (None) or 1
     ep_bw: np.ndarray | None = None  # the expert-parallel groups' all-to-all (a2a_params), one
     ep_lat: np.ndarray | None = None  # entry per distinct group shape; unused at ep 1
     edp_bw: np.ndarray | None = None  # (p,): slowest expert data-parallel group of stage j
     edp_lat: np.ndarray | None = None
 
     @classmethod
-    def build(cls, net: Network, t: int, p: int, d: int, ep: int = 1) -> Layout:
-        if ep < 1 or d % ep:
-            raise AssertionError(f"ep {ep} must divide dp {d}")
+    def build(
+        cls, net: Network, t: int, p: int, d: int, ep: int = 1, etp: int | None = None
+    ) -> Layout:
+        etp = t if etp is None else etp
+        if etp not in (1, t) or ep < 1 or (t * d) % (etp * ep) or (etp == t and d % ep):
+            raise AssertionError(f"ep {ep} with etp {etp} does not fit tp {t}, dp {d}")
         # replicas (and expert data-parallel ranks) that sit alike on the network share every
         # figure: one of each class stands for them all (`rank_classes`: on a two-level network
         # at most devices_per_node of them, so nothing here grows with the device count)
@@ -145,18 +149,24 @@ class Layout:
         dp_bw, dp_lat = net.progression_ring_params(k[:, 0] + t * d * j[0], t, d)  # (t, p)
         dp_bw, dp_lat = dp_bw.min(axis=0), dp_lat.max(axis=0)
         ep_bw, ep_lat, edp_bw, edp_lat = None, None, dp_bw, dp_lat
-        if ep > 1:  # dp_rank = ep_rank + ep·edp_rank
-            e = d // ep
-            es = np.arange(net.rank_classes(t * ep, e, total))[None, :, None]
-            a2a_bw, a2a_lat = net.progression_a2a_params(
-                k + t * (ep * es + d * j), t, ep
-            )  # (t, edp_rank, p): the group of ep ranks t apart at each
-            shapes = np.unique(np.stack([a2a_bw.ravel(), a2a_lat.ravel()], axis=1), axis=0)
-            ep_bw, ep_lat = shapes[:, 0], shapes[:, 1]
+        if ep > 1 or etp != t:
+            # Megatron's expert generator: rank = etp_rank + etp·(ep_rank + ep·(edp_rank +
+            # edp·pp_rank)); etp = t gives dp_rank = ep_rank + ep·edp_rank, etp = 1 puts ep
+            # consecutive ranks in a group (and at ep = 1 replicates the experts over the t·d
+            # ranks of a stage, whose gradients are then reduced over all of them)
+            e = t * d // (etp * ep)
+            kk = np.arange(etp)[:, None, None]
+            if ep > 1:
+                es = np.arange(net.rank_classes(etp * ep, e, total))[None, :, None]
+                a2a_bw, a2a_lat = net.progression_a2a_params(
+                    kk + etp * (ep * es) + t * d * j, etp, ep
+                )  # (etp, edp_rank, p): the group of ep ranks etp apart at each
+                shapes = np.unique(np.stack([a2a_bw.ravel(), a2a_lat.ravel()], axis=1), axis=0)
+                ep_bw, ep_lat = shapes[:, 0], shapes[:, 1]
             i = np.arange(ep)[None, :, None]
-            edp_bw, edp_lat = net.progression_ring_params(k + t * (i + d * j), t * ep, e)
-            edp_bw = edp_bw.reshape(t * ep, p).min(axis=0)
-            edp_lat = edp_lat.reshape(t * ep, p).max(axis=0)
+            edp_bw, edp_lat = net.progression_ring_params(kk + etp * i + t * d * j, etp * ep, e)
+            edp_bw = edp_bw.reshape(etp * ep, p).min(axis=0)
+            edp_lat = edp_lat.reshape(etp * ep, p).max(axis=0)
         sends = {}
         for name, step in (("next", 1), ("prev", -1)):
             other = np.roll(rank, -step, axis=2)  # the counterpart at stage j ± 1
@@ -182,6 +192,7 @@ class Layout:
             tied_lat=tlat,
             sends=sends,
             ep=ep,
+            etp=etp,
             ep_bw=ep_bw,
             ep_lat=ep_lat,
             edp_bw=edp_bw,
@@ -189,8 +200,13 @@ class Layout:
         )
 
     @property
+    def expert_tp(self) -> int:
+        """The experts' tensor-parallel size of the layout (tp unless built with etp = 1)."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
     def edp(self) -> int:
-        return self.dp // self.ep
+        return self.tp * self.dp // (self.expert_tp * self.ep)
 
     def collectives_s(self, collectives) -> float:
         """Time of a layer's tensor-parallel collectives on the slowest group (its all-to-alls
@@ -253,8 +269,8 @@ class PlacedChain:
     optimizer, ddp) setting of the same (t, b, sequence parallelism, p, d) shares."""
 
     def __init__(self, chain: ChainCost, layout: Layout, consts: StepConstants):
-        if chain.tp != layout.tp or chain.ep != layout.ep:
-            raise AssertionError("the chain was built for another tp or ep than the layout's")
+        if chain.tp != layout.tp or chain.ep != layout.ep or chain.expert_tp != layout.expert_tp:
+            raise AssertionError("the chain was built for another tp, ep or etp than the layout's")
         self.chain, self.layout, self.consts = chain, layout, consts
         coll = layout.collectives_s
         self.coll = {
@@ -513,15 +529,17 @@ def check_chain(chain: ChainCost, strategy: Strategy) -> None:
         raise AssertionError("the chain was built for another tp or microbatch")
     if chain.sequence_parallel != strategy.sequence_parallel:
         raise AssertionError("the chain was built for the other sequence-parallel setting")
-    if chain.ep != strategy.ep:
-        raise AssertionError("the chain was built for another expert-parallel size")
+    if chain.ep != strategy.ep or chain.expert_tp != strategy.expert_tp:
+        raise AssertionError("the chain was built for another expert-parallel size or etp")
 
 
 def stage_terms(
     chain: ChainCost, strategy: Strategy, net: Network, consts: StepConstants
 ) -> StageTerms:
     check_chain(chain, strategy)
-    layout = Layout.build(net, strategy.tp, strategy.pp, strategy.dp, strategy.ep)
+    layout = Layout.build(
+        net, strategy.tp, strategy.pp, strategy.dp, strategy.ep, strategy.expert_tp
+    )
     return StageTerms(
         PlacedChain(chain, layout, consts),
         strategy.schedule,

@@ -6,7 +6,11 @@ data-parallel, pipeline outermost: ``rank = tp_rank + tp·(dp_rank + dp·pp_rank
 expert-model parallelism, order ``tp-cp-ep-dp-pp`` with the experts' tensor-parallel size equal to
 tp: ``dp_rank = ep_rank + ep·edp_rank``, so an expert-parallel group is ep ranks tp apart and the
 expert data-parallel group, over which expert gradients are reduced, dp/ep ranks tp·ep apart;
-ep must divide dp), ``microbatch · dp`` sequences per microbatch round (it must divide the global
+ep must divide dp). With ``etp = 1`` (Megatron's ``--expert-tensor-parallel-size 1``, "parallel
+folding") the experts are not split over the tensor-parallel ranks: the expert generator is then
+``rank = ep_rank + ep·(edp_rank + edp·pp_rank)`` with ``edp = tp·dp/ep`` (ep must divide tp·dp), so
+an expert-parallel group is ep consecutive ranks and the expert data-parallel group tp·dp/ep
+ranks ep apart; at tp = 1 both layouts are the same. ``microbatch · dp`` sequences per microbatch round (it must divide the global
 batch: ``m = global_batch / (microbatch · dp)`` microbatches per pipeline), V model chunks per
 pipeline rank (interleaved 1F1B when V > 1), a recomputation mode, sequence parallelism, the
 distributed optimizer (ZeRO-1), the data-parallel gradient reduction overlapped with backward or
@@ -172,6 +176,7 @@ class Strategy:
     ddp: str = "overlap"
     stages: tuple[int, ...] | None = None  # blocks per pipeline stage; None = even split
     ep: int = 1  # expert-parallel ranks (inside the data-parallel group); 1 = none
+    etp: int | None = None  # the experts' tensor-parallel size: tp (None, Megatron's default) or 1
 
     def reason(self) -> str:
         """'' when the strategy is well formed (independently of the model), else why not."""
@@ -192,7 +197,17 @@ class Strategy:
                 f"global batch ({self.global_batch}) must be divisible by microbatch·dp = "
                 f"{self.microbatch}·{self.dp} = {self.microbatch * self.dp}"
             )
-        if self.dp % self.ep:
+        if self.etp not in (None, 1, self.tp):
+            return (
+                f"the experts' tensor-parallel size etp must be tp ({self.tp}) or 1, "
+                f"got {self.etp!r}"
+            )
+        if self.expert_tp == 1 and (self.tp * self.dp) % self.ep:
+            return (
+                f"the expert-parallel size ep ({self.ep}) must divide tp·dp = "
+                f"{self.tp}·{self.dp} = {self.tp * self.dp} (etp = 1)"
+            )
+        if self.expert_tp > 1 and self.dp % self.ep:
             return (
                 f"the expert-parallel size ep ({self.ep}) must divide the data-parallel size "
                 f"dp ({self.dp})"
@@ -218,6 +233,10 @@ class Strategy:
         if experts == 0:
             if self.ep > 1:
                 return f"expert parallelism (ep = {self.ep}) needs a mixture-of-experts model"
+            if self.expert_tp != self.tp:
+                return (
+                    "etp = 1 (experts without tensor parallelism) needs a mixture-of-experts model"
+                )
             return ""
         if experts % self.ep:
             return f"the expert-parallel size ep ({self.ep}) must divide the {experts} experts"
@@ -258,9 +277,15 @@ class Strategy:
         return self.devices // (self.tp * self.pp)
 
     @property
+    def expert_tp(self) -> int:
+        """The experts' tensor-parallel size (etp): tp unless etp = 1 was given."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
     def edp(self) -> int:
-        """The expert data-parallel size: the ranks one expert's gradients are reduced over."""
-        return self.dp // self.ep
+        """The expert data-parallel size: the ranks one expert's gradients are reduced over
+        (tp·dp = etp·ep·edp in every pipeline stage)."""
+        return self.tp * self.dp // (self.expert_tp * self.ep)
 
     @property
     def microbatches(self) -> int:
@@ -278,6 +303,7 @@ class Strategy:
             "pp": self.pp,
             "dp": self.dp,
             "ep": self.ep,
+            "etp": self.expert_tp,
             "microbatch": self.microbatch,
             "interleave": self.interleave,
             "recompute": self.recompute,
@@ -297,10 +323,16 @@ class Strategy:
     def dp_group(self, tp_rank: int = 0, pp_rank: int = 0) -> list[int]:
         return [self.rank(tp_rank, i, pp_rank) for i in range(self.dp)]
 
-    def ep_group(self, tp_rank: int = 0, edp_rank: int = 0, pp_rank: int = 0) -> list[int]:
-        """The ranks that exchange tokens (all-to-all) for one expert layer's dispatch."""
-        return [self.rank(tp_rank, e + self.ep * edp_rank, pp_rank) for e in range(self.ep)]
+    def expert_rank(self, etp_rank: int, ep_rank: int, edp_rank: int, pp_rank: int) -> int:
+        """Megatron's expert rank generator (order tp-ep-dp-pp with the experts' own tp size):
+        ``etp_rank + etp·(ep_rank + ep·(edp_rank + edp·pp_rank))``."""
+        etp = self.expert_tp
+        return etp_rank + etp * (ep_rank + self.ep * (edp_rank + self.edp * pp_rank))
 
-    def edp_group(self, tp_rank: int = 0, ep_rank: int = 0, pp_rank: int = 0) -> list[int]:
+    def ep_group(self, etp_rank: int = 0, edp_rank: int = 0, pp_rank: int = 0) -> list[int]:
+        """The ranks that exchange tokens (all-to-all) for one expert layer's dispatch."""
+        return [self.expert_rank(etp_rank, e, edp_rank, pp_rank) for e in range(self.ep)]
+
+    def edp_group(self, etp_rank: int = 0, ep_rank: int = 0, pp_rank: int = 0) -> list[int]:
         """The ranks holding the same experts: their gradients are reduced over it."""
-        return [self.rank(tp_rank, ep_rank + self.ep * i, pp_rank) for i in range(self.edp)]
+        return [self.expert_rank(etp_rank, ep_rank, i, pp_rank) for i in range(self.edp)]
