@@ -114,6 +114,9 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("experts", i64),
         # the expert-parallel size the trace is one rank of (1 for a dense model)
         ("ep", i64),
+        # etp = 1: the routed experts are whole on each rank, not split over the tensor-parallel
+        # ranks (Megatron's --expert-tensor-parallel-size 1); false: etp = tp
+        ("etp1", b),
     ),
     # --- arch --------------------------------------------------------------------------------
     "space": _schema(
@@ -412,7 +415,7 @@ NULLABLE: dict[str, frozenset[str]] = {
 # MoE layer and whose layers hold no experts
 DEFAULTS: dict[str, dict[str, object]] = {
     "ops": {"moe_role": "", "expert": -1},
-    "layers": {"expert_param_bytes": 0, "experts": 0, "ep": 1},
+    "layers": {"expert_param_bytes": 0, "experts": 0, "ep": 1, "etp1": False},
 }
 # the column sets that identify a row (a table may have several): a key column may not be
 # missing and a repeated key is an error (the row would be counted twice)

@@ -61,14 +61,17 @@ def build_model(
     seq: int | None = None,
     moe_imbalance: float = 1.0,
     ep: int = 1,
+    etp: int | None = None,
 ):
     """The model with ``num_blocks`` blocks on the meta device, train mode, rewritten to one
     rank's share of width-``tp`` tensor parallelism (blocks, word embedding and LM head); a
     mixture-of-experts model gets phaze's MoE layer in every block, with the rank's share of
-    expert parallelism of size ``ep``, routing its tokens by the stated distribution with
-    ``moe_imbalance`` (phaze.trace.moe). Returns (model, blocks)."""
+    expert parallelism of size ``ep`` and the experts' tensor-parallel size ``etp`` (tp or 1),
+    routing its tokens by the stated distribution with ``moe_imbalance`` (phaze.trace.moe).
+    Returns (model, blocks)."""
     spec.check_tp(tp)
     spec.check_ep(ep)
+    spec.check_etp(etp, tp, seq)
     if spec.moe is not None:
         spec.moe.check_imbalance(moe_imbalance, spec.name)
     config = spec.hf_config(num_blocks, seq)
@@ -84,7 +87,7 @@ def build_model(
     blocks = find_blocks(model, num_blocks)
     for block in blocks:
         if spec.moe is not None:
-            apply_moe(block, spec.moe, spec.hidden, tp, moe_imbalance, spec.name, ep)
+            apply_moe(block, spec.moe, spec.hidden, tp, moe_imbalance, spec.name, ep, etp)
         apply_tensor_parallel(block, spec.family, tp)
     apply_vocab_parallel(model, tp)
     return model, blocks
@@ -122,8 +125,9 @@ def capture(
     tp: int,
     moe_imbalance: float = 1.0,
     ep: int = 1,
+    etp: int | None = None,
 ) -> Capture:
-    model, blocks = build_model(spec, num_blocks, tp, seq, moe_imbalance, ep)
+    model, blocks = build_model(spec, num_blocks, tp, seq, moe_imbalance, ep, etp)
     params = dict(model.named_parameters())  # de-duplicates tied weights
     recorder = Recorder(params, seq=seq)
     names = ["embedding"] + [f"block.{i}" for i in range(num_blocks)] + ["head"]

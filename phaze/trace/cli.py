@@ -26,6 +26,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="expert-parallel size ep (a mixture-of-experts model: the rank holds E/ep experts)",
     )
     parser.add_argument(
+        "--etp",
+        type=int,
+        help="the experts' tensor-parallel size: tp (the default) or 1 (a mixture-of-experts "
+        "model: whole experts on the rank's sequence-parallel shard, Megatron's "
+        "--expert-tensor-parallel-size 1)",
+    )
+    parser.add_argument(
         "--seq",
         type=int,
         help="sequence length (default: config trace.seq[model], else the model's)",
@@ -51,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if spec.moe is not None:
         spec.moe.check_imbalance(trace_cfg["moe_imbalance"], spec.name)
     seq = args.seq or trace_cfg["seq"].get(args.model) or spec.seq
+    spec.check_etp(args.etp, args.tp, seq)
 
     from phaze.trace.tracer import trace_model  # deferred: pulls torch (after the checks above)
 
@@ -63,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         verify=not args.no_verify,
         moe_imbalance=trace_cfg["moe_imbalance"],
         ep=args.ep,
+        etp=args.etp,
     )
     write_trace(trace, Path(args.out), spec)
     return 0

@@ -111,6 +111,27 @@ class ModelSpec:
             return
         self.moe.check_ep(ep, self.name)
 
+    def check_etp(self, etp: int | None, tp: int, seq: int | None = None) -> None:
+        """The experts' tensor-parallel size: tp (None, Megatron's default) or 1 (Megatron's
+        ``--expert-tensor-parallel-size 1``), the latter for a mixture-of-experts model whose
+        sequence splits evenly over the tp ranks (its experts run on the rank's shard)."""
+        if etp is None or etp == tp:
+            return
+        if isinstance(etp, bool) or etp != 1:
+            raise PhazeError(
+                f"the experts' tensor-parallel size etp must be tp ({tp}) or 1 (got {etp!r})"
+            )
+        if self.moe is None:
+            raise PhazeError(
+                f"{self.name}: etp = 1 (experts without tensor parallelism) needs a "
+                "mixture-of-experts model"
+            )
+        if seq is not None and seq % tp:
+            raise PhazeError(
+                f"{self.name}: etp = 1 runs the experts on the rank's sequence-parallel shard, so "
+                f"the sequence length {seq} must be divisible by tp = {tp}"
+            )
+
     def check_tp(self, tp: int) -> None:
         if tp in self.valid_tp:
             return

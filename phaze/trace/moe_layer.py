@@ -31,6 +31,19 @@ instead of the data-dependent one:
 * **shared_expert** (Qwen2-MoE): HF's dense MLP of width f_s, sliced by tp as a dense MLP with its
   own ``f``/``g`` (Megatron's SharedExpertMLP), times ``sigmoid(x·w_gate)`` (the gate replicated).
 
+**Experts without tensor parallelism** (``etp = 1``, Megatron's ``--expert-tensor-parallel-size
+1``) at tp > 1: Megatron's MoE layer then runs on the rank's own sequence-parallel shard of the
+tokens (b·s/tp of them, which MoE training with tp > 1 always has) and skips the AG(TP)/RS(TP):
+"permute -> A2A(EP) -> experts -> A2A(EP) -> unpermute". The trace keeps the rest of the block in
+its usual form (the block's replicated tokens) and brackets the routed path with two free
+stand-ins, ``phaze::sp_split`` (the rank's b·s/tp rows) and ``phaze::sp_gather`` (back to b·s
+rows), which the recorder counts as entering and leaving the tensor-parallel region: the router,
+dispatch, experts and combine are then the rank's own work on its shard (never split again by
+sequence parallelism), each expert is whole (fc1 h -> 2f, fc2 f -> h, its weights not sliced),
+the all-to-alls carry the shard's b·s·k/tp rows on a group of ep consecutive ranks, and no
+``f``/``g`` runs around the experts. The shared expert stays a tensor-parallel dense MLP on the
+block's tokens, as in Megatron.
+
 Every op the layer runs is tagged with its role (and expert index) through module hooks the
 tracer installs (``ROLE_ATTR``/``EXPERT_ATTR``); expert weights carry ``EXPERT_PARAM``.
 """
@@ -58,6 +71,56 @@ def _all_to_all_fake(x: torch.Tensor, group_size: int, rows: int) -> torch.Tenso
 
 
 ALL_TO_ALL_OP = "phaze.all_to_all.default"
+
+
+@torch.library.custom_op("phaze::sp_split", mutates_args=())
+def sp_split(x: torch.Tensor, parts: int) -> torch.Tensor:
+    """The rank's 1/parts of the rows of ``x`` (its sequence-parallel shard): free, since under
+    sequence parallelism the rank holds only those rows to begin with."""
+    return x.new_empty((x.shape[0] // parts, *x.shape[1:]))
+
+
+@sp_split.register_fake
+def _sp_split_fake(x: torch.Tensor, parts: int) -> torch.Tensor:
+    return x.new_empty((x.shape[0] // parts, *x.shape[1:]))
+
+
+@torch.library.custom_op("phaze::sp_gather", mutates_args=())
+def sp_gather(x: torch.Tensor, parts: int) -> torch.Tensor:
+    """The shard's rows back in the block's form (parts times as many): free, since under
+    sequence parallelism the rest of the block runs on the shard."""
+    return x.new_empty((x.shape[0] * parts, *x.shape[1:]))
+
+
+@sp_gather.register_fake
+def _sp_gather_fake(x: torch.Tensor, parts: int) -> torch.Tensor:
+    return x.new_empty((x.shape[0] * parts, *x.shape[1:]))
+
+
+SP_SPLIT_OP = "phaze.sp_split.default"
+SP_GATHER_OP = "phaze.sp_gather.default"
+
+
+class _ToShard(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, parts):
+        ctx.parts = parts
+        return sp_split(x, parts)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return sp_gather(grad, ctx.parts), None
+
+
+class _FromShard(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, parts):
+        ctx.parts = parts
+        return sp_gather(x, parts)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return sp_split(grad, ctx.parts), None
 
 #: module attributes naming an op's MoE role and routed-expert index (read by the tracer's hooks)
 ROLE_ATTR = "_phaze_moe_role"
@@ -206,6 +269,7 @@ class MoELayer(nn.Module):
         imbalance: float,
         where: str,
         ep: int = 1,
+        etp: int | None = None,
     ):
         super().__init__()
         gate = _require(hf, "gate", where)
@@ -223,19 +287,25 @@ class MoELayer(nn.Module):
                     "from the config; its MoE layout is not the one phaze traces"
                 )
         spec.check_ep(ep, where)
+        etp = tp if etp is None else etp
+        if etp not in (1, tp):
+            raise PhazeError(f"{where}: the experts' tensor-parallel size etp must be tp or 1")
         self.spec, self.tp, self.imbalance, self.ep = spec, tp, imbalance, ep
+        # at etp = 1 (tp > 1) the routed path runs on the rank's shard of 1/tp of the tokens
+        self.shard = tp if etp == 1 else 1
+        etp_ = tp // self.shard  # the experts' slicing: tp, or 1
         self.gate = _tag(gate, "router")
         self.aux_loss = (
             _tag(AuxLoss(e, spec.top_k, spec.aux_loss_coef), "aux_loss")
             if spec.aux_loss_coef > 0
             else None
         )
-        self.dispatch = _tag(Dispatch(spec.top_k, tp, ep), "dispatch")
+        self.dispatch = _tag(Dispatch(spec.top_k, etp_, ep), "dispatch")
         # the rank's E/ep routed experts (those of the busiest rank: expert 0 is the busiest)
         self.experts = nn.ModuleList(
-            _tag(Expert(h, f, tp, experts.act_fn), "expert", i) for i in range(e // ep)
+            _tag(Expert(h, f, etp_, experts.act_fn), "expert", i) for i in range(e // ep)
         )
-        self.combine = _tag(Combine(tp, ep), "combine")
+        self.combine = _tag(Combine(etp_, ep), "combine")
         self.shared_expert = None
         if spec.shared_ffn:
             mlp = _require(hf, "shared_expert", where)
@@ -251,8 +321,12 @@ class MoELayer(nn.Module):
     def forward(self, hidden_states):
         b, s, h = hidden_states.shape
         x = hidden_states.reshape(-1, h)
-        tokens = x.shape[0]
         shared = self.shared_expert(x) if self.shared_expert is not None else None
+        if self.shard > 1:
+            x = _ToShard.apply(x, self.shard)
+            if shared is not None:
+                shared = _ToShard.apply(shared, self.shard)
+        tokens = x.shape[0]
         logits, scores, indices = self.gate(x)
         if self.aux_loss is not None:
             scores = self.aux_loss(logits, indices, scores)
@@ -262,15 +336,24 @@ class MoELayer(nn.Module):
         chunks, token, permuted_scores = self.dispatch(x, indices, scores, counts)
         outs = [expert(chunk) for expert, chunk in zip(self.experts, chunks)]
         out = self.combine(outs, token, permuted_scores, tokens, shared)
+        if self.shard > 1:
+            out = _FromShard.apply(out, self.shard)
         return out.view(b, s, h)
 
 
 def apply_moe(
-    block: nn.Module, spec: MoESpec, hidden: int, tp: int, imbalance: float, where, ep: int = 1
+    block: nn.Module,
+    spec: MoESpec,
+    hidden: int,
+    tp: int,
+    imbalance: float,
+    where,
+    ep: int = 1,
+    etp: int | None = None,
 ):
     """Replace ``block.mlp`` (HF's sparse-MoE module) by one rank's :class:`MoELayer` (expert
-    parallelism of size ``ep``)."""
+    parallelism of size ``ep``, the experts' tensor-parallel size ``etp``: tp or 1)."""
     hf = getattr(block, "mlp", None)
     if hf is None:
         raise PhazeError(f"{where}: the block has no 'mlp' module to replace by the MoE layer")
-    block.mlp = MoELayer(hf, spec, hidden, tp, imbalance, where, ep)
+    block.mlp = MoELayer(hf, spec, hidden, tp, imbalance, where, ep, etp)

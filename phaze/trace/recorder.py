@@ -20,7 +20,9 @@ Two flags per tensor, by data flow (what sequence parallelism and selective reco
 * inside the tensor-parallel region (t > 1): an op's outputs are inside when an activation input
   is, or when it reads a parameter the tensor-parallel rewrite sliced (column- or row-parallel
   weights, vocab-parallel embedding/head: `phaze.trace.tensor_parallel.SLICED`); the all-reduce
-  leaves the region. Ops whose outputs are outside are ``replicated``: every rank of the group
+  leaves the region. ``phaze::sp_split`` enters it and ``phaze::sp_gather`` leaves it (the
+  routed experts' path at etp = 1 runs on the rank's own shard of the tokens, phaze.trace.
+  moe_layer). Ops whose outputs are outside are ``replicated``: every rank of the group
   runs them on the whole activation, and sequence parallelism splits them (Korthikanti et al.
   2022 §4.2.2);
 * core attention (forward): seeded by a matmul of two activations with an s×s result that reads
@@ -41,7 +43,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakIdKeyDictionary
 
-from phaze.trace.moe_layer import ALL_TO_ALL_OP
+from phaze.trace.moe_layer import ALL_TO_ALL_OP, SP_GATHER_OP, SP_SPLIT_OP
 from phaze.trace.tensor_parallel import ALL_REDUCE_OP, SLICED
 
 #: phaze's collective custom ops -> the ``collective`` column's name for them
@@ -60,6 +62,9 @@ NOP_OPS = {
     "aten.new_empty.default",
     "aten.new_empty_strided.default",
     "aten.scalar_tensor.default",
+    # the free stand-ins of a sequence-parallel shard (experts without tensor parallelism)
+    SP_SPLIT_OP,
+    SP_GATHER_OP,
 }
 _MATMUL_3 = {
     "aten.addmm.default": (1, 2),
@@ -253,10 +258,14 @@ class Recorder(TorchDispatchMode):
         if name in COLLECTIVE_OPS:
             group_size = int(args[1] if len(args) > 1 else kwargs["group_size"])
         activations = [t for t in flat_in if self._origin.get(t, (-1, None))[1] is None]
-        region = name != ALL_REDUCE_OP and (
-            any(self._region.get(t, False) for t in activations)
-            or any(x.param in self._sliced for x in inputs)
-        )
+        if name == SP_SPLIT_OP:  # the rank's own shard: its work is never split again
+            region = True
+        elif name in (ALL_REDUCE_OP, SP_GATHER_OP):
+            region = False
+        else:
+            region = any(self._region.get(t, False) for t in activations) or any(
+                x.param in self._sliced for x in inputs
+            )
         reads_attention = any(self._attention.get(t, False) for t in activations)
         square_out = bool(flat_out) and all(self._square(tuple(o.shape)) for o in flat_out)
         if name in _MATMUL_3:  # QKᵀ seeds; ×V reads attention and ends it

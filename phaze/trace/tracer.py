@@ -68,10 +68,12 @@ def trace_model(
     verify: bool = True,
     moe_imbalance: float = 1.0,
     ep: int = 1,
+    etp: int | None = None,
 ) -> Trace:
     """One configuration's trace (one rank's); ``moe_imbalance`` is the stated token
     distribution's factor for a mixture-of-experts model (phaze.trace.moe.tokens_per_expert;
-    ignored by dense models) and ``ep`` its expert-parallel size (1 for a dense model)."""
+    ignored by dense models), ``ep`` its expert-parallel size (1 for a dense model) and ``etp``
+    its experts' tensor-parallel size (tp, the default, or 1)."""
     if microbatch < 1:
         raise PhazeError(f"microbatch must be >= 1 (got {microbatch})")
     seq = seq or spec.seq
@@ -79,12 +81,14 @@ def trace_model(
         raise PhazeError(f"sequence length must be >= 2 (got {seq})")
     spec.check_tp(tp)
     spec.check_ep(ep)
+    spec.check_etp(etp, tp, seq)
+    etp = tp if etp is None else etp
     if spec.moe is not None:
         spec.moe.check_imbalance(moe_imbalance, spec.name)
-    cap = capture(spec, 1, microbatch, seq, tp, moe_imbalance, ep)
+    cap = capture(spec, 1, microbatch, seq, tp, moe_imbalance, ep, etp)
     graphs = _graphs(cap, fuse)
     if verify:
-        cap2 = capture(spec, 2, microbatch, seq, tp, moe_imbalance, ep)
+        cap2 = capture(spec, 2, microbatch, seq, tp, moe_imbalance, ep, etp)
         graphs2 = _graphs(cap2, fuse)
         reference = _block_facts(cap, graphs, "block.0")
         for name in ("block.0", "block.1"):
@@ -107,23 +111,24 @@ def trace_model(
         op_rows += rows
         edge_rows += erows
     ops, edges = to_frames(op_rows, edge_rows)
-    layers = _layers_table(spec, cap, graphs, microbatch, seq, tp, ep)
+    layers = _layers_table(spec, cap, graphs, microbatch, seq, tp, ep, etp)
     moe = None
     if spec.moe is not None:
         moe = {
             **dataclasses.asdict(spec.moe),
             "imbalance": float(moe_imbalance),
             "ep": ep,
+            "etp": etp,
             # token rows of each of the rank's routed experts per block and microbatch (expert 0
-            # the busiest): the m of its GEMMs
+            # the busiest): the m of its GEMMs; at etp = 1 each rank routes its 1/tp shard
             "tokens_per_expert": rank_tokens_per_expert(
-                microbatch * seq, spec.moe.experts, spec.moe.top_k, moe_imbalance, ep
+                microbatch * seq // (tp // etp), spec.moe.experts, spec.moe.top_k, moe_imbalance, ep
             ),
         }
     return Trace(ops, edges, layers, len(cap.ops), cap.collapsed_views, moe)
 
 
-def _layers_table(spec, cap: Capture, graphs, microbatch, seq, tp, ep) -> pd.DataFrame:
+def _layers_table(spec, cap: Capture, graphs, microbatch, seq, tp, ep, etp) -> pd.DataFrame:
     def flops(name, pass_, matmul_only=False):
         return float(
             sum(
@@ -153,8 +158,10 @@ def _layers_table(spec, cap: Capture, graphs, microbatch, seq, tp, ep) -> pd.Dat
                 "expert_param_bytes": cap.expert_param_bytes[src],
                 # routed experts in the layer (0: dense)
                 "experts": spec.moe.experts if spec.moe is not None and kind == "block" else 0,
-                # the expert-parallel size the trace is one rank of
+                # the expert-parallel size the trace is one rank of, and its experts' tensor-
+                # parallel size (tp, or 1: experts whole, on the rank's shard of the tokens)
                 "ep": ep,
+                "etp1": etp == 1 and tp > 1,
                 "activation_bytes": cap.activation_bytes[src],
                 # of which core attention saves (what selective recomputation drops) and what
                 # lies outside the tensor-parallel region (what sequence parallelism splits; t > 1)
