@@ -585,9 +585,11 @@ def test_matmul_cli_errors_exit_2_with_one_line(argv, needle, capsys):
 
 def test_expert_parallel_all_to_all_runs_on_ranks_tp_apart(cm):
     """An all-to-all of group ep in a trace at tensor-parallel width t (the width its all-reduces
-    have) runs on ranks 0, t, 2t, ... (Megatron's tp-cp-ep-dp-pp order) and is priced at the
-    larger of what a rank sends and receives; on a two-level network of 4 devices per node,
-    ep 4 at t 2 spans two nodes where 4 consecutive ranks would not."""
+    have) on the block's replicated tokens (the experts split over tp) runs on ranks 0, t, 2t,
+    ... (Megatron's tp-cp-ep-dp-pp order) and is priced at the larger of what a rank sends and
+    receives; on a two-level network of 4 devices per node, ep 4 at t 2 spans two nodes where 4
+    consecutive ranks would not. One on the rank's own shard (etp = 1: not replicated) runs on
+    ep consecutive ranks (Megatron's expert generator with etp = 1)."""
     from phaze.config import schema_defaults
     from phaze.estimate.stage import tensor_parallel_width
     from phaze.network import HierarchicalNetwork, LinkLevel
@@ -600,7 +602,13 @@ def test_expert_parallel_all_to_all_runs_on_ranks_tp_apart(cm):
     a2a["op"] = int(ops["op"].max()) + 1
     a2a["collective"], a2a["group_size"] = "all_to_all", 4
     a2a["bytes_in"], a2a["bytes_out"] = 1.0e6, 1.5e6
-    ops = pd.concat([ops, a2a.to_frame().T.astype(ops.dtypes)], ignore_index=True)
+    a2a["replicated"] = True
+    shard = a2a.copy()
+    shard["op"], shard["replicated"] = a2a["op"] + 1, False
+    ops = pd.concat(
+        [ops, a2a.to_frame().T.astype(ops.dtypes), shard.to_frame().T.astype(ops.dtypes)],
+        ignore_index=True,
+    )
     assert tensor_parallel_width(ops) == t  # an all-to-all is not a tensor-parallel collective
     net = {
         "devices_per_node": 4,
@@ -613,3 +621,5 @@ def test_expert_parallel_all_to_all_runs_on_ranks_tp_apart(cm):
     two = HierarchicalNetwork(4, LinkLevel(1e11, 1e-6), LinkLevel(1e9, 1e-5))
     assert got == pytest.approx(two.all_to_all(1.5e6, range(0, 4 * t, t)))
     assert got > 2 * two.all_to_all(1.5e6, range(4))  # consecutive ranks: one node, NVLink-like
+    own = float(out.loc[out.op == shard.op, "latency_allcores_s"].iloc[0])
+    assert own == pytest.approx(two.all_to_all(1.5e6, range(4)))

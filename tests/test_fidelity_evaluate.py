@@ -168,6 +168,7 @@ def test_evaluate_cli_prints_the_contract(tmp_path, phaze_cli):
         "pp",
         "dp",
         "ep",
+        "etp",
         "microbatch",
         "interleave",
         "recompute",

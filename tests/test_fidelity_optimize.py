@@ -65,6 +65,7 @@ def test_optimize_cli_json_and_evaluate_agree(tmp_path, phaze_cli):
         "pp",
         "dp",
         "ep",
+        "etp",
         "microbatch",
         "interleave",
         "recompute",

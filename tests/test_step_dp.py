@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phaze.errors import PhazeError
-from phaze.place.megatron import Axes, fill, optimize
+from phaze.place.megatron import Axes, chain_key, fill, optimize
 from phaze.step.model import Layout, PlacedChain, StageTerms, iteration_time, price
 from phaze.step.strategy import Strategy
 from tests.step_cases import (
@@ -35,7 +35,7 @@ def brute_force(chains, net, consts, devices, global_batch, hbm, axes):
     """min over every strategy Strategy() accepts and every split, of the priced time."""
     best = math.inf
     for key, chain in chains.items():
-        t, b, sp, ep = (*key, 1)[:4]
+        t, b, sp, ep, etp = chain_key(key)
         if sp not in axes.sequence_parallel:
             continue
         for p in range(1, devices + 1):
@@ -56,13 +56,14 @@ def brute_force(chains, net, consts, devices, global_batch, hbm, axes):
                     "distributed_optimizer": zero,
                     "ddp": ddp,
                     "ep": ep,
+                    "etp": etp,
                 }
                 try:
                     s = Strategy(**kw)
                     s.check_experts(chain.experts)
                 except PhazeError:
                     continue
-                layout = Layout.build(net, t, p, s.dp, ep)
+                layout = Layout.build(net, t, p, s.dp, ep, etp)
                 terms = StageTerms(PlacedChain(chain, layout, consts), s.schedule, rc, zero, ddp)
                 for stages in compositions(chain.blocks, p):
                     if Strategy(**kw, stages=stages).layers_reason(chain.blocks):
@@ -96,6 +97,9 @@ def draw(seed):
             for ep in (e for e in (1, 2, 4) if experts % e == 0):
                 sub = np.random.default_rng(seed * 100 + k)
                 chains[(*key, ep)] = moe_variant(sub, chain, ep, experts)
+                if key[0] > 1:  # the experts whole on each rank (etp = 1): ep may exceed dp
+                    sub = np.random.default_rng(seed * 100 + k)
+                    chains[(*key, ep, 1)] = moe_variant(sub, chain, ep, experts, etp=1)
     net = random_network(rng)
     consts = random_constants(rng)
     devices = int(rng.choice([1, 2, 4, 6, 8, 12]))
@@ -122,7 +126,7 @@ def draw(seed):
             )["peak_memory_bytes"]
             for key, c in chains.items()
             for t, b, sp in [key[:3]]
-            if (len(key) == 3 or key[3] == 1) and sp == (c.experts > 0 and t > 1)
+            if (len(key) == 3 or key[3:] == (1,)) and sp == (c.experts > 0 and t > 1)
         )
 
     if rng.random() < 0.6:
@@ -159,8 +163,9 @@ def test_optimize_equals_brute_force(seed):
     assert got.time_s == pytest.approx(want, rel=1e-9)
     # what it returns is what it claims, priced from scratch
     s = got.strategy
-    key = (s.tp, s.microbatch, s.sequence_parallel)
-    chain = chains[key] if key in chains else chains[(*key, s.ep)]
+    chain = {chain_key(k): c for k, c in chains.items()}[
+        (s.tp, s.microbatch, s.sequence_parallel, s.ep, s.expert_tp)
+    ]
     again = price(chain, s, net, consts, 1.0, hbm)
     assert again["iteration_time_s"] == pytest.approx(got.time_s, rel=1e-9)
     assert again["fits_memory"]
@@ -183,9 +188,10 @@ def test_brute_force_cases_bind_and_cover_the_axes():
         seen |= {"pp"} if s.pp > 1 else set()
         seen |= {"uneven"} if len(set(s.stages)) > 1 else set()
         seen |= {f"moe ep{s.ep}"} if seed % 3 == 2 else set()
+        seen |= {"moe etp1"} if seed % 3 == 2 and s.tp > 1 and s.expert_tp == 1 else set()
     assert 2 <= infeasible <= 40
     want = {"rc:none", "rc:selective", "rc:full", "ddp:overlap", "ddp:after", "v2", "v3"}
-    assert want | {"sp", "zero", "pp", "uneven", "moe ep1", "moe ep2"} <= seen
+    assert want | {"sp", "zero", "pp", "uneven", "moe ep1", "moe ep2", "moe etp1"} <= seen
 
 
 @settings(max_examples=60, deadline=None)
@@ -305,8 +311,8 @@ def test_a_lower_bound_chain_with_an_achievable_window_prices_a_lower_bound(seed
         return
     assert got.time_s <= real.time_s * (1 + 1e-12)
     s = real.strategy
-    key = (s.tp, s.microbatch, s.sequence_parallel)
-    key = key if key in low else (*key, s.ep)
+    low = {chain_key(k): c for k, c in low.items()}
+    key = (s.tp, s.microbatch, s.sequence_parallel, s.ep, s.expert_tp)
     assert price(low[key], s, net, consts, 1.0)["iteration_time_s"] <= real.time_s * (1 + 1e-12)
 
 
@@ -352,6 +358,27 @@ def test_a_mixture_of_experts_model_with_tensor_parallelism_needs_sequence_paral
     sp = {k: replace_sp(c) for k, c in sp.items()}
     got = optimize(sp, net, consts, 8, 8, math.inf, Axes())
     assert got.strategy is not None and got.strategy.sequence_parallel
+
+
+def test_whole_experts_let_the_expert_parallel_size_exceed_dp():
+    """etp = 1: the expert-parallel group spans the tensor-parallel ranks, so ep need only
+    divide tp·dp (Megatron's parallel folding): 4 devices at tp 4 (dp 1) place ep = 4, and
+    with the experts split over tp (etp = tp) the same ep is skipped."""
+    rng = np.random.default_rng(4)
+    base = replace_sp(random_chain(rng, 4, 4, 1, False))
+    whole = {(4, 1, True, 4, 1): moe_variant(np.random.default_rng(2), base, 4, 8, etp=1)}
+    net, consts = random_network(rng), random_constants(rng)
+    got = optimize(whole, net, consts, 4, 4, math.inf, Axes())
+    assert got.strategy is not None
+    assert (got.strategy.tp, got.strategy.dp, got.strategy.ep, got.strategy.expert_tp) == (
+        4,
+        1,
+        4,
+        1,
+    )
+    split = {(4, 1, True, 4): moe_variant(np.random.default_rng(2), base, 4, 8)}
+    got = optimize(split, net, consts, 4, 4, math.inf, Axes())
+    assert got.strategy is None and got.skipped["ep does not divide dp"] > 0
 
 
 def replace_sp(chain):
@@ -414,7 +441,7 @@ def test_retimed_terms_are_the_terms_of_the_other_chain(seed):
     chains, net, consts, *_ = draw(seed)
     rng = np.random.default_rng(2000 + seed)
     for key, chain in sorted(chains.items()):
-        t, ep = key[0], (key[3] if len(key) == 4 else 1)
+        t, _, _, ep, etp = chain_key(key)
         other = _retime(rng, chain)
         for p in (1, 2, 3):
             d = 2 * ep
@@ -428,8 +455,9 @@ def test_retimed_terms_are_the_terms_of_the_other_chain(seed):
                 sequence_parallel=chain.sequence_parallel,
                 ddp=str(rng.choice(["overlap", "after"])),
                 ep=ep,
+                etp=etp,
             )
-            layout = Layout.build(net, t, p, d, ep)
+            layout = Layout.build(net, t, p, d, ep, etp)
             args = (s.schedule, s.recompute, False, s.ddp)
             built = StageTerms(PlacedChain(chain, layout, consts), *args)
             want = StageTerms(PlacedChain(other, layout, consts), *args)

@@ -226,15 +226,18 @@ def _estimate_group(
         secs = np.zeros(len(c))
         kinds = c["collective"].fillna("all_reduce").replace("", "all_reduce")
         tp = tensor_parallel_width(ops)
-        for i, (name, size, out, group) in enumerate(
-            zip(kinds, c["bytes_in"], c["bytes_out"], c["group_size"])
+        for i, (name, size, out, group, replicated) in enumerate(
+            zip(kinds, c["bytes_in"], c["bytes_out"], c["group_size"], c["replicated"])
         ):
             if int(group) <= 1:
                 continue  # one rank sends nothing (an expert-parallel group of 1)
             if name == "all_to_all":
-                # the expert-parallel group: ep ranks tp apart (Megatron's tp-cp-ep-dp-pp order,
-                # docs/step.md); a rank sends and receives, the larger side decides
-                ranks, size = range(0, tp * int(group), tp), max(size, out)
+                # the expert-parallel group (Megatron's expert generator, docs/step.md): ep ranks
+                # tp apart when every tensor-parallel rank exchanges the block's tokens (experts
+                # split over tp: the all-to-all is replicated), ep consecutive ranks when each
+                # exchanges its own shard (etp = 1); the larger side of send/receive decides
+                stride = tp if bool(replicated) else 1
+                ranks, size = range(0, stride * int(group), stride), max(size, out)
             else:
                 # the tensor-parallel group is ranks 0..g-1 (consecutive, as Megatron places them)
                 ranks = range(int(group))

@@ -208,7 +208,7 @@ def layer_works(
         flops = float(o.loc[o["kind"] == "matmul", "flops"].sum())
         attention_flops = float(o.loc[(o["kind"] == "matmul") & attention, "flops"].sum())
         colls = [
-            (c["collective"] or "all_reduce", collective_bytes(c))
+            (c["collective"] or "all_reduce", collective_bytes(c), bool(c["replicated"]))
             for _, c in o[o["kind"] == "collective"].iterrows()
             if int(c["group_size"]) > 1 or c["collective"] == "all_to_all"
         ]
@@ -227,8 +227,8 @@ def layer_works(
                 if all(attention[i] for i in k["ops"]):
                     attention_s += lat
             coll = [
-                sequence_parallel_form(kind, size, tp) if sp else [(kind, size)]
-                for kind, size in colls
+                sequence_parallel_form(kind, size, tp, replicated) if sp else [(kind, size)]
+                for kind, size, replicated in colls
             ]
             coll = [x for parts in coll for x in parts]
             if pass_ == "fwd":
@@ -250,11 +250,14 @@ def collective_bytes(op) -> float:
     return float(op["bytes_in"])
 
 
-def sequence_parallel_form(kind: str, size: float, tp: int) -> list[tuple[str, float]]:
+def sequence_parallel_form(
+    kind: str, size: float, tp: int, replicated: bool = True
+) -> list[tuple[str, float]]:
     """A collective as sequence parallelism runs it: an all-reduce as a reduce-scatter and an
-    all-gather of the same tensor, an all-to-all of the rank's 1/tp of the tokens."""
+    all-gather of the same tensor, an all-to-all of the rank's 1/tp of the tokens (one traced
+    on the block's replicated tokens; at etp = 1 it already carries the rank's shard)."""
     if kind == "all_to_all":
-        return [("all_to_all", size / tp)]
+        return [("all_to_all", size / tp if replicated else size)]
     if kind == "all_reduce":
         return [("reduce_scatter", size), ("all_gather", size)]
     return [(kind, size)]

@@ -1,9 +1,10 @@
 """Exact placement under the step model (`phaze.step`, ``place.model: megatron``).
 
-The search space: tensor-parallel width t, microbatch b and expert-parallel size ep (one
-`ChainCost` each, with and without sequence parallelism; a dense model has ep = 1 only), every
-pipeline depth p with ``t·p·d = devices`` and ``b·d`` dividing the global batch (Megatron's rules),
-every ep of the chains dividing d, and for each the listed interleave V, recompute mode,
+The search space: tensor-parallel width t, microbatch b, expert-parallel size ep and the
+experts' tensor-parallel size etp (t, or 1: whole experts) (one `ChainCost` each, with and without
+sequence parallelism; a dense model has ep = 1 and etp = t only), every pipeline depth p with
+``t·p·d = devices`` and ``b·d`` dividing the global batch (Megatron's rules), every ep of the
+chains dividing d (t·d at etp = 1), and for each the listed interleave V, recompute mode,
 sequence parallelism, distributed optimizer and DDP mode — and every split of the L blocks into
 p stages (`phaze.step.strategy.stages_reason`). Impossible combinations are skipped with a
 reason (counted in `Result.skipped`).
@@ -343,9 +344,13 @@ class _Config:
         )
 
 
-def _chain_key(key) -> tuple[int, int, bool, int]:
-    """(tp, microbatch, sequence_parallel, ep) of a `chains` key: (t, b, sp) means ep = 1."""
-    return (*key, 1) if len(key) == 3 else tuple(key)
+def chain_key(key) -> tuple[int, int, bool, int, int]:
+    """(tp, microbatch, sequence_parallel, ep, etp) of a `chains` key: (t, b, sp) means ep = 1,
+    and a key without etp means the experts split over the tensor-parallel ranks (etp = t)."""
+    key = tuple(key)
+    if len(key) == 3:
+        key = (*key, 1)
+    return key if len(key) == 5 else (*key, key[0])
 
 
 def configurations(
@@ -358,25 +363,27 @@ def configurations(
     skipped: Counter,
 ) -> list[_Config]:
     """Every well-formed configuration of `chains` (keyed by (tp, microbatch, sequence
-    parallelism[, ep]); a key without ep means ep = 1) on `devices`, in the search's
-    tie-breaking order; each skipped combination is counted in `skipped` under its reason.
-    Chains of one (t, b, sp, ep) share their placed chain."""
-    chains = {_chain_key(k): c for k, c in chains.items()}
-    for (t, b, sp, ep), c in chains.items():
-        if (c.tp, c.microbatch, c.sequence_parallel, c.ep) != (t, b, sp, ep):
-            raise AssertionError(f"chain built for another setting than its key {(t, b, sp, ep)}")
+    parallelism[, ep[, etp]]); a key without ep means ep = 1, without etp etp = tp) on
+    `devices`, in the search's tie-breaking order; each skipped combination is counted in
+    `skipped` under its reason. Chains of one (t, b, sp, ep, etp) share their placed chain."""
+    chains = {chain_key(k): c for k, c in chains.items()}
+    for (t, b, sp, ep, etp), c in chains.items():
+        if (c.tp, c.microbatch, c.sequence_parallel, c.ep, c.expert_tp) != (t, b, sp, ep, etp):
+            raise AssertionError(
+                f"chain built for another setting than its key {(t, b, sp, ep, etp)}"
+            )
     blocks = {c.blocks for c in chains.values()}
     if len(blocks) != 1:
         raise AssertionError("chains of different block counts")
     L = blocks.pop()
     configs: list[_Config] = []
-    layouts: dict[tuple[int, int, int, int], Layout] = {}
-    placed: dict[tuple[int, int, int, int, bool, int], PlacedChain] = {}
-    eps_of: dict[tuple[int, int], list[int]] = {}
-    for t, b, _, ep in chains:
+    layouts: dict[tuple, Layout] = {}
+    placed: dict[tuple, PlacedChain] = {}
+    eps_of: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (t, b) -> its (ep, etp)
+    for t, b, _, ep, etp in chains:
         eps_of.setdefault((t, b), [])
-        if ep not in eps_of[(t, b)]:
-            eps_of[(t, b)].append(ep)
+        if (ep, etp) not in eps_of[(t, b)]:
+            eps_of[(t, b)].append((ep, etp))
     order = 0
     for t, b in sorted(eps_of):
         if devices % t:
@@ -391,16 +398,21 @@ def configurations(
                 skipped["more pipeline stages than the layers allow"] += 1
                 continue
             m = global_batch // (b * d)
-            for ep, sp in (
-                (ep, sp) for ep in sorted(eps_of[(t, b)]) for sp in axes.sequence_parallel
+            # ep ascending; for each, the experts split over tp (etp = t) before whole (etp = 1)
+            pairs = sorted(eps_of[(t, b)], key=lambda x: (x[0], -x[1]))
+            for ep, etp, sp in (
+                (ep, etp, sp) for ep, etp in pairs for sp in axes.sequence_parallel
             ):
-                if d % ep:
+                if etp == t and d % ep:
                     skipped["ep does not divide dp"] += 1
+                    continue
+                if etp != t and (t * d) % ep:
+                    skipped["ep does not divide tp·dp (etp = 1)"] += 1
                     continue
                 if sp and t == 1:
                     skipped["sequence parallelism needs tp > 1"] += 1
                     continue
-                chain = chains.get((t, b, sp, ep))
+                chain = chains.get((t, b, sp, ep, etp))
                 if chain is None:
                     skipped["no layer costs for this sequence-parallel setting"] += 1
                     continue
@@ -419,11 +431,11 @@ def configurations(
                         skipped[why] += 1
                         continue
                     schedule = PipelineSchedule(p, v, m)
-                    key = (t, b, p, d, sp, ep)
+                    key = (t, b, p, d, sp, ep, etp)
                     if key not in placed:
-                        if (t, p, d, ep) not in layouts:
-                            layouts[(t, p, d, ep)] = Layout.build(net, t, p, d, ep)
-                        placed[key] = PlacedChain(chain, layouts[(t, p, d, ep)], consts)
+                        if (t, p, d, ep, etp) not in layouts:
+                            layouts[(t, p, d, ep, etp)] = Layout.build(net, t, p, d, ep, etp)
+                        placed[key] = PlacedChain(chain, layouts[(t, p, d, ep, etp)], consts)
                     for rc in axes.recompute:
                         for zero in axes.distributed_optimizer:
                             if zero and d == 1:
@@ -492,7 +504,7 @@ class Setting:
 
 def setting_key(chains, net, consts, devices, global_batch, hbm_capacity_bytes, axes) -> tuple:
     """The key of a `Setting`: equal keys, equal settings."""
-    shapes = tuple(sorted((_chain_key(k), c.shape) for k, c in chains.items()))
+    shapes = tuple(sorted((chain_key(k), c.shape) for k, c in chains.items()))
     return (net, consts, devices, global_batch, float(hbm_capacity_bytes), axes, shapes)
 
 
@@ -510,7 +522,7 @@ def optimize(
     sequence_parallel) to the chain at that setting (the t and b values searched are its keys).
     `settings`: a dict the caller keeps across architectures (`Setting`s by `setting_key`), so
     what they share is computed once."""
-    chains = {_chain_key(k): c for k, c in chains.items()}
+    chains = {chain_key(k): c for k, c in chains.items()}
     args = (chains, net, consts, devices, global_batch, float(hbm_capacity_bytes), axes)
     key = setting_key(*args) if settings is not None else None
     setting = settings.get(key) if settings is not None else None
@@ -529,7 +541,7 @@ def optimize(
             result.infeasible["does not fit in memory"] += 1
             continue
         c = cfg.placed.chain
-        chain = chains[(c.tp, c.microbatch, c.sequence_parallel, c.ep)]
+        chain = chains[(c.tp, c.microbatch, c.sequence_parallel, c.ep, c.expert_tp)]
         intercept, slope = fit.terms.line(chain)[:2]
         # the tail's floor (0 until a search has reached the configuration) bounds apart
         bound = _lower_bound(intercept, slope, cfg.schedule, L)
@@ -570,6 +582,7 @@ def optimize(
                 ddp=cfg.ddp,
                 stages=stages,
                 ep=cfg.placed.layout.ep,
+                etp=cfg.placed.layout.expert_tp,
             )
     return result
 
@@ -598,8 +611,10 @@ def best_fixed(
     pp: int,
     stages: tuple[int, ...],
     ep: int = 1,
+    etp: int | None = None,
 ) -> tuple[Strategy | None, float, str]:
-    """A fixed placement (tp, pp, ep, split; dp = devices / (tp·pp)) at its best over the other
+    """A fixed placement (tp, pp, ep, etp (None: tp), split; dp = devices / (tp·pp)) at its best
+    over the other
     axes (the microbatches of `chains`, interleave, recompute, sequence parallelism, distributed
     optimizer, DDP). Returns (strategy, time, '') or (None, inf, why not)."""
     if devices % (tp * pp):
@@ -610,12 +625,13 @@ def best_fixed(
         )
     best: tuple[float, Strategy] | None = None
     why = Counter()
-    chains = {_chain_key(k): c for k, c in chains.items()}
-    if not any(t == tp and e == ep for t, _, _, e in chains):
-        return None, INF, f"no layer costs for tp {tp} and ep {ep}"
-    layout = None  # every strategy here has the same (tp, pp, dp, ep)
-    for (t, b, sp, e), chain in sorted(chains.items()):
-        if t != tp or e != ep or sp not in axes.sequence_parallel:
+    chains = {chain_key(k): c for k, c in chains.items()}
+    etp = tp if etp is None else etp
+    if not any(t == tp and e == ep and x == etp for t, _, _, e, x in chains):
+        return None, INF, f"no layer costs for tp {tp}, ep {ep} and etp {etp}"
+    layout = None  # every strategy here has the same (tp, pp, dp, ep, etp)
+    for (t, b, sp, e, x), chain in sorted(chains.items()):
+        if t != tp or e != ep or x != etp or sp not in axes.sequence_parallel:
             continue
         placed = None
         for v in axes.interleave:
@@ -636,6 +652,7 @@ def best_fixed(
                                 ddp=ddp,
                                 stages=tuple(stages),
                                 ep=ep,
+                                etp=etp,
                             )
                             s.check_layers(chain.blocks)
                             s.check_experts(chain.experts)
@@ -644,7 +661,7 @@ def best_fixed(
                             continue
                         check_chain(chain, s)
                         if layout is None:
-                            layout = Layout.build(net, tp, pp, s.dp, ep)
+                            layout = Layout.build(net, tp, pp, s.dp, ep, etp)
                         if placed is None:
                             placed = PlacedChain(chain, layout, consts)
                         terms = StageTerms(placed, s.schedule, rc, zero, ddp)

@@ -122,6 +122,7 @@ class _FromShard(torch.autograd.Function):
     def backward(ctx, grad):
         return sp_split(grad, ctx.parts), None
 
+
 #: module attributes naming an op's MoE role and routed-expert index (read by the tracer's hooks)
 ROLE_ATTR = "_phaze_moe_role"
 EXPERT_ATTR = "_phaze_expert"
