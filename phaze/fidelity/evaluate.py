@@ -62,22 +62,40 @@ _SPECS: dict[str, object] = {}
 
 
 @lru_cache(maxsize=64)
-def _trace_cached(key: str, microbatch: int, tp: int, seq: int, ep: int, imbalance: float):
+def _trace_cached(
+    key: str, microbatch: int, tp: int, seq: int, ep: int, imbalance: float, etp: int
+):
     from phaze.trace.tracer import trace_model  # deferred: pulls torch
 
     # fuse=False: the GPU kernel fusion is modelled here (compute.py), not upstream's pairing;
     # verify=False: blocks of these models are identical (the trace stage's tests check that).
     return trace_model(
-        _SPECS[key], microbatch, tp, seq, fuse=False, verify=False, moe_imbalance=imbalance, ep=ep
+        _SPECS[key],
+        microbatch,
+        tp,
+        seq,
+        fuse=False,
+        verify=False,
+        moe_imbalance=imbalance,
+        ep=ep,
+        etp=etp,
     )
 
 
-def trace_for(spec, microbatch: int, tp: int, seq: int, ep: int = 1, imbalance: float = 1.0):
-    """The trace of one rank at (microbatch, tp, ep) (cached per block shape); a
+def trace_for(
+    spec,
+    microbatch: int,
+    tp: int,
+    seq: int,
+    ep: int = 1,
+    imbalance: float = 1.0,
+    etp: int | None = None,
+):
+    """The trace of one rank at (microbatch, tp, ep, etp) (cached per block shape); a
     mixture-of-experts model routes its tokens by the stated distribution of `imbalance`."""
     key = _spec_key(spec)
     _SPECS[key] = spec
-    return _trace_cached(key, microbatch, tp, seq, ep, float(imbalance))
+    return _trace_cached(key, microbatch, tp, seq, ep, float(imbalance), tp if etp is None else etp)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,10 +127,21 @@ def _layer_cost(work: LayerWork, row, tp: int, sp: bool, tied_bytes: float = 0.0
 _CHAINS: dict[tuple, dict[bool, ChainCost]] = {}
 
 
-def gpu_chains(spec, tp: int, microbatch: int, seq: int, preset: dict, config: dict, ep: int = 1):
-    """{sequence_parallel: ChainCost} of the model at (tp, microbatch, ep) on a GPU preset (both
-    settings for tp > 1, from one costing of the kernels); cached per process. A
+def gpu_chains(
+    spec,
+    tp: int,
+    microbatch: int,
+    seq: int,
+    preset: dict,
+    config: dict,
+    ep: int = 1,
+    etp: int | None = None,
+):
+    """{sequence_parallel: ChainCost} of the model at (tp, microbatch, ep, etp) on a GPU preset
+    (both settings for tp > 1, from one costing of the kernels); cached per process. A
     mixture-of-experts model routes its tokens by config ``trace.moe_imbalance``."""
+    etp = tp if etp is None else etp
+    spec.check_etp(etp, tp, seq)
     moe = getattr(spec, "moe", None)
     if ep > 1 and moe is None:
         raise PhazeError(f"expert parallelism (ep = {ep}) needs a mixture-of-experts model")
@@ -127,6 +156,7 @@ def gpu_chains(spec, tp: int, microbatch: int, seq: int, preset: dict, config: d
         microbatch,
         seq,
         ep,
+        etp,
         imbalance,
         json.dumps(preset, sort_keys=True, default=str),
         json.dumps([config["costmodel"], config["fidelity"]], sort_keys=True),
@@ -134,7 +164,7 @@ def gpu_chains(spec, tp: int, microbatch: int, seq: int, preset: dict, config: d
     if key in _CHAINS:
         return _CHAINS[key]
     spec.check_tp(tp)
-    trace = trace_for(spec, microbatch, tp, seq, ep, imbalance)
+    trace = trace_for(spec, microbatch, tp, seq, ep, imbalance, etp)
     layers = trace.layers.set_index("layer")
     cm = preset_costmodel(preset, config["costmodel"])
     common = {
@@ -176,6 +206,7 @@ def gpu_chains(spec, tp: int, microbatch: int, seq: int, preset: dict, config: d
             meta={"block_kernel_bounds_s": dict(sorted(blk.bound_s.items()))},
             ep=ep,
             experts=moe.experts if moe is not None else 0,
+            etp=etp,
         )
     _CHAINS[key] = chains
     return chains
@@ -212,9 +243,16 @@ def evaluate_strategy(
     strategy.check_layers(spec.num_blocks)
     moe = getattr(spec, "moe", None)
     strategy.check_experts(moe.experts if moe is not None else 0)
-    chain = gpu_chains(spec, strategy.tp, strategy.microbatch, seq, preset, config, strategy.ep)[
-        strategy.sequence_parallel
-    ]
+    chain = gpu_chains(
+        spec,
+        strategy.tp,
+        strategy.microbatch,
+        seq,
+        preset,
+        config,
+        strategy.ep,
+        strategy.expert_tp,
+    )[strategy.sequence_parallel]
     peak = preset_peak_flops(preset)
     capacity = (preset.get("gpu") or {}).get("hbm_capacity_bytes")
     result = price(chain, strategy, net, step_constants(preset, config), peak, capacity)
@@ -243,17 +281,23 @@ def optimize_strategy(
     tps,
     name: str = "preset",
     eps=(1,),
+    etps=(None,),
 ):
     """The fastest strategy that fits `hbm_capacity_bytes` per device under the step model (the exact
-    search of phaze.place.megatron over the tp, microbatch and ep values given and the axes of
-    config ``place``). Returns (evaluate_strategy's dict of it or None, the search's Result)."""
+    search of phaze.place.megatron over the tp, microbatch, ep and etp values given — etp None
+    is the experts split over tp, 1 whole experts, where the model has experts and tp > 1 — and
+    the axes of config ``place``). Returns (evaluate_strategy's dict of it or None, the search's Result)."""
     net = preset_network(preset, name, devices)
     chains = {}
     for t in tps:
         for b in microbatches:
             for ep in eps:
-                for sp, chain in gpu_chains(spec, t, b, seq, preset, config, ep).items():
-                    chains[(t, b, sp, ep)] = chain
+                for etp in sorted({t if x is None else x for x in etps}, reverse=True):
+                    if etp != t and (getattr(spec, "moe", None) is None or seq % t):
+                        continue
+                    got = gpu_chains(spec, t, b, seq, preset, config, ep, etp)
+                    for sp, chain in got.items():
+                        chains[(t, b, sp, ep, etp)] = chain
     found = optimize(
         chains,
         net,

@@ -61,7 +61,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ep",
         type=int,
         default=1,
-        help="expert-parallel size (a mixture-of-experts model; must divide its experts and dp)",
+        help="expert-parallel size (a mixture-of-experts model; must divide its experts and dp, "
+        "tp·dp with --etp 1)",
+    )
+    parser.add_argument(
+        "--etp",
+        type=int,
+        help="the experts' tensor-parallel size: tp (the default) or 1 (whole experts on each "
+        "rank, Megatron's --expert-tensor-parallel-size 1)",
     )
     parser.add_argument("--microbatch", type=int, required=True, help="microbatch size b")
     parser.add_argument(
@@ -136,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
         ddp=args.ddp,
         stages=parse_stages(args.stages),
         ep=args.ep,
+        etp=args.etp,
     )
     spec, preset, config, seq = load_run(args)
     spec.check_tp(strategy.tp)

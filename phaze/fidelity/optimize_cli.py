@@ -48,6 +48,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="expert-parallel sizes to search (a mixture-of-experts model; default: every "
         "divisor of its experts; a dense model: 1)",
     )
+    parser.add_argument(
+        "--etp",
+        nargs="+",
+        choices=("tp", "1"),
+        help="the experts' tensor-parallel sizes to search: tp (split like the block) and/or 1 "
+        "(whole experts; a mixture-of-experts model at tp > 1; default: both for one, tp for a "
+        "dense model)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -86,6 +94,14 @@ def run(args: argparse.Namespace) -> int:
                 raise PhazeError(
                     f"the expert-parallel size ep ({e}) must divide the {experts} experts"
                 )
+    if args.etp is None:
+        etps = (None, 1) if experts else (None,)
+    else:
+        etps = tuple(None if x == "tp" else 1 for x in dict.fromkeys(args.etp))
+        if not experts and 1 in etps:
+            raise PhazeError(
+                "etp = 1 (experts without tensor parallelism) needs a mixture-of-experts model"
+            )
     result, found = optimize_strategy(
         spec,
         preset,
@@ -98,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         tps=tps,
         name=args.arch,
         eps=eps,
+        etps=etps,
     )
     if result is None:
         why = "; ".join(f"{r} ({n})" for r, n in sorted(found.skipped.items())) or "none"
