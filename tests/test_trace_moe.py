@@ -43,10 +43,13 @@ def _trace(
     seq: int | None = None,
     imb: float = 1.0,
     ep: int = 1,
+    etp: int | None = None,
 ):
     from phaze.trace.tracer import trace_model
 
-    return trace_model(get_model_spec(model), microbatch, tp, seq=seq, moe_imbalance=imb, ep=ep)
+    return trace_model(
+        get_model_spec(model), microbatch, tp, seq=seq, moe_imbalance=imb, ep=ep, etp=etp
+    )
 
 
 def _row(trace):
@@ -350,6 +353,65 @@ def test_expert_parallel_rank_holds_its_experts_and_exchanges_its_tokens(name, t
         assert (a2a["bytes_out"] == b * s * k * h * 2).all()
 
 
+@pytest.mark.parametrize(
+    "name,t,ep,s",
+    [("mixtral-8x7b", 2, 1, 128), ("mixtral-8x7b", 4, 8, 128), ("qwen1.5-moe-a2.7b", 2, 6, 120)],
+)
+def test_whole_experts_run_on_the_ranks_shard(name, t, ep, s):
+    """etp = 1 (Megatron's --expert-tensor-parallel-size 1) at tp = t: the router, the
+    all-to-alls and E/ep whole experts (fc1 h -> 2f, fc2 f -> h, unsliced weights: expert
+    parameter bytes t times those at etp = t) run on the rank's b·s/t tokens, each expert on
+    ep·b·s·k/(t·E) rows; the all-to-alls carry b·s·k/t rows inside the tensor-parallel region
+    (not replicated), and no tensor-parallel collective runs in the routed path. The block's
+    matmul FLOPs: those at etp = t, less the router's (t − 1)/t on the tokens other ranks route
+    (balanced). Free sp_split/sp_gather bracket the path."""
+    z = _sizes(name)
+    h, f, E, k = z["h"], z["f"], z["E"], z["k"]
+    b = 1
+    split, whole = _trace(name, b, t, s, 1.0, ep), _trace(name, b, t, s, 1.0, ep, 1)
+    assert whole.moe["etp"] == 1 and split.moe["etp"] == t
+    assert whole.moe["tokens_per_expert"] == [ep * b * s * k // (t * E)] * (E // ep)
+    row, row_split = _row(whole), _row(split)
+    assert bool(row["etp1"]) and not bool(row_split["etp1"])
+    assert row["expert_param_bytes"] == 2 * (E // ep) * 3 * h * f
+    assert row["expert_param_bytes"] == t * row_split["expert_param_bytes"]
+    fwd = _block(whole, "fwd", "matmul")
+    experts = fwd[fwd["expert"] >= 0].sort_values("op")
+    rows = ep * b * s * k // (t * E)
+    assert set(zip(experts["m"], experts["k"], experts["n"])) == {(rows, h, 2 * f), (rows, f, h)}
+    router = fwd[fwd["moe_role"] == "router"]
+    assert (router["m"] == b * s // t).all() and not router["replicated"].any()
+    for pass_ in ("fwd", "bwd"):
+        flops = _block(whole, pass_, "matmul")["flops"].sum()
+        router_flops = 2 * b * s * h * E * (1 if pass_ == "fwd" else 2)
+        less = router_flops * (t - 1) / t  # (its input and weight gradients alike)
+        assert flops == _block(split, pass_, "matmul")["flops"].sum() - less
+        coll = _block(whole, pass_, "collective")
+        a2a = coll[coll["collective"] == "all_to_all"]
+        assert len(a2a) == 2 and (a2a["group_size"] == ep).all()
+        assert (a2a["bytes_in"] == b * s * k * h * 2 // t).all() and not a2a["replicated"].any()
+        routed = coll[coll["moe_role"].isin(["dispatch", "expert", "combine"])]
+        assert set(routed["collective"]) == {"all_to_all"}
+        nops = _block(whole, pass_)
+        nops = nops[nops["aten"].isin(["phaze.sp_split.default", "phaze.sp_gather.default"])]
+        assert len(nops) >= 2 and (nops["kind"] == "nop").all()
+
+
+def test_whole_experts_are_checked():
+    """etp other than tp or 1, etp = 1 for a dense model, and a sequence the tp ranks cannot
+    split evenly are errors naming the problem."""
+    mixtral, llama = get_model_spec("mixtral-8x7b"), get_model_spec("llama3-8b")
+    with pytest.raises(PhazeError, match="must be tp \\(4\\) or 1"):
+        mixtral.check_etp(2, 4)
+    with pytest.raises(PhazeError, match="needs a mixture-of-experts model"):
+        llama.check_etp(1, 2)
+    with pytest.raises(PhazeError, match="divisible by tp = 4"):
+        mixtral.check_etp(1, 4, 4098)
+    mixtral.check_etp(1, 4, 4096)
+    mixtral.check_etp(None, 4)
+    llama.check_etp(2, 2)
+
+
 def test_rank_token_counts_under_imbalance():
     """The busiest rank of an expert-parallel group holds the busiest expert: its experts' rows
     are the first E/ep of the group's distribution; it then receives more rows than it sends."""
@@ -514,6 +576,18 @@ BAD_INPUTS = {
     "ep on a dense model": (
         lambda p: ["--model", "llama3-8b", "--ep", "2"],
         "expert parallelism (ep = 2) needs a mixture-of-experts model",
+    ),
+    "etp neither tp nor 1": (
+        lambda p: ["--model", "mixtral-8x7b", "--tp", "4", "--etp", "2"],
+        "etp must be tp (4) or 1 (got 2)",
+    ),
+    "etp 1 on a dense model": (
+        lambda p: ["--model", "llama3-8b", "--tp", "2", "--etp", "1"],
+        "etp = 1 (experts without tensor parallelism) needs a mixture-of-experts model",
+    ),
+    "etp 1 with a sequence tp cannot split": (
+        lambda p: ["--model", "mixtral-8x7b", "--tp", "4", "--etp", "1", "--seq", "4098"],
+        "the sequence length 4098 must be divisible by tp = 4",
     ),
     "imbalance above E/k": (
         lambda p: ["--model", "mixtral-8x7b", "--config", _yaml(p, 4.5)],
