@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from phaze.place.bound import LOWER, SpaceChain, time_lower_bounds
-from phaze.place.megatron import optimize
+from phaze.place.megatron import chain_key, optimize
 from phaze.step.layers import ChainCost
 from tests.test_step_dp import draw
 
@@ -27,12 +27,13 @@ def _zero(chain: ChainCost) -> ChainCost:
 
 
 def _space(chains, rng, n_archs):
-    """(SpaceChain per (t, b, ep), per-arch exact chains): each architecture's layer times are
-    the case's times scaled by its own random factors; its window between them and twice them."""
+    """(SpaceChain per (t, b, ep, etp), per-arch exact chains): each architecture's layer times
+    are the case's times scaled by its own random factors; its window between them and twice
+    them."""
     space, exact = {}, [{} for _ in range(n_archs)]
-    chains = {((*k, 1) if len(k) == 3 else k): c for k, c in chains.items()}
-    for t, b, ep in sorted({(t, b, ep) for t, b, _, ep in chains}):
-        base = chains[(t, b, False, ep)]
+    chains = {chain_key(k): c for k, c in chains.items()}
+    for t, b, ep, etp in sorted({(t, b, ep, x) for t, b, _, ep, x in chains}):
+        base = chains[(t, b, False, ep, etp)]
         scale = {k: rng.uniform(0.3, 1.5, n_archs) for k in LOWER}
         lower = {
             k: getattr(getattr(base, k.split("_")[0]), k.split("_")[1] + "_s") * scale[k]
@@ -41,11 +42,15 @@ def _space(chains, rng, n_archs):
         window = {k: lower[k] * rng.uniform(1.0, 2.0, n_archs) for k in LOWER}
         attention = base.block.attention_fwd_s * rng.uniform(0.0, 1.0, n_archs)
         attention = np.minimum(attention, lower["block_fwd"])
-        skel = {sp: _zero(c) for (tt, bb, sp, e), c in chains.items() if (tt, bb, e) == (t, b, ep)}
-        space[(t, b, ep)] = SpaceChain(skel, lower, window, attention)
+        skel = {
+            sp: _zero(c)
+            for (tt, bb, sp, e, x), c in chains.items()
+            if (tt, bb, e, x) == (t, b, ep, etp)
+        }
+        space[(t, b, ep, etp)] = SpaceChain(skel, lower, window, attention)
         for a in range(n_archs):
-            for (tt, bb, sp, e), c in chains.items():
-                if (tt, bb, e) != (t, b, ep):
+            for (tt, bb, sp, e, x), c in chains.items():
+                if (tt, bb, e, x) != (t, b, ep, etp):
                     continue
 
                 def layer(name, times, c=c, a=a, lower=lower, attention=attention):
@@ -60,7 +65,7 @@ def _space(chains, rng, n_archs):
 
                 main = {n: layer(n, lower) for n in ("first", "block", "last")}
                 win = {n: layer(n, window) for n in ("first", "block", "last")}
-                exact[a][(tt, bb, sp, e)] = replace(
+                exact[a][(tt, bb, sp, e, x)] = replace(
                     c, **main, window=replace(c, **win, window=None)
                 )
     return space, exact

@@ -283,9 +283,13 @@ def _cheap_bound(
     return (m - 1.0 / v) * S / terms.p + S / v + tail
 
 
-def _space_key(key: tuple) -> tuple[int, int, int]:
-    """(tp, microbatch, ep) of a `time_lower_bounds` key: (t, b) means ep = 1."""
-    return (*key, 1) if len(key) == 2 else tuple(key)
+def _space_key(key: tuple) -> tuple[int, int, int, int]:
+    """(tp, microbatch, ep, etp) of a `time_lower_bounds` key: (t, b) means ep = 1, and a key
+    without etp the experts split over tp (etp = t)."""
+    key = tuple(key)
+    if len(key) == 2:
+        key = (*key, 1)
+    return key if len(key) == 4 else (*key, key[0])
 
 
 def _jobs(chains, net, consts, devices, global_batch, hbm_capacity_bytes, axes) -> list[tuple]:
@@ -293,8 +297,8 @@ def _jobs(chains, net, consts, devices, global_batch, hbm_capacity_bytes, axes) 
     splits, the capacities with those allowed splits, its chain, its cheap bound per arch)."""
     chains = {_space_key(k): sc for k, sc in chains.items()}
     skeletons = {
-        (t, b, sp, ep): chain
-        for (t, b, ep), sc in chains.items()
+        (t, b, sp, ep, etp): chain
+        for (t, b, ep, etp), sc in chains.items()
         for sp, chain in sc.skeleton.items()
     }
     configs = configurations(skeletons, net, consts, devices, global_batch, axes, Counter())
@@ -304,7 +308,7 @@ def _jobs(chains, net, consts, devices, global_batch, hbm_capacity_bytes, axes) 
             continue  # never faster than overlap for the same split (module docstring)
         terms = cfg.terms()
         layout = cfg.placed.layout
-        chain = chains[(layout.tp, cfg.placed.chain.microbatch, layout.ep)]
+        chain = chains[(layout.tp, cfg.placed.chain.microbatch, layout.ep, layout.expert_tp)]
         sched = cfg.schedule
         by_allowed: dict[bytes, tuple] = {}
         for h, hbm in enumerate(hbm_capacity_bytes):

@@ -16,8 +16,8 @@ Per layer and rank (one tensor-parallel width t, one microbatch b):
   its input and its pipeline sends shrink as the model says;
 * parameters = ``param_bytes`` / ``step.weight_bytes_per_param``, of them the routed experts'
   ``expert_param_bytes`` (a mixture-of-experts trace at expert-parallel size ep: the rank's E/ep
-  experts; its all-to-alls are ops of the layer, in its schedule); memory from the trace's saved
-  tensors.
+  experts, whole at etp = 1; its all-to-alls are ops of the layer, in its schedule); memory from
+  the trace's saved tensors.
 
 A bound-tier chain (lower-bound latencies) carries the achievable one as its DDP window
 (`ChainCost.window`).
@@ -97,6 +97,7 @@ class ChainTables:
         weight_bytes_per_param: float,
         where: str,
         ep: int = 1,
+        etp: int | None = None,
     ):
         if tp > 1 and not layers["tensor_parallel"].astype(bool).all():
             raise PhazeError(
@@ -116,7 +117,12 @@ class ChainTables:
                 f"{where}: expert-parallel size {ep} needs a mixture-of-experts trace whose "
                 f"experts it divides (the trace has {self.experts})"
             )
-        self.ep = ep
+        etp = tp if etp is None else etp
+        whole = bool(block["etp1"]) if "etp1" in block.index else False
+        if whole != (etp != tp):
+            traced = "whole experts (etp = 1)" if whole else f"experts split over tp (etp = {tp})"
+            raise PhazeError(f"{where}: the trace has {traced}, not etp = {etp}")
+        self.ep, self.etp = ep, etp
         self.weight_bytes = float(weight_bytes_per_param)
         self.ops = ops
         self.attention_flops = _matmul_attention_flops(ops) if ops is not None else {}
@@ -161,6 +167,7 @@ class ChainTables:
             window=window,
             ep=self.ep,
             experts=self.experts,
+            etp=self.etp,
         )
 
     def chains(

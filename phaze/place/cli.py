@@ -47,6 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="expert-parallel size of each trace dir (a mixture-of-experts model; default 1 each)",
     )
     parser.add_argument(
+        "--etp",
+        type=int,
+        nargs="+",
+        help="the experts' tensor-parallel size of each trace dir: its tp, or 1 for whole "
+        "experts (default: its tp each)",
+    )
+    parser.add_argument(
         "--trace-dirs", nargs="+", help="trace output dir per tp (holds layers.parquet)"
     )
     parser.add_argument(
@@ -131,9 +138,16 @@ def _run_tables(args) -> int:
         raise PhazeError(f"--ep ({len(eps)}) needs one entry per tp ({len(args.tp)})")
     if any(e < 1 for e in eps):
         raise PhazeError(f"expert-parallel sizes must be >= 1, got {eps}")
-    traces = list(zip(args.tp, eps))
+    etps = args.etp or list(args.tp)
+    if len(etps) != len(args.tp):
+        raise PhazeError(f"--etp ({len(etps)}) needs one entry per tp ({len(args.tp)})")
+    if any(x not in (1, t) for t, x in zip(args.tp, etps)):
+        raise PhazeError(f"--etp sizes must be their tp or 1, got {etps} for --tp {args.tp}")
+    traces = list(zip(args.tp, eps, etps))
     if len(set(traces)) != len(traces):
         twice = "a width twice" if all(e == 1 for e in eps) else "a (tp, ep) pair twice"
+        if args.etp:
+            twice = "a (tp, ep, etp) trace twice"
         raise PhazeError(f"--tp lists {twice}: {args.tp}" + (f", --ep {eps}" if args.ep else ""))
     if not math.isfinite(args.hbm_gib) or args.hbm_gib <= 0:
         raise PhazeError(f"--hbm-gib must be a finite number > 0, got {args.hbm_gib}")
@@ -158,9 +172,8 @@ def _run_tables(args) -> int:
         return pd.concat([read_table(f, schema) for f in files], ignore_index=True)
 
     latencies = args.latencies or [None] * len(args.tp)
-    # keyed by tp when every trace is at ep = 1 (a dense model), else by (tp, ep)
-    keyed = (lambda t, e: t) if all(e == 1 for e in eps) else (lambda t, e: (t, e))
-    for (t, e), trace_dir, sched, lat in zip(traces, args.trace_dirs, args.schedules, latencies):
+    # keyed by (tp, ep, etp) (phaze.place.inputs.trace_key)
+    for (t, e, x), trace_dir, sched, lat in zip(traces, args.trace_dirs, args.schedules, latencies):
         if t < 1:
             raise PhazeError(f"tensor-parallel width must be >= 1, got {t}")
         layers = read_table(Path(trace_dir) / "layers.parquet", "layers", nonempty=True)
@@ -170,7 +183,13 @@ def _run_tables(args) -> int:
         traced = sorted(set(layers["ep"])) if "ep" in layers.columns else [1]
         if traced != [e]:
             raise PhazeError(f"--ep {e} but {trace_dir} is a trace at ep {traced}")
-        k = keyed(t, e)
+        whole = sorted(set(layers["etp1"])) if "etp1" in layers.columns else [False]
+        if whole != [x != t]:
+            raise PhazeError(
+                f"--etp {x} but {trace_dir} is a trace "
+                + ("with whole experts (etp 1)" if whole == [True] else f"at etp {t}")
+            )
+        k = (t, e, x)
         layers_by_t[k] = layers
         schedules = tables(sched, "schedule", "schedule", t)
         check_values(schedules, "schedule", f"schedules for tp={t} ({sched})")
@@ -189,8 +208,12 @@ def _run_tables(args) -> int:
     costmodel = config["costmodel"]
 
     if args.export_instance:
-        if any(e > 1 for e in eps):
-            raise PhazeError("--export-instance writes upstream's format: give ep = 1 traces only")
+        if any(e > 1 or x != t for t, e, x in traces):
+            raise PhazeError(
+                "--export-instance writes upstream's format: give ep = 1 traces (etp = tp) only"
+            )
+        dense_layers = {t: df for (t, _, _), df in layers_by_t.items()}
+        dense_schedules = {t: df for (t, _, _), df in schedules_by_t.items()}
         archs = sorted(
             set(space["arch"])
             & set.intersection(*[set(df["arch"]) for df in schedules_by_t.values()])
@@ -208,8 +231,8 @@ def _run_tables(args) -> int:
         )
         inst = export_instance(
             settings,
-            layers_by_t,
-            schedules_by_t,
+            dense_layers,
+            dense_schedules,
             archs[0],
             costmodel,
             preset,
@@ -218,7 +241,7 @@ def _run_tables(args) -> int:
         )
         write_json_atomic(args.export_instance, inst)
         print(
-            f"wrote {args.export_instance} (arch {archs[0]}, t in {sorted(layers_by_t)})",
+            f"wrote {args.export_instance} (arch {archs[0]}, t in {sorted(dense_layers)})",
             file=sys.stderr,
         )
         if not args.out:

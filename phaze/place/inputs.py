@@ -1,5 +1,5 @@
-"""The tables a placement job reads, checked and keyed: per trace (tensor-parallel width t and
-expert-parallel size ep) its layers, the schedules' per-layer latencies, and for selective
+"""The tables a placement job reads, checked and keyed: per trace (tensor-parallel width t,
+expert-parallel size ep, the experts' tensor-parallel size etp: t or 1) its layers, the schedules' per-layer latencies, and for selective
 recomputation its operators and their latencies. Both placement objectives read them as
 `PlaceInputs`."""
 
@@ -13,11 +13,26 @@ import pandas as pd
 from phaze.errors import PhazeError
 
 
+def trace_key(k) -> tuple[int, int, int]:
+    """(tp, ep, etp) of a per-trace key: tp alone (ep = 1), (tp, ep) (the experts split over tp,
+    etp = tp) or (tp, ep, etp)."""
+    k = k if isinstance(k, tuple) else (k,)
+    if len(k) == 1:
+        k = (*k, 1)
+    return k if len(k) == 3 else (*k, k[0])
+
+
+def trace_label(k) -> str:
+    """How messages name a trace: tp, then ep and whole experts where they apply."""
+    t, ep, etp = trace_key(k)
+    return f"t={t}" + (f", ep={ep}" if ep > 1 else "") + (", etp=1" if etp != t else "")
+
+
 def by_trace(tables: dict | None) -> dict | None:
-    """A per-trace mapping keyed by tp (ep = 1) or by (tp, ep), keyed by (tp, ep)."""
+    """A per-trace mapping keyed by tp, (tp, ep) or (tp, ep, etp), keyed by (tp, ep, etp)."""
     if tables is None:
         return None
-    return {(k if isinstance(k, tuple) else (k, 1)): v for k, v in tables.items()}
+    return {trace_key(k): v for k, v in tables.items()}
 
 
 def check_layers(layers: pd.DataFrame, where: str) -> pd.DataFrame:
@@ -60,14 +75,14 @@ def layer_latencies(schedule: pd.DataFrame, column: str, where: str) -> dict:
 
 @dataclass
 class PlaceInputs:
-    """The checked tables of one placement job, keyed by (t, ep)."""
+    """The checked tables of one placement job, keyed by (t, ep, etp)."""
 
-    layers: dict  # (t, ep) -> layers table (checked, in model order)
-    schedules: dict  # (t, ep) -> schedule table
-    lookups: dict  # (t, ep) -> {(arch, signature, pass): latency_s} of `latency_column`
+    layers: dict  # (t, ep, etp) -> layers table (checked, in model order)
+    schedules: dict  # (t, ep, etp) -> schedule table
+    lookups: dict  # (t, ep, etp) -> {(arch, signature, pass): latency_s} of `latency_column`
     latency_column: str  # makespan_s (achievable) or a lower bound's column
-    ops: dict | None  # (t, ep) -> the trace's ops table (selective recomputation)
-    latencies: dict | None  # (t, ep) -> the operators' latencies (selective recomputation)
+    ops: dict | None  # (t, ep, etp) -> the trace's ops table (selective recomputation)
+    latencies: dict | None  # (t, ep, etp) -> the operators' latencies (selective recomputation)
     archs: set  # the architectures scheduled for every trace
 
     @classmethod
@@ -79,14 +94,14 @@ class PlaceInputs:
         ops_by_t: dict | None = None,
         latencies_by_t: dict | None = None,
     ) -> PlaceInputs:
-        """Tables keyed by tensor-parallel width t, or by (t, ep) for the traces of a
-        mixture-of-experts model at expert-parallel size ep."""
+        """Tables keyed by tensor-parallel width t, or by (t, ep) or (t, ep, etp) for the traces
+        of a mixture-of-experts model at expert-parallel size ep (and whole experts, etp = 1)."""
         layers_by_t, schedules_by_t = by_trace(layers_by_t), by_trace(schedules_by_t)
         layers = {
-            k: check_layers(df, f"layers (t={k[0]}, ep={k[1]})") for k, df in layers_by_t.items()
+            k: check_layers(df, f"layers ({trace_label(k)})") for k, df in layers_by_t.items()
         }
         lookups = {
-            k: layer_latencies(df, latency_column, f"schedule (t={k[0]}, ep={k[1]})")
+            k: layer_latencies(df, latency_column, f"schedule ({trace_label(k)})")
             for k, df in schedules_by_t.items()
         }
         arch_sets = [set(df["arch"]) for df in schedules_by_t.values()]

@@ -18,7 +18,7 @@ from phaze.estimate.model import achievable_hbm_Bps
 from phaze.network import HierarchicalNetwork, LinkLevel
 from phaze.place.chains import ChainTables, attention_seconds
 from phaze.place.columns import empty_columns
-from phaze.place.inputs import PlaceInputs, layer_latencies
+from phaze.place.inputs import PlaceInputs, layer_latencies, trace_label
 from phaze.place.megatron import best_fixed, optimize
 from phaze.place.settings import GIB, PlaceSettings, arch_costmodel, link_parameters, network_for
 from phaze.step.model import StepConstants, price
@@ -28,7 +28,7 @@ class MegatronObjective:
     """`phaze.place.objective.Objective` for ``place.model: megatron``."""
 
     def __init__(self, settings: PlaceSettings, inputs: PlaceInputs) -> None:
-        """What every architecture of a job shares: the chain tables per (tp, ep), core
+        """What every architecture of a job shares: the chain tables per (tp, ep, etp), core
         attention's op latencies (selective recomputation), the DDP windows of a bound tier."""
         ops, lats = inputs.ops, inputs.latencies
         if "selective" in settings.axes.recompute and not (ops and lats):
@@ -40,16 +40,17 @@ class MegatronObjective:
         self.shared = {}  # `phaze.place.megatron.Setting`s: what the architectures share
         self.lookups = inputs.lookups
         self.tables = {
-            (t, ep): ChainTables(
-                inputs.layers[(t, ep)],
-                ops.get((t, ep)) if ops else None,
+            (t, ep, etp): ChainTables(
+                inputs.layers[(t, ep, etp)],
+                ops.get((t, ep, etp)) if ops else None,
                 t,
                 settings.microbatch,
                 settings.step["weight_bytes_per_param"],
-                f"tp={t}" + (f", ep={ep}" if ep > 1 else ""),
+                trace_label((t, ep, etp)),
                 ep,
+                etp,
             )
-            for t, ep in inputs.layers
+            for t, ep, etp in inputs.layers
         }
         self.attention = None
         if "selective" in settings.axes.recompute:
@@ -59,7 +60,7 @@ class MegatronObjective:
             inputs.latency_column != "makespan_s"
         ):  # a bound: the achievable times hide the reduction
             self.windows = {
-                k: layer_latencies(df, "makespan_s", f"schedule (t={k[0]}, ep={k[1]})")
+                k: layer_latencies(df, "makespan_s", f"schedule ({trace_label(k)})")
                 for k, df in inputs.schedules.items()
             }
 
@@ -69,15 +70,16 @@ class MegatronObjective:
         arch, b = arch_row["arch"], settings.microbatch
         tables, attention, windows = self.tables, self.attention, self.windows
         chains = {}
-        for (t, ep), table in tables.items():
+        for (t, ep, etp), table in tables.items():
+            k = (t, ep, etp)
             got = table.chains(
                 arch,
-                self.lookups[(t, ep)],
-                attention[(t, ep)] if attention else None,
-                windows[(t, ep)] if windows else None,
+                self.lookups[k],
+                attention[k] if attention else None,
+                windows[k] if windows else None,
             )
             for sp, chain in got.items():
-                chains[(t, b, sp, ep)] = chain
+                chains[(t, b, sp, ep, etp)] = chain
         blocks = next(iter(tables.values())).blocks
         cm = arch_costmodel(costmodel, preset)
         bw, lat = link_parameters(costmodel, preset)
@@ -96,7 +98,12 @@ class MegatronObjective:
             if found.strategy is not None:
                 s = found.strategy
                 priced = price(
-                    chains[(s.tp, b, s.sequence_parallel, s.ep)], s, net, consts, peak, hbm
+                    chains[(s.tp, b, s.sequence_parallel, s.ep, s.expert_tp)],
+                    s,
+                    net,
+                    consts,
+                    peak,
+                    hbm,
                 )
             else:
                 skipped = "; ".join(f"{r} ({n})" for r, n in sorted(found.skipped.items()))
@@ -108,11 +115,14 @@ class MegatronObjective:
             e = settings.expert
             es, epriced, ereason = None, None, ""
             e_ep = int((e or {}).get("ep", 1))
+            e_etp = int((e or {}).get("etp") or (e or {}).get("tp", 1))
             if not e:
                 ereason = f"no expert placement configured for {settings.model}"
-            elif (int(e["tp"]), e_ep) not in tables:
-                ereason = f"no trace for the expert's tensor-parallel width t={e['tp']}" + (
-                    f" at expert-parallel size {e_ep}" if e_ep > 1 else ""
+            elif (int(e["tp"]), e_ep, e_etp) not in tables:
+                ereason = (
+                    f"no trace for the expert's tensor-parallel width t={e['tp']}"
+                    + (f" at expert-parallel size {e_ep}" if e_ep > 1 else "")
+                    + (" with whole experts (etp = 1)" if e_etp != int(e["tp"]) else "")
                 )
             elif int(e["pp"]) * int(e["dp"]) * int(e["tp"]) != devices:
                 ereason = (
@@ -127,11 +137,11 @@ class MegatronObjective:
                     pp=int(e["pp"]),
                     stages=split,
                     ep=e_ep,
+                    etp=e_etp,
                 )
                 if es is not None:
-                    epriced = price(
-                        chains[(es.tp, b, es.sequence_parallel, es.ep)], es, net, consts, peak, hbm
-                    )
+                    key = (es.tp, b, es.sequence_parallel, es.ep, es.expert_tp)
+                    epriced = price(chains[key], es, net, consts, peak, hbm)
             row["expert_feasible"] = es is not None
             row["expert_reason"] = ereason
             row.update(megatron_columns("expert_", es, epriced, settings, blocks))

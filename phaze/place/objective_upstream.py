@@ -37,12 +37,12 @@ class UpstreamObjective:
     """`phaze.place.objective.Objective` for ``place.model: upstream``."""
 
     def __init__(self, settings: PlaceSettings, inputs: PlaceInputs) -> None:
-        dense = {t: df for (t, ep), df in inputs.layers.items() if ep == 1}
+        dense = {t: df for (t, ep, etp), df in inputs.layers.items() if ep == 1 and etp == t}
         if not dense:
             raise PhazeError("place.model upstream places the ep = 1 traces; none was given")
         self.settings = settings
         self.layers_by_t = dense
-        self.lookups = {t: inputs.lookups[(t, 1)] for t in dense}
+        self.lookups = {t: inputs.lookups[(t, 1, t)] for t in dense}
         self.flops_seq = model_flops_per_sequence(dense, settings.microbatch)
         self.names = {t: list(df["layer"]) for t, df in dense.items()}
 

@@ -86,6 +86,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="expert-parallel size of each trace dir (a mixture-of-experts model; default 1 each)",
     )
     p.add_argument(
+        "--etp",
+        type=int,
+        nargs="+",
+        help="the experts' tensor-parallel size of each trace dir: its tp, or 1 for whole "
+        "experts (default: its tp each)",
+    )
+    p.add_argument(
         "--trace-dirs", nargs="+", required=True, help="one trace directory per width of --tp"
     )
     p.add_argument("--space", required=True, help="space.parquet")

@@ -58,22 +58,31 @@ class TraceBounds(NamedTuple):
 
 
 class Trace:
-    """One rank shape's trace (tensor-parallel width tp, expert-parallel size ep): layers, ops,
-    the layer graphs' structure, the chain tables."""
+    """One rank shape's trace (tensor-parallel width tp, expert-parallel size ep, the experts'
+    tensor-parallel size etp: tp or 1): layers, ops, the layer graphs' structure, the chain
+    tables."""
 
-    def __init__(self, trace_dir: str, tp: int, microbatch: int, weight_bytes: float, ep: int = 1):
+    def __init__(
+        self,
+        trace_dir: str,
+        tp: int,
+        microbatch: int,
+        weight_bytes: float,
+        ep: int = 1,
+        etp: int | None = None,
+    ):
         d = Path(trace_dir)
-        self.tp, self.ep = tp, ep
+        self.tp, self.ep, self.etp = tp, ep, tp if etp is None else etp
         self.layers = check_layers(read_table(d / "layers.parquet", "layers"), f"{d}")
         self.ops = read_table(d / "ops.parquet", "ops").reset_index(drop=True)
         self.plans = layer_plans(d, self.ops)
         self.tables = ChainTables(
-            self.layers, self.ops, tp, microbatch, weight_bytes, f"{d}", ep=ep
+            self.layers, self.ops, tp, microbatch, weight_bytes, f"{d}", ep=ep, etp=self.etp
         )
 
     @property
-    def key(self) -> tuple[int, int]:
-        return (self.tp, self.ep)
+    def key(self) -> tuple[int, int, int]:
+        return (self.tp, self.ep, self.etp)
 
     def bounds(self, space: pd.DataFrame, config: dict) -> TraceBounds:
         """The layers' bounds, core attention and the latency arrays over ``space``."""
@@ -159,16 +168,21 @@ def bounds_table(args, config: dict) -> pd.DataFrame:
     eps = args.ep or [1] * len(args.tp)
     if len(eps) != len(args.tp):
         raise PhazeError(f"--ep ({len(eps)}) needs one entry per --tp ({len(args.tp)})")
-    if len(set(zip(args.tp, eps))) != len(eps):
-        raise PhazeError(f"--tp/--ep list a trace twice: {list(zip(args.tp, eps))}")
+    etps = args.etp or list(args.tp)
+    if len(etps) != len(args.tp):
+        raise PhazeError(f"--etp ({len(etps)}) needs one entry per --tp ({len(args.tp)})")
+    if any(x not in (1, t) for t, x in zip(args.tp, etps)):
+        raise PhazeError(f"--etp sizes must be their tp or 1, got {etps} for --tp {args.tp}")
+    if len(set(zip(args.tp, eps, etps))) != len(eps):
+        raise PhazeError(f"--tp/--ep/--etp list a trace twice: {list(zip(args.tp, eps, etps))}")
     space = read_table(args.space, "space", nonempty=True).reset_index(drop=True)
     place = config["place"]
     model, b = args.model, int(args.microbatch)
     hbm_all = [hbm_capacity_bytes_of(h) for h in place["hbm_gib"]]
     settings = PlaceSettings.from_config(config, model, hbm_all[0], b)
     traces = [
-        Trace(d, int(t), b, config["step"]["weight_bytes_per_param"], int(e))
-        for t, e, d in zip(args.tp, eps, args.trace_dirs)
+        Trace(d, int(t), b, config["step"]["weight_bytes_per_param"], int(e), int(x))
+        for t, e, x, d in zip(args.tp, eps, etps, args.trace_dirs)
     ]
     if len({tr.tables.blocks for tr in traces}) != 1:
         raise PhazeError(f"{model}: the traces of the widths have different block counts")
@@ -212,8 +226,10 @@ def _times(settings, traces, bounds, idx, size, preset, devices, hbm_all, config
     cm = arch_costmodel(config["costmodel"], preset)
     bw, lat = link_parameters(config["costmodel"], preset)
     if settings.place_model == "upstream":
-        if any(tr.ep > 1 for tr in traces):
-            raise PhazeError("place.model upstream places every expert on each rank: ep = 1 only")
+        if any(tr.ep > 1 or tr.etp != tr.tp for tr in traces):
+            raise PhazeError(
+                "place.model upstream places every expert on each rank: ep = 1, etp = tp only"
+            )
         totals = {tr.tp: tr.total_lower(bounds[tr.key].layers, size)[idx] for tr in traces}
         params = {tr.tp: float(tr.layers["param_bytes"].sum()) for tr in traces}
         net, _label = upstream_network(settings, preset, config["costmodel"], devices)
@@ -228,7 +244,7 @@ def _times(settings, traces, bounds, idx, size, preset, devices, hbm_all, config
         )
         return np.broadcast_to(time, (len(hbm_all), len(time)))  # memory limits dropped
     chains = {
-        (tr.tp, settings.microbatch, tr.ep): tr.space_chain(
+        (tr.tp, settings.microbatch, tr.ep, tr.etp): tr.space_chain(
             bounds[tr.key].layers, bounds[tr.key].attention, size
         ).take(idx)
         for tr in traces
