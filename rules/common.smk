@@ -9,7 +9,7 @@ BENCH = "results/benchmarks"
 wildcard_constraints:
     model=r"[^/]+",
     mbs=r"\d+",
-    shard=r"tp\d+(_ep\d+)?",
+    shard=r"tp\d+(_ep\d+)?(_etp1)?",
     seq=r"\d+",
     chunk=r"\d+",
     round=r"\d+",

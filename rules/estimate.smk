@@ -14,7 +14,7 @@ rule estimate:
     benchmark:
         "results/benchmarks/estimate/{model}/{tag}/{chunk}.tsv"
     wildcard_constraints:
-        tag=r"b\d+_s\d+_tp\d+(_ep\d+)?",
+        tag=r"b\d+_s\d+_tp\d+(_ep\d+)?(_etp1)?",
     conda:
         "../environment.yml"
     resources:

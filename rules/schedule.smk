@@ -18,7 +18,7 @@ rule schedule:
     benchmark:
         "results/benchmarks/schedule/{model}/{tag}/{chunk}.tsv"
     wildcard_constraints:
-        tag=r"b\d+_s\d+_tp\d+(_ep\d+)?",
+        tag=r"b\d+_s\d+_tp\d+(_ep\d+)?(_etp1)?",
         chunk=r"\d+",
     conda:
         "../environment.yml"

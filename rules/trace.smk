@@ -14,7 +14,7 @@ rule trace:
     benchmark:
         "results/benchmarks/trace/{model}/b{mbs}_s{seq}_{shard}.tsv"
     wildcard_constraints:
-        shard=r"tp(1|2|4|8)(_ep\d+)?",
+        shard=r"tp(1|2|4|8)(_ep\d+)?(_etp1)?",
     conda:
         "../environment.yml"
     resources:
@@ -26,9 +26,10 @@ rule trace:
         model=W.trace_model,
         tp=W.shard_tp,
         ep=W.shard_ep,
+        etp=W.shard_etp,
         out=lambda wc, output: os.path.dirname(output.ops),
     shell:
         "python3 -m phaze trace --model {params.model:q} --microbatch {wildcards.mbs}"
-        " --tp {params.tp:q} --ep {params.ep:q} --seq {wildcards.seq}"
+        " --tp {params.tp:q} --ep {params.ep:q} --etp {params.etp:q} --seq {wildcards.seq}"
         ' --config "$PHAZE_CONFIG"'
         " --out {params.out:q} > {log:q} 2>&1"

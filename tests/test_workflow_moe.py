@@ -26,7 +26,8 @@ def moe_run(tmp_path_factory, copy_checkout, snakemake):
     cfg["models"] = ["models/tiny-mixtral/config.json"]
     # tp 2: the all-to-alls run on ranks two apart, and MoE with tp > 1 needs sequence
     # parallelism (the tp 1 trace is the placement-blind baseline's)
-    cfg["trace"] = {"microbatch": [1], "tp": [2], "ep": [1, 2, 3]}
+    # and whole experts (etp 1) beside experts split over tp
+    cfg["trace"] = {"microbatch": [1], "tp": [2], "ep": [1, 2, 3], "etp": ["tp", 1]}
     # one grid point beside the two TPU v4 presets (tpuv4 itself lies above the area budget: a
     # baseline, not an answer)
     cfg["arch"] = {**cfg["arch"], "n_vc": [1], "tc_depth": [128]}
@@ -53,14 +54,27 @@ def moe_run(tmp_path_factory, copy_checkout, snakemake):
 
 
 def test_every_expert_parallel_size_is_traced_and_searched(moe_run):
-    """ep 3 does not divide the 4 experts: traced are ep 1 and 2, in their own shards (and tp 1
-    for the placement-blind baseline); every placement table carries ep, and the search chose
-    among ep 1 and 2, with sequence parallelism (tp 2)."""
+    """ep 3 does not divide the 4 experts: traced are ep 1 and 2, each with the experts split
+    over tp and whole (etp 1), in their own shards (and tp 1 for the placement-blind baseline);
+    every placement table carries ep and etp, and the search chose among them, with sequence
+    parallelism (tp 2)."""
     traces = sorted(p.name for p in (moe_run / "results" / "trace" / "tiny-mixtral").iterdir())
-    assert traces == ["b1_s64_tp1", "b1_s64_tp2", "b1_s64_tp2_ep2"]
+    assert traces == [
+        "b1_s64_tp1",
+        "b1_s64_tp2",
+        "b1_s64_tp2_ep2",
+        "b1_s64_tp2_ep2_etp1",
+        "b1_s64_tp2_etp1",
+    ]
+    whole = pd.read_parquet(
+        moe_run / "results/trace/tiny-mixtral/b1_s64_tp2_ep2_etp1/layers.parquet"
+    )
+    whole = whole[whole["kind"] == "block"].iloc[0]
     layers = pd.read_parquet(moe_run / "results/trace/tiny-mixtral/b1_s64_tp2_ep2/layers.parquet")
     block = layers[layers["kind"] == "block"].iloc[0]
     assert block["ep"] == 2 and block["experts"] == 4
+    assert bool(whole["etp1"]) and not bool(block["etp1"])
+    assert whole["expert_param_bytes"] == 2 * block["expert_param_bytes"]  # whole, not halves
     # the schedules hold the all-to-alls, priced on the flat link (group of 2)
     lat = pd.read_parquet(
         next((moe_run / "results/estimate/tiny-mixtral/b1_s64_tp2_ep2").glob("r0_c*.parquet"))
@@ -73,8 +87,9 @@ def test_every_expert_parallel_size_is_traced_and_searched(moe_run):
         pd.read_parquet(p) for p in (moe_run / "results" / "place").rglob("r0_ilp.parquet")
     )
     feasible = place[place["feasible"]]
-    assert len(feasible) and set(feasible["ep"]) <= {1, 2}
-    assert (feasible["dp"] % feasible["ep"] == 0).all() and feasible["sequence_parallel"].all()
+    assert len(feasible) and set(feasible["ep"]) <= {1, 2} and set(feasible["etp"]) <= {1, 2}
+    width = feasible["dp"] * feasible["tp"].where(feasible["etp"] == 1, 1)
+    assert (width % feasible["ep"] == 0).all() and feasible["sequence_parallel"].all()
     expert = place[place["expert_feasible"]]
     assert len(expert) and (expert["expert_ep"] == 2).all() and (expert["expert_pp"] == 2).all()
 
@@ -83,7 +98,7 @@ def test_the_summary_answers_the_moe_model(moe_run):
     best = pd.read_parquet(moe_run / "results" / "summary" / "best.parquet")
     mine = best[best["model"] == "tiny-mixtral"]
     assert len(mine) and (mine["throughput_seq_s"] > 0).all()
-    assert set(mine["ep"]) <= {1, 2} and (mine["dp"] % mine["ep"] == 0).all()
+    assert set(mine["ep"]) <= {1, 2} and set(mine["etp"]) <= {1, 2}
     # certified over the whole space (the small solver limits may leave it above search.gap)
     assert (mine["certified_gap"] >= 0).all() and mine["certified_gap"].notna().all()
     comparison = pd.read_parquet(moe_run / "results" / "summary" / "comparison.parquet")

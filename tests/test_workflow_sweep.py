@@ -113,7 +113,7 @@ def test_axes_and_paths(sweep):
     assert sweep.tps("opt-350m") == [1, 2, 4] and sweep.tps("gpt2-xl") == [1]  # 25 heads
     assert sweep.tag("opt-350m", 2, "tp4") == "b2_s2048_tp4"
     assert sweep.trace_dir("gpt2-xl", 1, "tp1") == "results/trace/gpt2-xl/b1_s256_tp1"
-    assert sweep.shards("opt-350m") == [(1, 1), (2, 1), (4, 1)]  # dense: ep 1 only
+    assert sweep.shards("opt-350m") == [(1, 1, 1), (2, 1, 2), (4, 1, 4)]  # dense: ep 1 only
     assert sweep.place_outputs("blind") == [
         f"results/place/{{model}}/h{h}_b{{mbs}}/blind.parquet" for h in ("32", "80.5")
     ]
@@ -146,8 +146,13 @@ def test_expert_parallel_shards(tmp_path):
     sweep = Sweep(cfg, FakeCheckpoints(tmp_path))
     assert sweep.eps("mixtral-8x7b") == [1, 4] and sweep.eps("opt-350m") == [1]
     assert sweep.shard_names("mixtral-8x7b") == ["tp1", "tp1_ep4", "tp2", "tp2_ep4"]
-    assert parse_shard("tp2_ep4") == (2, 4) and parse_shard("tp8") == (8, 1)
-    assert all(parse_shard(shard_name(t, e)) == (t, e) for t in (1, 8) for e in (1, 2, 16))
+    assert parse_shard("tp2_ep4") == (2, 4, 2) and parse_shard("tp8") == (8, 1, 8)
+    assert all(
+        parse_shard(shard_name(t, e, x)) == (t, e, x)
+        for t in (1, 8)
+        for e in (1, 2, 16)
+        for x in {1, t}
+    )
     args = build_parser().parse_args(
         [
             "search",
@@ -166,6 +171,51 @@ def test_expert_parallel_shards(tmp_path):
     bad = validate_config({"models": ["mixtral-8x7b"], "trace": {"ep": [3]}})
     with pytest.raises(PhazeError, match="mixtral-8x7b: no size of trace.ep"):
         Sweep(bad, FakeCheckpoints(tmp_path)).shards("mixtral-8x7b")
+
+
+def test_whole_expert_shards(tmp_path):
+    """trace.etp [tp, 1]: a mixture-of-experts model also traces whole experts at every width
+    above 1 (tp2_etp1, tp2_ep4_etp1), and the space bound and the placement read them with
+    --etp; at width 1 the two are one trace; a dense model keeps its paths and commands."""
+    cfg = validate_config(
+        {
+            "models": ["mixtral-8x7b", "opt-350m"],
+            "trace": {"microbatch": [1], "tp": [1, 2], "ep": [1, 4], "etp": ["tp", 1]},
+        }
+    )
+    sweep = Sweep(cfg, FakeCheckpoints(tmp_path))
+    assert sweep.shard_names("mixtral-8x7b") == [
+        "tp1",
+        "tp1_ep4",
+        "tp2",
+        "tp2_etp1",
+        "tp2_ep4",
+        "tp2_ep4_etp1",
+    ]
+    assert sweep.shard_names("opt-350m") == ["tp1", "tp2"]
+    assert Sweep.shard_etp(wc(shard="tp2_ep4_etp1")) == 1 and Sweep.shard_etp(wc(shard="tp2")) == 2
+    args = build_parser().parse_args(
+        [
+            "search",
+            "bounds",
+            *sweep.space_bounds_args(wc(model="mixtral-8x7b", mbs="1")),
+            "--out",
+            "x",
+        ]
+    )
+    assert list(zip(args.tp, args.ep, args.etp)) == [
+        (1, 1, 1),
+        (1, 4, 1),
+        (2, 1, 2),
+        (2, 1, 1),
+        (2, 4, 2),
+        (2, 4, 1),
+    ]
+    assert args.trace_dirs[3] == "results/trace/mixtral-8x7b/b1_s4096_tp2_etp1"
+    dense = build_parser().parse_args(
+        ["search", "bounds", *sweep.space_bounds_args(wc(model="opt-350m", mbs="1")), "--out", "x"]
+    )
+    assert dense.etp is None
 
 
 def test_rounds_from_the_checkpoints(sweep):

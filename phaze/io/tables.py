@@ -37,6 +37,9 @@ _STRATEGY = (
     ("dp", i64),
     # expert-parallel size inside dp (1: a dense model; -1 when unknown)
     ("ep", i64),
+    # the experts' tensor-parallel size: tp, or 1 for whole experts (Megatron's
+    # --expert-tensor-parallel-size; -1 when unknown)
+    ("etp", i64),
 )
 
 
@@ -174,6 +177,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("dp", i64),
         # expert-parallel size (inside dp; 1 for a dense model, 0 where nothing fits)
         ("ep", i64),
+        # the experts' tensor-parallel size (tp, or 1: whole experts; 0 where nothing fits)
+        ("etp", i64),
         # the placement axes (docs/step.md)
         ("interleave", i64),
         ("recompute", s),
@@ -191,6 +196,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("expert_tp", i64),
         ("expert_dp", i64),
         ("expert_ep", i64),
+        ("expert_etp", i64),
         ("expert_interleave", i64),
         ("expert_recompute", s),
         ("expert_sequence_parallel", b),
@@ -363,7 +369,7 @@ VALUES: dict[str, dict[str, str]] = {
         **dict.fromkeys(("expert_throughput_seq_s", "expert_time_per_batch_s", "expert_mfu"), GE0),
         # 0 where nothing fits
         **dict.fromkeys(("pp", "tp", "dp", "expert_pp", "expert_tp", "expert_dp"), GE0),
-        **dict.fromkeys(("ep", "expert_ep"), GE0),
+        **dict.fromkeys(("ep", "expert_ep", "etp", "expert_etp"), GE0),
         **dict.fromkeys(("interleave", "expert_interleave"), GE1),
     },
     "chunks": {"chunk": GE0},

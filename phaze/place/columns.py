@@ -26,6 +26,7 @@ def empty_columns(prefix: str) -> dict:
         f"{prefix}tp": 0,
         f"{prefix}dp": 0,
         f"{prefix}ep": 0,
+        f"{prefix}etp": 0,
         **{f"{prefix}{k}": v for k, v in AXIS_DEFAULTS.items()},
         f"{prefix}stages": "[]",
         f"{prefix}stage_mem_bytes": "[]",

@@ -202,6 +202,7 @@ def megatron_columns(prefix: str, strategy, priced: dict | None, settings, block
         f"{prefix}tp": s.tp,
         f"{prefix}dp": s.dp,
         f"{prefix}ep": s.ep,
+        f"{prefix}etp": s.expert_tp,
         f"{prefix}interleave": s.interleave,
         f"{prefix}recompute": s.recompute,
         f"{prefix}sequence_parallel": s.sequence_parallel,

@@ -224,6 +224,7 @@ def result_columns(
         f"{prefix}tp": p.t,
         f"{prefix}dp": p.d,
         f"{prefix}ep": 1,  # the upstream model places ep = 1 traces (every expert on a rank)
+        f"{prefix}etp": p.t,
         **{f"{prefix}{k}": v for k, v in AXIS_DEFAULTS.items()},
         f"{prefix}recompute": recompute,
         f"{prefix}stages": stage_json(p, names),

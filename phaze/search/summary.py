@@ -94,7 +94,7 @@ def _strategy_rows(strategy: str, model: str, cands: pd.DataFrame, expert: bool 
         "throughput_seq_s": float(row[col]),
         "place_model": row.get("place_model", ""),
     }
-    for k in ("pp", "tp", "dp", "ep", "time_per_batch_s", "mfu", *AXES):
+    for k in ("pp", "tp", "dp", "ep", "etp", "time_per_batch_s", "mfu", *AXES):
         out[k] = row.get(pre + k, np.nan)
     for k in ("stages", "stage_mem_bytes"):
         out[k] = "" if expert else row.get(k, "")
@@ -298,7 +298,7 @@ def _with_speedups(df: pd.DataFrame) -> pd.DataFrame:
     order = {s: i for i, s in enumerate(STRATEGIES)}
     df["_o"] = df["strategy"].map(order)
     df = df.sort_values(["model", "hbm_capacity_bytes", "devices", "_o"]).drop(columns="_o")
-    for col in ("microbatch", "pp", "tp", "dp", "ep"):
+    for col in ("microbatch", "pp", "tp", "dp", "ep", "etp"):
         df[col] = pd.to_numeric(df[col], errors="coerce").fillna(-1).astype(np.int64)
     df["interleave"] = pd.to_numeric(df["interleave"], errors="coerce").fillna(-1).astype(np.int64)
     for col in ("sequence_parallel", "distributed_optimizer"):

@@ -10,7 +10,7 @@ re-evaluates the DAG). Tests pass a stand-in object with the same ``get(...).out
 
 Layout under ``results/`` (``{tag}`` = ``b{microbatch}_s{seq}_{shard}``, the shard of the model one
 rank holds: ``tp{tp}``, or ``tp{tp}_ep{ep}`` for a mixture-of-experts model at expert-parallel
-size ep > 1):
+size ep > 1, with ``_etp1`` when its experts are whole on each rank, etp = 1):
 
     trace/{model}/{tag}/{ops,edges,layers}.parquet          rule trace
     arch/space.parquet, arch/chunks.parquet                 rules arch, search_plan
@@ -147,12 +147,28 @@ class Sweep:
             )
         return eps
 
-    def shards(self, model: str) -> list[tuple[int, int]]:
-        """The (tp, ep) shapes of one rank traced for a model."""
-        return [(t, e) for t in self.tps(model) for e in self.eps(model)]
+    def etps(self, model: str, t: int) -> list[int]:
+        """The experts' tensor-parallel sizes traced for a model at width t: config trace.etp
+        ("tp" = t, 1 = whole experts); whole experts only for a mixture-of-experts model at
+        t > 1 whose sequence the t ranks split evenly (its experts run on the rank's shard)."""
+        moe = get_model_spec(self.model_arg[model]).moe
+        out = []
+        for x in self.config["trace"]["etp"]:
+            x = t if x == "tp" else int(x)
+            if x != t and (moe is None or self.seq(model) % t):
+                continue
+            if x not in out:
+                out.append(x)
+        return out
+
+    def shards(self, model: str) -> list[tuple[int, int, int]]:
+        """The (tp, ep, etp) shapes of one rank traced for a model."""
+        return [
+            (t, e, x) for t in self.tps(model) for e in self.eps(model) for x in self.etps(model, t)
+        ]
 
     def shard_names(self, model: str) -> list[str]:
-        return [shard_name(t, e) for t, e in self.shards(model)]
+        return [shard_name(*k) for k in self.shards(model)]
 
     def seq(self, model: str) -> int:
         arg = self.model_arg[model]
@@ -266,6 +282,11 @@ class Sweep:
         """The trace CLI's --ep of a shard wildcard (1 for a dense model's)."""
         return parse_shard(wc.shard)[1]
 
+    @staticmethod
+    def shard_etp(wc) -> int:
+        """The trace CLI's --etp of a shard wildcard (its tp, or 1 for whole experts)."""
+        return parse_shard(wc.shard)[2]
+
     def trace_inputs(self, wc) -> dict[str, str]:
         d = self.trace_dir_of(wc)
         return {n: f"{d}/{n}.parquet" for n in ("ops", "edges", "layers")}
@@ -288,15 +309,18 @@ class Sweep:
         } | {"space": self.space}
 
     def _shard_args(self, model: str, mbs) -> list[str]:
-        """--tp (--ep) --trace-dirs of every shard of a model (--ep only for expert parallelism:
-        a dense model's commands stay as they were)."""
+        """--tp (--ep, --etp) --trace-dirs of every shard of a model (--ep only for expert
+        parallelism and --etp only for whole experts: a dense model's commands stay as they
+        were)."""
         shards = self.shards(model)
-        argv = ["--tp", *(str(t) for t, _ in shards)]
-        if any(e > 1 for _, e in shards):
-            argv += ["--ep", *(str(e) for _, e in shards)]
+        argv = ["--tp", *(str(t) for t, _, _ in shards)]
+        if any(e > 1 for _, e, _ in shards):
+            argv += ["--ep", *(str(e) for _, e, _ in shards)]
+        if any(x != t for t, _, x in shards):
+            argv += ["--etp", *(str(x) for _, _, x in shards)]
         return argv + [
             "--trace-dirs",
-            *(self.trace_dir(model, mbs, shard_name(t, e)) for t, e in shards),
+            *(self.trace_dir(model, mbs, shard_name(*k)) for k in shards),
         ]
 
     def space_bounds_args(self, wc) -> list[str]:
@@ -452,8 +476,8 @@ class Sweep:
         for q in range(int(r) + 1):
             for m, b in self.pairs_of_round(q):
                 chosen = {solve: self.ilp_chunks(q, m, b, solve) for solve in self.solves}
-                for t, e in self.shards(m):
-                    d = self.schedule_dir(m, b, shard_name(t, e))
+                for t, e, x in self.shards(m):
+                    d = self.schedule_dir(m, b, shard_name(t, e, x))
                     out += [
                         _schedule_record(f"{d}/bounds/r{q}_c{c}.parquet", m, b, t, "bounds")
                         for c in self.round_chunks(q, m, b)
@@ -465,11 +489,11 @@ class Sweep:
                     ]
         out += [
             _schedule_record(
-                f"{self.schedule_dir(m, b, shard_name(t, e))}/blind.parquet", m, b, t, "blind"
+                f"{self.schedule_dir(m, b, shard_name(t, e, x))}/blind.parquet", m, b, t, "blind"
             )
             for m in self.models
             for b in self.microbatches
-            for t, e in self.shards(m)
+            for t, e, x in self.shards(m)
         ]
         return out
 
@@ -665,15 +689,18 @@ def _schedule_record(path: str, model: str, mbs, tp: int, tier: str) -> dict:
 BLIND_SHARD = "tp1"
 
 
-def shard_name(tp: int, ep: int = 1) -> str:
-    """The path name of one rank's shard: ``tp{tp}``, with ``_ep{ep}`` at ep > 1."""
-    return f"tp{tp}" + (f"_ep{ep}" if ep > 1 else "")
+def shard_name(tp: int, ep: int = 1, etp: int | None = None) -> str:
+    """The path name of one rank's shard: ``tp{tp}``, with ``_ep{ep}`` at ep > 1 and ``_etp1``
+    for whole experts (etp = 1 at tp > 1)."""
+    whole = etp is not None and etp != tp
+    return f"tp{tp}" + (f"_ep{ep}" if ep > 1 else "") + ("_etp1" if whole else "")
 
 
-def parse_shard(name: str) -> tuple[int, int]:
-    """(tp, ep) of a shard name (`shard_name`)."""
-    tp, _, ep = name.removeprefix("tp").partition("_ep")
-    return int(tp), int(ep or 1)
+def parse_shard(name: str) -> tuple[int, int, int]:
+    """(tp, ep, etp) of a shard name (`shard_name`)."""
+    base, whole, _ = name.partition("_etp1")
+    tp, _, ep = base.removeprefix("tp").partition("_ep")
+    return int(tp), int(ep or 1), 1 if whole else int(tp)
 
 
 def _paths(doc: dict) -> list[str]:
