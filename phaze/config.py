@@ -119,14 +119,20 @@ def _non_finite(node, where: str = "") -> str | None:
 
 
 def _check_consistency(config: dict) -> None:
-    """What the schema cannot say: the global batch splits into every microbatch size, and every
-    preset named exists (checked when the config is read, so a dry run fails, not a job later)."""
+    """What the schema cannot say: the global batch splits into every microbatch size, an expert
+    placement's etp is its tp or 1, and every preset named exists (checked when the config is read, so a dry run fails, not a job later)."""
     batch = config["place"]["global_batch"]
     for mbs in config["trace"]["microbatch"]:
         if mbs > batch or batch % mbs:
             raise PhazeError(
                 f"config invalid: place.global_batch {batch} is not a multiple of "
                 f"trace.microbatch {mbs} (every microbatch size must divide the global batch)"
+            )
+    for model, e in config["place"]["expert"].items():
+        if e.get("etp", e["tp"]) not in (1, e["tp"]):
+            raise PhazeError(
+                f"config invalid at place.expert.{model}: etp {e['etp']} must be its tp "
+                f"({e['tp']}) or 1"
             )
     named = [("arch.presets", p) for p in config["arch"]["presets"]] + [
         ("arch.area_budget.reference_preset", config["arch"]["area_budget"]["reference_preset"]),

@@ -70,6 +70,12 @@ def test_the_workflow_snapshot_is_read_as_json(tmp_path):
         ("bad.yaml", "models: [opt-350m\n  x: : y", "is not valid YAML"),
         ("list.yaml", "- a\n- b\n", "mapping at the top level"),
         ("typo.yaml", "search: {patiense: 3}\n", "patiense"),
+        ("etp.yaml", "trace: {etp: [2]}\n", "trace/etp"),
+        (
+            "expert_etp.yaml",
+            "place: {expert: {m: {pp: 1, dp: 1, tp: 4, etp: 2}}}\n",
+            "place.expert.m: etp 2 must be its tp (4) or 1",
+        ),
     ],
 )
 def test_bad_config_files_are_one_line_errors(tmp_path, name, text, needle):
