@@ -217,30 +217,21 @@ def draw_moe_case(seed, torus=False, etp1=False):
             return chain, net, random_constants(rng), s
 
 
+@pytest.mark.parametrize("etp1", [False, True], ids=["split", "whole"])
 @pytest.mark.parametrize("torus", [False, True], ids=["two-level", "torus"])
 @pytest.mark.parametrize("seed", range(30))
-def test_expert_parallel_price_equals_the_reference(seed, torus):
+def test_expert_parallel_price_equals_the_reference(seed, torus, etp1):
     """ep > 1: the all-to-alls on the slowest expert-parallel group, the experts' gradients and
-    optimizer state on the expert data-parallel groups (explicit rank lists in the reference)."""
-    chain, net, consts, s = draw_moe_case(seed, torus)
+    optimizer state on the expert data-parallel groups (explicit rank lists of Megatron's expert
+    generator in the reference). Whole experts (etp = 1, Megatron's parallel folding):
+    expert-parallel groups of ep consecutive ranks, expert data-parallel groups of tp·dp/ep
+    ranks ep apart."""
+    chain, net, consts, s = draw_moe_case(seed, torus, etp1)
     got = price(chain, s, net, consts, peak_flops=1.0)
     want, mem = reference_price(chain, s, net, consts)
     assert got["iteration_time_s"] == pytest.approx(want, rel=1e-12)
     assert [x["memory_bytes"] for x in got["per_stage"]] == pytest.approx(mem, rel=1e-12)
     assert math.isclose(sum(got["breakdown"].values()), got["iteration_time_s"], rel_tol=1e-12)
-
-
-@pytest.mark.parametrize("torus", [False, True], ids=["two-level", "torus"])
-@pytest.mark.parametrize("seed", range(30))
-def test_expert_tensor_parallelism_off_price_equals_the_reference(seed, torus):
-    """etp = 1 (Megatron's parallel folding): expert-parallel groups of ep consecutive ranks,
-    expert data-parallel groups of tp·dp/ep ranks ep apart (explicit rank lists of Megatron's
-    expert generator in the reference)."""
-    chain, net, consts, s = draw_moe_case(seed, torus, etp1=True)
-    got = price(chain, s, net, consts, peak_flops=1.0)
-    want, mem = reference_price(chain, s, net, consts)
-    assert got["iteration_time_s"] == pytest.approx(want, rel=1e-12)
-    assert [x["memory_bytes"] for x in got["per_stage"]] == pytest.approx(mem, rel=1e-12)
 
 
 def test_expert_tensor_parallelism_off_draws_cover_the_cases():

@@ -293,7 +293,7 @@ def optimize_strategy(
         for b in microbatches:
             for ep in eps:
                 for etp in sorted({t if x is None else x for x in etps}, reverse=True):
-                    if etp != t and (getattr(spec, "moe", None) is None or seq % t):
+                    if etp != t and not spec.whole_experts(t, seq):
                         continue
                     got = gpu_chains(spec, t, b, seq, preset, config, ep, etp)
                     for sp, chain in got.items():

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from phaze.network import Network, ring_seconds
+from phaze.place.inputs import trace_key
 from phaze.place.megatron import Axes, allowed_blocks, configurations, tail_floor
 from phaze.step.layers import ChainCost
 from phaze.step.model import StageTerms, StepConstants
@@ -285,11 +286,9 @@ def _cheap_bound(
 
 def _space_key(key: tuple) -> tuple[int, int, int, int]:
     """(tp, microbatch, ep, etp) of a `time_lower_bounds` key: (t, b) means ep = 1, and a key
-    without etp the experts split over tp (etp = t)."""
-    key = tuple(key)
-    if len(key) == 2:
-        key = (*key, 1)
-    return key if len(key) == 4 else (*key, key[0])
+    without etp the experts split over tp (etp = t), as `phaze.place.inputs.trace_key`."""
+    t, b, *shape = key
+    return (t, b, *trace_key((t, *shape))[1:])
 
 
 def _jobs(chains, net, consts, devices, global_batch, hbm_capacity_bytes, axes) -> list[tuple]:

@@ -29,6 +29,7 @@ from phaze.errors import PhazeError
 from phaze.io import read_table, write_json_atomic, write_table
 from phaze.io.atomic import write_text_atomic
 from phaze.io.tables import check_values
+from phaze.place.inputs import trace_shapes
 from phaze.place.settings import PlaceSettings, hbm_capacity_bytes_of
 from phaze.place.tables import place_architectures
 from phaze.place.upstream import dumps_result, export_instance, load_instance, solve_instance
@@ -133,22 +134,7 @@ def _run_tables(args) -> int:
         raise PhazeError(
             f"--latencies ({len(args.latencies)}) needs one entry per tp ({len(args.tp)})"
         )
-    eps = args.ep or [1] * len(args.tp)
-    if len(eps) != len(args.tp):
-        raise PhazeError(f"--ep ({len(eps)}) needs one entry per tp ({len(args.tp)})")
-    if any(e < 1 for e in eps):
-        raise PhazeError(f"expert-parallel sizes must be >= 1, got {eps}")
-    etps = args.etp or list(args.tp)
-    if len(etps) != len(args.tp):
-        raise PhazeError(f"--etp ({len(etps)}) needs one entry per tp ({len(args.tp)})")
-    if any(x not in (1, t) for t, x in zip(args.tp, etps)):
-        raise PhazeError(f"--etp sizes must be their tp or 1, got {etps} for --tp {args.tp}")
-    traces = list(zip(args.tp, eps, etps))
-    if len(set(traces)) != len(traces):
-        twice = "a width twice" if all(e == 1 for e in eps) else "a (tp, ep) pair twice"
-        if args.etp:
-            twice = "a (tp, ep, etp) trace twice"
-        raise PhazeError(f"--tp lists {twice}: {args.tp}" + (f", --ep {eps}" if args.ep else ""))
+    traces = trace_shapes(args.tp, args.ep, args.etp)
     if not math.isfinite(args.hbm_gib) or args.hbm_gib <= 0:
         raise PhazeError(f"--hbm-gib must be a finite number > 0, got {args.hbm_gib}")
     if args.microbatch < 1:

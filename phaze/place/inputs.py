@@ -22,6 +22,24 @@ def trace_key(k) -> tuple[int, int, int]:
     return k if len(k) == 3 else (*k, k[0])
 
 
+def trace_shapes(tps, eps, etps) -> list[tuple[int, int, int]]:
+    """(tp, ep, etp) of each trace directory of a command line: ``--tp``, ``--ep`` (default 1
+    each) and ``--etp`` (default its tp each), one entry per directory, each shape once."""
+    eps = list(eps) if eps else [1] * len(tps)
+    etps = list(etps) if etps else list(tps)
+    for flag, values in (("--ep", eps), ("--etp", etps)):
+        if len(values) != len(tps):
+            raise PhazeError(f"{flag} ({len(values)}) needs one entry per tp ({len(tps)})")
+    if any(e < 1 for e in eps):
+        raise PhazeError(f"expert-parallel sizes must be >= 1, got {eps}")
+    if any(x not in (1, t) for t, x in zip(tps, etps)):
+        raise PhazeError(f"--etp sizes must be their tp or 1, got {etps} for --tp {list(tps)}")
+    shapes = list(zip(tps, eps, etps))
+    if len(set(shapes)) != len(shapes):
+        raise PhazeError(f"--tp/--ep/--etp list a trace twice: {shapes}")
+    return shapes
+
+
 def trace_label(k) -> str:
     """How messages name a trace: tp, then ep and whole experts where they apply."""
     t, ep, etp = trace_key(k)

@@ -54,6 +54,7 @@ import numpy as np
 
 from phaze.errors import PhazeError
 from phaze.network import Network
+from phaze.place.inputs import trace_key
 from phaze.step.layers import ChainCost
 from phaze.step.model import (
     Layout,
@@ -346,11 +347,10 @@ class _Config:
 
 def chain_key(key) -> tuple[int, int, bool, int, int]:
     """(tp, microbatch, sequence_parallel, ep, etp) of a `chains` key: (t, b, sp) means ep = 1,
-    and a key without etp means the experts split over the tensor-parallel ranks (etp = t)."""
-    key = tuple(key)
-    if len(key) == 3:
-        key = (*key, 1)
-    return key if len(key) == 5 else (*key, key[0])
+    and a key without etp means the experts split over the tensor-parallel ranks (etp = t);
+    the trace part by `phaze.place.inputs.trace_key`."""
+    t, b, sp, *shape = key
+    return (t, b, sp, *trace_key((t, *shape))[1:])
 
 
 def configurations(

@@ -70,8 +70,8 @@ class MegatronObjective:
         arch, b = arch_row["arch"], settings.microbatch
         tables, attention, windows = self.tables, self.attention, self.windows
         chains = {}
-        for (t, ep, etp), table in tables.items():
-            k = (t, ep, etp)
+        for k, table in tables.items():
+            t, ep, etp = k
             got = table.chains(
                 arch,
                 self.lookups[k],

@@ -31,7 +31,7 @@ from phaze.place.bound import (
 )
 from phaze.place.chains import ChainTables
 from phaze.place.dp import data_parallel_degrees
-from phaze.place.inputs import check_layers
+from phaze.place.inputs import check_layers, trace_shapes
 from phaze.place.objective_megatron import step_network
 from phaze.place.objective_upstream import upstream_network
 from phaze.place.settings import (
@@ -165,16 +165,7 @@ def bounds_table(args, config: dict) -> pd.DataFrame:
     """The ``bounds`` table of one model and microbatch (module docstring)."""
     if len(args.tp) != len(args.trace_dirs):
         raise PhazeError("--tp and --trace-dirs need one trace directory per width")
-    eps = args.ep or [1] * len(args.tp)
-    if len(eps) != len(args.tp):
-        raise PhazeError(f"--ep ({len(eps)}) needs one entry per --tp ({len(args.tp)})")
-    etps = args.etp or list(args.tp)
-    if len(etps) != len(args.tp):
-        raise PhazeError(f"--etp ({len(etps)}) needs one entry per --tp ({len(args.tp)})")
-    if any(x not in (1, t) for t, x in zip(args.tp, etps)):
-        raise PhazeError(f"--etp sizes must be their tp or 1, got {etps} for --tp {args.tp}")
-    if len(set(zip(args.tp, eps, etps))) != len(eps):
-        raise PhazeError(f"--tp/--ep/--etp list a trace twice: {list(zip(args.tp, eps, etps))}")
+    shapes = trace_shapes(args.tp, args.ep, args.etp)
     space = read_table(args.space, "space", nonempty=True).reset_index(drop=True)
     place = config["place"]
     model, b = args.model, int(args.microbatch)
@@ -182,7 +173,7 @@ def bounds_table(args, config: dict) -> pd.DataFrame:
     settings = PlaceSettings.from_config(config, model, hbm_all[0], b)
     traces = [
         Trace(d, int(t), b, config["step"]["weight_bytes_per_param"], int(e), int(x))
-        for t, e, x, d in zip(args.tp, eps, etps, args.trace_dirs)
+        for (t, e, x), d in zip(shapes, args.trace_dirs)
     ]
     if len({tr.tables.blocks for tr in traces}) != 1:
         raise PhazeError(f"{model}: the traces of the widths have different block counts")

@@ -111,6 +111,11 @@ class ModelSpec:
             return
         self.moe.check_ep(ep, self.name)
 
+    def whole_experts(self, tp: int, seq: int) -> bool:
+        """Whether etp = 1 is a trace of its own at width tp: a mixture-of-experts model at
+        tp > 1 whose sequence of ``seq`` tokens the tp ranks split evenly (`check_etp`)."""
+        return self.moe is not None and tp > 1 and seq % tp == 0
+
     def check_etp(self, etp: int | None, tp: int, seq: int | None = None) -> None:
         """The experts' tensor-parallel size: tp (None, Megatron's default) or 1 (Megatron's
         ``--expert-tensor-parallel-size 1``), the latter for a mixture-of-experts model whose

@@ -293,20 +293,19 @@ class MoELayer(nn.Module):
             raise PhazeError(f"{where}: the experts' tensor-parallel size etp must be tp or 1")
         self.spec, self.tp, self.imbalance, self.ep = spec, tp, imbalance, ep
         # at etp = 1 (tp > 1) the routed path runs on the rank's shard of 1/tp of the tokens
-        self.shard = tp if etp == 1 else 1
-        etp_ = tp // self.shard  # the experts' slicing: tp, or 1
+        self.shard = tp // etp
         self.gate = _tag(gate, "router")
         self.aux_loss = (
             _tag(AuxLoss(e, spec.top_k, spec.aux_loss_coef), "aux_loss")
             if spec.aux_loss_coef > 0
             else None
         )
-        self.dispatch = _tag(Dispatch(spec.top_k, etp_, ep), "dispatch")
+        self.dispatch = _tag(Dispatch(spec.top_k, etp, ep), "dispatch")
         # the rank's E/ep routed experts (those of the busiest rank: expert 0 is the busiest)
         self.experts = nn.ModuleList(
-            _tag(Expert(h, f, etp_, experts.act_fn), "expert", i) for i in range(e // ep)
+            _tag(Expert(h, f, etp, experts.act_fn), "expert", i) for i in range(e // ep)
         )
-        self.combine = _tag(Combine(etp_, ep), "combine")
+        self.combine = _tag(Combine(etp, ep), "combine")
         self.shared_expert = None
         if spec.shared_ffn:
             mlp = _require(hf, "shared_expert", where)

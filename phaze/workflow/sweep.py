@@ -151,11 +151,11 @@ class Sweep:
         """The experts' tensor-parallel sizes traced for a model at width t: config trace.etp
         ("tp" = t, 1 = whole experts); whole experts only for a mixture-of-experts model at
         t > 1 whose sequence the t ranks split evenly (its experts run on the rank's shard)."""
-        moe = get_model_spec(self.model_arg[model]).moe
+        whole = get_model_spec(self.model_arg[model]).whole_experts(t, self.seq(model))
         out = []
         for x in self.config["trace"]["etp"]:
             x = t if x == "tp" else int(x)
-            if x != t and (moe is None or self.seq(model) % t):
+            if x != t and not whole:
                 continue
             if x not in out:
                 out.append(x)
