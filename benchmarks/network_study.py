@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/network_study.py --workdir DIR \
         [--models opt-350m llama2-7b gpt3-175b] [--link-gbps 4 16 45 100] [--hbm-gib 32] [--jobs 2]
+        [--seed RUN_TREE]
 
 For each link bandwidth, a copy of the committed tree (``git archive HEAD``, .venv linked) runs
 the paper sweep on TPU v4's torus (`config/paper.yaml` + `config/paper-ici.yaml`) with that
@@ -11,15 +12,24 @@ whose `results/summary/` exists is not run again (re-running the script resumes)
 `DIR/network_study.csv` (one row per point, model and strategy: throughput, MFU, architecture,
 placement) and `DIR/network_study.png` (per model, Phaze-Per-Model's and the TPUv4 baselines'
 throughput against the link bandwidth, the flat 4 GiB/s link of upstream's config marked), and
-each point's CPU time from its jobs' `benchmark:` files.
+each point's CPU time from its jobs' `benchmark:` files (those written since the point started)
+and, from `/usr/bin/time -v` around its last invocation, the Snakemake process's too.
+
+--seed names a finished run's tree (say a `config/paper.yaml` run): each new point starts from a
+copy of its `results/` (but `results/summary/`) and its Snakemake metadata, so the jobs the link
+bandwidth does not reach (trace, estimate, schedule: their rules' params hold no network) are
+reused where the point's search asks for the same ones, and Snakemake re-runs every job whose
+config section, code or inputs differ, as in any incremental run.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -64,6 +74,20 @@ def overlay(models: list[str], hbm_gib: list[float], link_Bps: float) -> dict:
     net = ici["place"]["network"]
     net["link"] = {**net["link"], "bandwidth_Bps": float(link_Bps)}
     return {"models": list(models), "place": {"hbm_gib": list(hbm_gib), "network": net}}
+
+
+def seed(run: Path, dest: Path) -> None:
+    """``run``'s results (but its summary) and Snakemake metadata copied into ``dest``, times
+    kept, so Snakemake takes the copied outputs as its own."""
+    if not (run / "results").is_dir() or not (run / ".snakemake" / "metadata").is_dir():
+        raise SystemExit(f"network_study: {run} holds no finished run (results/, .snakemake/)")
+    shutil.copytree(
+        run / "results",
+        dest / "results",
+        ignore=lambda d, names: ["summary"] if Path(d) == run / "results" else [],
+        dirs_exist_ok=True,
+    )
+    shutil.copytree(run / ".snakemake" / "metadata", dest / ".snakemake" / "metadata")
 
 
 def collate(points: dict[float, Path]) -> pd.DataFrame:
@@ -116,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--link-gbps", nargs="+", type=float, default=[4.0, 16.0, 45.0, 100.0])
     ap.add_argument("--hbm-gib", nargs="+", type=float, default=[32.0])
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--seed", type=Path, help="a finished run's tree each new point starts from")
     args = ap.parse_args(argv)
     if any(b <= 0 for b in args.link_gbps):
         print("network_study: --link-gbps must be positive", file=sys.stderr)
@@ -127,11 +152,18 @@ def main(argv: list[str] | None = None) -> int:
         d = args.workdir / f"link_{gbps:g}GBps"
         summary = d / "results" / "summary"
         if not (summary / "comparison.parquet").is_file():
-            if not d.exists():
-                reproduce.checkout(d)
+            if not d.exists():  # made aside, then renamed: a failed copy is not taken for a point
+                tmp = d.with_name(d.name + ".tmp")
+                shutil.rmtree(tmp, ignore_errors=True)
+                reproduce.checkout(tmp)
+                if args.seed is not None:
+                    seed(args.seed, tmp)
+                (tmp / "started").write_text(f"{time.time():.3f}\n")
+                tmp.rename(d)
             cfg = overlay(args.models, args.hbm_gib, gbps * 1e9)
             (d / "config" / "network-study.yaml").write_text(yaml.safe_dump(cfg))
-            cmd = ["bash", "scripts/run.sh", "--configfile", "config/paper.yaml"]
+            cmd = ["/usr/bin/time", "-v", "-o", "time.txt", "bash", "scripts/run.sh"]
+            cmd += ["--configfile", "config/paper.yaml"]
             cmd += ["config/network-study.yaml", "-j", str(args.jobs)]
             with open(d / "run.log", "a") as log:
                 proc = subprocess.run(cmd, check=False, cwd=d, stdout=log, stderr=subprocess.STDOUT)
@@ -142,8 +174,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"network_study: the run at {gbps:g} GB/s failed; log: {where}", file=sys.stderr
                 )
                 return 2
-        cpu, _jobs = paper.job_cpu(d / "results", 0.0)
-        print(f"{gbps:g} GB/s: {sum(cpu.values()):.0f} CPU-s of jobs")
+        started = float((d / "started").read_text()) if (d / "started").is_file() else 0.0
+        cpu, _jobs = paper.job_cpu(d / "results", started)
+        line = f"{gbps:g} GB/s: {sum(cpu.values()):.0f} CPU-s of jobs"
+        if (d / "time.txt").is_file():
+            t = paper.gnu_time(d / "time.txt")
+            line += f"; last invocation {t['cpu_s']:.0f} CPU-s, {t['wall_s']:.0f} s wall"
+        print(line)
         points[gbps] = summary
     table = collate(points)
     args.workdir.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,8 @@ import importlib.util
 import re
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("paper", REPO / "benchmarks" / "paper.py")
 paper = importlib.util.module_from_spec(spec)
@@ -170,3 +172,29 @@ def test_network_study_collates_every_point_model_and_strategy(tmp_path):
     assert (table["throughput_seq_s"] >= 4.0 * 1024).all()
     fig = mod.figure(table, 4.29)
     assert len(fig.axes) == 2 and all(len(ax.lines) == 4 for ax in fig.axes)
+
+
+def test_network_study_seeds_a_point_from_a_run_but_its_summary(tmp_path):
+    import os
+
+    mod = _network_study()
+    run = tmp_path / "run"
+    for rel in ("results/schedule/m/a.parquet", "results/summary/best.parquet", "results/x.txt"):
+        (run / rel).parent.mkdir(parents=True, exist_ok=True)
+        (run / rel).write_text(rel)
+        os.utime(run / rel, (1e9, 1e9))
+    meta = run / ".snakemake" / "metadata"
+    meta.mkdir(parents=True)
+    (meta / "key").write_text("{}")
+    (run / ".snakemake" / "incomplete").mkdir()
+    dest = tmp_path / "point"
+    dest.mkdir()
+    mod.seed(run, dest)
+    assert (dest / "results/schedule/m/a.parquet").read_text() == "results/schedule/m/a.parquet"
+    assert (dest / "results/schedule/m/a.parquet").stat().st_mtime == 1e9  # Snakemake's clock
+    assert (dest / "results/x.txt").is_file()
+    assert not (dest / "results/summary").exists()  # the point's own summary marks it done
+    assert (dest / ".snakemake/metadata/key").is_file()
+    assert not (dest / ".snakemake/incomplete").exists()
+    with pytest.raises(SystemExit, match="no finished run"):
+        mod.seed(tmp_path / "nothing", tmp_path / "p2")
