@@ -285,6 +285,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "paper")
     ap.add_argument("--name", default="", help="suffix of the output names (a variant's run)")
     ap.add_argument("--config", default="config/paper.yaml", help="recorded in run.json")
+    ap.add_argument(
+        "--commit", help="recorded in run.json (default: HEAD of the results' tree, if a checkout)"
+    )
     ap.add_argument("--hbm-gib", type=float, help="HBM size of the per-HBM figures (default: max)")
     ap.add_argument("--no-figures", action="store_true")
     args = ap.parse_args()
@@ -300,7 +303,8 @@ def main() -> int:
     cpu_jobs = sum(cpu.values())
     run = {
         "config": args.config,
-        "commit": subprocess.run(
+        "commit": args.commit
+        or subprocess.run(
             ["git", "-C", str(args.results.parent), "rev-parse", "HEAD"],
             check=False,
             capture_output=True,
