@@ -15,6 +15,10 @@ throughput against the link bandwidth, the flat 4 GiB/s link of upstream's confi
 each point's CPU time from its jobs' `benchmark:` files (those written since the point started)
 and, from `/usr/bin/time -v` around its last invocation, the Snakemake process's too.
 
+Every point after the first takes the schedule solutions of the points before it (and of
+--seed's run) where its layers equal theirs (config ``schedule.reuse``, docs/schedule.md): the
+link bandwidth changes only the layers' collectives, so most layer segments are not solved again.
+
 --seed names a finished run's tree (say a `config/paper.yaml` run): each new point starts from a
 copy of its `results/` (but `results/summary/`) and its Snakemake metadata, so the jobs the link
 bandwidth does not reach (trace, estimate, schedule: their rules' params hold no network) are
@@ -68,12 +72,18 @@ COLUMNS = [
 ]
 
 
-def overlay(models: list[str], hbm_gib: list[float], link_Bps: float) -> dict:
-    """The config overlay of one point: config/paper-ici.yaml's torus at ``link_Bps``."""
+def overlay(
+    models: list[str], hbm_gib: list[float], link_Bps: float, reuse: list[Path] = ()
+) -> dict:
+    """The config overlay of one point: config/paper-ici.yaml's torus at ``link_Bps``; the
+    schedule solutions of the finished runs' results ``reuse`` are taken where they apply."""
     ici = yaml.safe_load((REPO / "config" / "paper-ici.yaml").read_text())
     net = ici["place"]["network"]
     net["link"] = {**net["link"], "bandwidth_Bps": float(link_Bps)}
-    return {"models": list(models), "place": {"hbm_gib": list(hbm_gib), "network": net}}
+    cfg = {"models": list(models), "place": {"hbm_gib": list(hbm_gib), "network": net}}
+    if reuse:
+        cfg["schedule"] = {"reuse": [str(Path(r).resolve()) for r in reuse]}
+    return cfg
 
 
 def seed(run: Path, dest: Path) -> None:
@@ -148,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     reproduce = _load("reproduce")
     paper = _load("paper")
     points = {}
+    # the schedule solutions of the seed and of every point before (config schedule.reuse)
+    reuse = [args.seed / "results"] if args.seed is not None else []
     for gbps in args.link_gbps:
         d = args.workdir / f"link_{gbps:g}GBps"
         summary = d / "results" / "summary"
@@ -160,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                     seed(args.seed, tmp)
                 (tmp / "started").write_text(f"{time.time():.3f}\n")
                 tmp.rename(d)
-            cfg = overlay(args.models, args.hbm_gib, gbps * 1e9)
+            cfg = overlay(args.models, args.hbm_gib, gbps * 1e9, reuse)
             (d / "config" / "network-study.yaml").write_text(yaml.safe_dump(cfg))
             cmd = ["/usr/bin/time", "-v", "-o", "time.txt", "bash", "scripts/run.sh"]
             cmd += ["--configfile", "config/paper.yaml"]
@@ -182,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             line += f"; last invocation {t['cpu_s']:.0f} CPU-s, {t['wall_s']:.0f} s wall"
         print(line)
         points[gbps] = summary
+        reuse.append(d / "results")
     table = collate(points)
     args.workdir.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.workdir / "network_study.csv", index=False)

@@ -54,9 +54,18 @@ def tier_of(rule: str) -> str:
     return rule if rule.startswith(("schedule_", "place_", "estimate_")) else rule.split("_")[0]
 
 
+def _schedule_tables(results: Path) -> list[Path]:
+    """The schedule tables (not the solutions files beside them, phaze.schedule.reuse)."""
+    return [
+        f
+        for f in sorted((results / "schedule").rglob("*.parquet"))
+        if not f.name.endswith(".solutions.parquet")
+    ]
+
+
 def _units(results: Path) -> Counter:
     u = Counter()
-    for f in (results / "schedule").rglob("*.parquet"):
+    for f in _schedule_tables(results):
         archs = pd.read_parquet(f, columns=["arch"])["arch"].nunique()
         tier = (
             "ilp"
@@ -85,7 +94,7 @@ def _units(results: Path) -> Counter:
 def _ilp_time_limited(results: Path) -> tuple[int, int, float]:
     n = limited = 0
     solve = 0.0
-    for f in (results / "schedule").rglob("*.parquet"):
+    for f in _schedule_tables(results):
         if f.parent.name != "ilp":
             continue
         df = pd.read_parquet(f, columns=["status", "solve_s"])

@@ -79,7 +79,8 @@ rule schedule_blind:
         space=W.space,
         choice="results/baselines/blind/{model}/choice.parquet",
     output:
-        f"{SCHED}/blind.parquet",
+        table=f"{SCHED}/blind.parquet",
+        solutions=f"{SCHED}/blind.solutions.parquet",
     log:
         f"{LOGS}/schedule/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/blind.log",
     benchmark:
@@ -96,7 +97,8 @@ rule schedule_blind:
     shell:
         "python3 -m phaze schedule --tier {params.tier:q} --trace {params.trace:q}"
         " --latency {input.latency:q} --space {input.space:q} --chunks {input.choice:q}"
-        ' --chunk 0 --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
+        ' --chunk 0 --config "$PHAZE_CONFIG" --out {output.table:q}'
+        " --solutions {output.solutions:q} > {log:q} 2>&1"
 
 
 rule place_blind:

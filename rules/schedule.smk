@@ -12,7 +12,8 @@ rule schedule:
         space="results/arch/space.parquet",
         chunks="results/arch/chunks.parquet",
     output:
-        "results/schedule/{model}/{tag}/{chunk}.parquet",
+        table="results/schedule/{model}/{tag}/{chunk}.parquet",
+        solutions="results/schedule/{model}/{tag}/{chunk}.solutions.parquet",
     log:
         "results/logs/schedule/{model}/{tag}/{chunk}.log",
     benchmark:
@@ -34,4 +35,5 @@ rule schedule:
     shell:
         "python3 -m phaze schedule --tier ilp --trace {params.trace:q} --latency {input.latency:q}"
         " --space {input.space:q} --chunks {input.chunks:q} --chunk {wildcards.chunk}"
-        ' --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
+        ' --config "$PHAZE_CONFIG" --out {output.table:q} --solutions {output.solutions:q}'
+        " > {log:q} 2>&1"

@@ -145,7 +145,8 @@ rule schedule_bounds:
         space=W.space,
         selection=lambda wc: ancient(W.round_selection_file(wc)),
     output:
-        f"{SCHED}/bounds/r{{round}}_c{{chunk}}.parquet",
+        table=f"{SCHED}/bounds/r{{round}}_c{{chunk}}.parquet",
+        solutions=f"{SCHED}/bounds/r{{round}}_c{{chunk}}.solutions.parquet",
     log:
         f"{LOGS}/schedule/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/bounds/r{{round}}_c{{chunk}}.log",
     benchmark:
@@ -160,7 +161,8 @@ rule schedule_bounds:
     shell:
         "python3 -m phaze schedule --tier bounds --trace {params.trace:q}"
         " --latency {input.latency:q} --space {input.space:q} --archs {params.archs:q}"
-        ' --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
+        ' --config "$PHAZE_CONFIG" --out {output.table:q} --solutions {output.solutions:q}'
+        " > {log:q} 2>&1"
 
 
 rule place_bounds:
@@ -218,7 +220,8 @@ rule schedule_ilp:
         # mtime never re-runs an ILP, the content of `archs` does
         selection=lambda wc: ancient(W.schedule_ilp_selection(wc)),
     output:
-        f"{SCHED}/{{solve}}/r{{round}}_c{{chunk}}.parquet",
+        table=f"{SCHED}/{{solve}}/r{{round}}_c{{chunk}}.parquet",
+        solutions=f"{SCHED}/{{solve}}/r{{round}}_c{{chunk}}.solutions.parquet",
     log:
         f"{LOGS}/schedule/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/{{solve}}/r{{round}}_c{{chunk}}.log",
     benchmark:
@@ -235,7 +238,8 @@ rule schedule_ilp:
     shell:
         "python3 -m phaze schedule --tier {wildcards.solve:q} --trace {params.trace:q}"
         " --latency {input.latency:q} --space {input.space:q} --archs {params.archs:q}"
-        ' --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
+        ' --config "$PHAZE_CONFIG" --out {output.table:q} --solutions {output.solutions:q}'
+        " > {log:q} 2>&1"
 
 
 rule place_ilp:

@@ -38,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_config_argument(parser)  # section `schedule`
     parser.add_argument("--out", help="output table (schedule schema)")
+    parser.add_argument(
+        "--solutions",
+        help="also write the job's solutions here, for later runs' schedule.reuse "
+        "(the workflow writes <out stem>.solutions.parquet; default: none)",
+    )
 
 
 def _options(args, overrides: dict | None = None):
@@ -64,11 +69,14 @@ def run(args: argparse.Namespace) -> int:
         raise PhazeError(f"missing {', '.join(missing)} (or give --instance FILE.json)")
 
     t0 = time.perf_counter()
-    stats = schedule_tables(args, _options(args))
+    reuse = load_config(args.config)["schedule"]["reuse"]
+    stats = schedule_tables(args, _options(args), reuse)
     print(
         f"phaze schedule: {stats['rows']} rows, {stats['instances']} instances, "
         f"{stats['ilp_solves']} ILP solves, cache hits {stats['hits']}/{stats['lookups']} "
-        f"(+{stats['segment_hits']} segment hits), {time.perf_counter() - t0:.1f} s",
+        f"(+{stats['segment_hits']} segment hits), reused {stats['prior_hits']} instances "
+        f"(+{stats['prior_segment_hits']} segments) of {stats['prior']} earlier solutions, "
+        f"{time.perf_counter() - t0:.1f} s",
         file=sys.stderr,
     )
     return 0

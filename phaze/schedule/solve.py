@@ -170,11 +170,16 @@ def peak_cores(inst: Instance, sched: Schedule) -> tuple[int, int]:
 class Scheduler:
     """Solves instances; holds the per-job cache, neighbour seeds and the solver worker."""
 
-    def __init__(self, opts: Options):
+    def __init__(self, opts: Options, prior: dict | None = None):
+        """``prior``: solutions of earlier jobs (phaze.schedule.reuse.load_solutions, key ->
+        (result, latency scale)), taken as cache hits; used only with ``opts.cache``."""
         if opts.tier not in ("ilp", "bounds"):
             raise PhazeError(f"--tier must be ilp or bounds, got {opts.tier!r}")
         self.opts = opts
         self.cache: dict[str, tuple[Result, float]] = {}  # key -> (result, latency scale)
+        self.prior = prior or {}
+        self.prior_hits = 0  # whole instances taken from ``prior``
+        self.prior_segment_hits = 0
         self.seeds: dict[str, list[tuple[list[int], list[int]]]] = {}
         self.lookups = 0
         self.hits = 0
@@ -221,7 +226,15 @@ class Scheduler:
             else:
                 self.segment_hits += 1
             return _retime(inst, hit[0], scale / hit[1])
-        res = fn(inst)
+        hit = self.prior.get(key)
+        if hit is not None:
+            if top:
+                self.prior_hits += 1
+            else:
+                self.prior_segment_hits += 1
+            res = _retime(inst, hit[0], scale / hit[1])
+        else:
+            res = fn(inst)
         self.cache[key] = (res, scale)
         return res
 

@@ -9,11 +9,24 @@ import pandas as pd
 from phaze.errors import PhazeError
 from phaze.io.select import select_archs
 from phaze.io.tables import read_table, write_table
+from phaze.schedule.reuse import (
+    context_of,
+    load_solutions,
+    solution_files,
+    write_solutions,
+)
 from phaze.schedule.solve import Options, Scheduler, peak_cores
 from phaze.schedule.tables import build_instance, load_op_graphs, op_latencies
 
 
-def schedule_tables(args: argparse.Namespace, opts: Options) -> dict:
+def schedule_tables(args: argparse.Namespace, opts: Options, reuse: list[str] = ()) -> dict:
+    """Schedule every selected architecture's layers into ``args.out``; with ``args.solutions``
+    also the job's solutions (phaze.schedule.reuse); ``reuse``: earlier runs' results
+    directories whose solutions of this trace are taken where an instance equals one of them."""
+    context = context_of(opts)
+    prior = {}
+    if reuse and opts.cache:
+        prior = load_solutions(solution_files(list(reuse), args.trace, args.out), context)
     graphs = load_op_graphs(args.trace)
     space = select_archs(args)
     lat = read_table(args.latency, "latency")
@@ -21,7 +34,7 @@ def schedule_tables(args: argparse.Namespace, opts: Options) -> dict:
     lookup = op_latencies(lat)
     rows = []
     instances = 0  # layer instances solved (layers with ops that take time)
-    with Scheduler(opts) as sch:
+    with Scheduler(opts, prior) as sch:
         for a in space.itertuples(index=False):
             for g in graphs:
                 where = f"arch {a.arch}, layer {g.signature} {g.pass_}"
@@ -58,7 +71,13 @@ def schedule_tables(args: argparse.Namespace, opts: Options) -> dict:
             "lookups": sch.lookups,  # whole-instance cache lookups (0 with schedule.cache off)
             "segment_hits": sch.segment_hits,
             "ilp_solves": sch.ilp_solves,
+            "prior": len(prior),  # solutions loaded from schedule.reuse
+            "prior_hits": sch.prior_hits,
+            "prior_segment_hits": sch.prior_segment_hits,
         }
+        solved = dict(sch.cache)
+    if getattr(args, "solutions", None):
+        write_solutions(args.solutions, solved, context)
     df = pd.DataFrame(rows, columns=list(_COLUMNS))
     write_table(df, args.out, "schedule")
     return stats

@@ -41,14 +41,22 @@ def code_version(*parts: str) -> str:
     return h.hexdigest()[:16]
 
 
+#: config keys that change how a job computes, not what its answer means: no rerun trigger
+#: (``schedule.reuse``: where earlier solutions are looked up)
+NOT_TRIGGERS = ("schedule.reuse",)
+
+
 def config_section(config: dict, *keys: str) -> str:
     """The config sections a rule reads (``section`` or ``section.key``), as one canonical JSON
-    string."""
+    string, without the keys of NOT_TRIGGERS."""
 
     def value(key: str):
         node = config
         for part in key.split("."):
             node = node[part]
+        if isinstance(node, dict):
+            drop = {k.removeprefix(f"{key}.") for k in NOT_TRIGGERS if k.startswith(f"{key}.")}
+            node = {k: v for k, v in node.items() if k not in drop}
         return node
 
     return json.dumps({k: value(k) for k in keys}, sort_keys=True)
