@@ -360,6 +360,14 @@ EDITS = {
         {"schedule_bounds"},
         {"trace", "arch", "space_bounds", "estimate_round"},
     ),
+    # where earlier solutions are looked up is not what a job computes: nothing re-runs
+    "schedule reuse": (
+        lambda w: _edit(
+            w / "config/test.yaml", "  mip_gap: 0.01\n", "  mip_gap: 0.01\n  reuse: [/tmp]\n"
+        ),
+        set(),
+        {"trace", "arch", "space_bounds", "estimate_round", "schedule_bounds", "place_bounds"},
+    ),
     "deep ILP limit": (
         lambda w: _edit(
             w / "config/test.yaml", "deepen_node_limit: 2000", "deepen_node_limit: 3000"
@@ -389,7 +397,7 @@ def test_incremental_reruns(run_dir, tmp_path, what, copy_checkout, snakemake):
     jobs = _dry_run_jobs(work, snakemake)
     assert must <= set(jobs), (what, jobs)
     assert not (must_not & set(jobs)), (what, jobs)
-    if what == "nothing":
+    if what in ("nothing", "schedule reuse"):
         assert jobs == {}, jobs
 
 
@@ -414,9 +422,13 @@ def test_stand_alone_schedule_and_place_rules(run_dir, tmp_path, copy_checkout, 
     """rule schedule and rule place (one stage through Snakemake, outside the search) on a chunk
     of the finished run: only those jobs run, the ILP-tier placement of each arch lies between
     the search's list-schedule (lo) and lower-bound (ub) placements of the same arch, and equals
-    the search's ILP-tier placement where the search ran the ILP."""
+    the search's ILP-tier placement where the search ran the ILP. The copy reuses the finished
+    run's schedule solutions (schedule.reuse): the ILP tier's context is the search's, so the
+    layers and segments the search solved are taken, not solved again."""
     assert run_dir["second"].returncode == 0
     work = copy_checkout(tmp_path / "repo", results_from=run_dir["dir"])
+    reuse = f"  mip_gap: 0.01\n  reuse: [{run_dir['dir'] / 'results'}]\n"
+    _edit(work / "config/test.yaml", "  mip_gap: 0.01\n", reuse)
     target = "results/place/opt-350m/h32_b1/0.parquet"
     # An estimate job that the fixture's interrupt cut short can keep Snakemake's incomplete
     # marker (the resumed run reached it only behind the search_plan checkpoint, which it does
@@ -435,6 +447,10 @@ def test_stand_alone_schedule_and_place_rules(run_dir, tmp_path, copy_checkout, 
         tag = next((res / "trace" / "opt-350m").glob(f"b1_s*_tp{tp}")).name
         sched = pd.read_parquet(res / "schedule" / "opt-350m" / tag / "0.parquet")
         assert set(sched["arch"]) == chunk0
+        line = (res / "logs" / "schedule" / "opt-350m" / tag / "0.log").read_text()
+        hits = re.search(r"reused (\d+) instances \(\+(\d+) segments\) of (\d+)", line)
+        assert hits and int(hits.group(1)) + int(hits.group(2)) > 0, line
+        assert (res / "schedule" / "opt-350m" / tag / "0.solutions.parquet").is_file()
         assert "bounds" not in set(sched["status"]), sched["status"]  # the ILP tier ran
     got = pd.read_parquet(work / target).set_index("arch")["throughput_seq_s"]
     assert set(got.index) == chunk0 and (got > 0).all()
