@@ -16,9 +16,9 @@
 #     with search.deepen_node_limit > 0, once more at {solve} = deep
 #   baselines: rules/baselines.smk (placement-blind); the tpuv4 presets are refined in round 0.
 #   search_summary              results/summary/{best,comparison,explored,front,certified}.parquet
-# select, prune and summary get a manifest (written by their run: block from the Sweep function
-# that gives their inputs) listing each file with its model, microbatch, round and tier; run:
-# blocks execute in Snakemake's own environment (no conda: directive applies to them).
+# select, prune and summary read a manifest listing each input file with its model, microbatch,
+# round and tier; the job writes it first (`phaze search manifest`, the Sweep function that gives
+# its inputs, on the finished checkpoints' outputs), so every rule is a plain shell job.
 
 
 checkpoint search_plan:
@@ -87,25 +87,25 @@ checkpoint search_select:
         f"{LOGS}/search/r{{round}}_select.log",
     benchmark:
         f"{BENCH}/search/r{{round}}_select.tsv"
+    conda:
+        "../environment.yml"
     params:
         code=W.search_code(),
         cfg=W.search_params(),
         bench=BENCH,
         out=lambda wc, output: os.path.dirname(output.select),
-        previous=lambda wc, input: (
-            ["--previous-state", input.previous] if "previous" in input.keys() else []
-        ),
-    run:
-        manifest = W.write_manifest(
-            f"{log}.manifest.json", W.search_select_manifest(wildcards), input
-        )
-        # the round's progress line goes to the terminal of the Snakemake process too
-        shell(
-            "python3 -m phaze search select --plan {input.plan:q} --round {wildcards.round}"
-            ' {params.previous:q} --manifest {manifest:q} --config "$PHAZE_CONFIG"'
-            " --benchmarks {params.bench:q} --out-dir {params.out:q} > {log:q} 2>&1"
-            " && (grep -m 1 '^phaze search: round' {log:q} || true)"
-        )
+        plan=W.plan,
+        previous=W.previous_state_args,
+    # the job builds its manifest (the files it reads, with what each holds) from the same
+    # Sweep function as its inputs; the round's progress line goes to the terminal too. No
+    # named input in these commands: a dry run formats them before the checkpoints decide them
+    shell:
+        "python3 -m phaze search manifest --step select --round {wildcards.round}"
+        ' --config "$PHAZE_CONFIG" --out {log:q}.manifest.json > {log:q} 2>&1'
+        " && python3 -m phaze search select --plan {params.plan:q} --round {wildcards.round}"
+        ' {params.previous:q} --manifest {log:q}.manifest.json --config "$PHAZE_CONFIG"'
+        " --benchmarks {params.bench:q} --out-dir {params.out:q} >> {log:q} 2>&1"
+        " && (grep -m 1 '^phaze search: round' {log:q} || true)"
 
 
 rule estimate_round:
@@ -196,19 +196,22 @@ checkpoint search_prune:
         f"{LOGS}/search/r{{round}}_{{solve}}_prune.log",
     benchmark:
         f"{BENCH}/search/r{{round}}_{{solve}}_prune.tsv"
+    conda:
+        "../environment.yml"
     params:
         code=W.search_code(),
         cfg=W.search_params(),
-    run:
-        manifest = W.write_manifest(
-            f"{log}.manifest.json", W.search_prune_manifest(wildcards), input
-        )
-        shell(
-            "python3 -m phaze search prune --plan {input.plan:q} --round {wildcards.round}"
-            " --solve {wildcards.solve:q} --select {input.select:q} --state {input.state:q}"
-            " --manifest {manifest:q}"
-            ' --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
-        )
+        plan=W.plan,
+        select=lambda wc: W.round_select(wc.round),
+        state=lambda wc: W.round_state(wc.round),
+    shell:
+        "python3 -m phaze search manifest --step prune --round {wildcards.round}"
+        ' --solve {wildcards.solve:q} --config "$PHAZE_CONFIG" --out {log:q}.manifest.json'
+        " > {log:q} 2>&1"
+        " && python3 -m phaze search prune --plan {params.plan:q} --round {wildcards.round}"
+        " --solve {wildcards.solve:q} --select {params.select:q} --state {params.state:q}"
+        ' --manifest {log:q}.manifest.json --config "$PHAZE_CONFIG" --out {output:q}'
+        " >> {log:q} 2>&1"
 
 
 rule schedule_ilp:
@@ -272,17 +275,17 @@ rule search_summary:
         f"{LOGS}/search/summary.log",
     benchmark:
         f"{BENCH}/search/summary.tsv"
+    conda:
+        "../environment.yml"
     params:
         code=code_version("search"),
         cfg=W.section("search"),
         out=lambda wc, output: os.path.dirname(output.stats),
-    run:
-        manifest = W.write_manifest(
-            f"{log}.manifest.json", W.search_summary_manifest(), input
-        )
-        shell(
-            "python3 -m phaze search summarize --plan {input.plan:q} --space {input.space:q}"
-            " --state {input.state:q} --manifest {manifest:q}"
-            ' --config "$PHAZE_CONFIG" --out-dir {params.out:q}'
-            " > {log:q} 2>&1"
-        )
+        plan=W.plan,
+        space=W.space,
+    shell:
+        "python3 -m phaze search manifest --step summary"
+        ' --config "$PHAZE_CONFIG" --out {log:q}.manifest.json > {log:q} 2>&1'
+        " && python3 -m phaze search summarize --plan {params.plan:q} --space {params.space:q}"
+        " --manifest {log:q}.manifest.json"
+        ' --config "$PHAZE_CONFIG" --out-dir {params.out:q} >> {log:q} 2>&1'

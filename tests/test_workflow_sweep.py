@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,13 +14,14 @@ import pandas as pd
 import pytest
 
 from phaze.cli import build_parser
+from phaze.cli import main as phaze_main
 from phaze.config import validate_config
 from phaze.errors import PhazeError
 from phaze.io.manifest import write_manifest
 from phaze.search.files import load_manifest
 from phaze.workflow import Sweep, code_version, config_section
 from phaze.workflow.provenance import PACKAGE_ROOT
-from phaze.workflow.sweep import parse_shard, shard_name
+from phaze.workflow.sweep import parse_shard, shard_name, step_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -286,13 +288,13 @@ def test_manifests_list_exactly_the_jobs_inputs_with_their_metadata(sweep, tmp_p
     assert len([e for e in sched if e["tier"] == "blind"]) == (3 + 1) * 2
     inputs = sweep.search_summary_inputs(wc())
     assert inputs["files"] == [e["path"] for kind in summary.values() for e in kind]
-    assert inputs["state"] == "results/search/r2/state.json"
+    assert summary["state"] == [{"path": "results/search/r2/state.json"}]
     # what the search CLIs read back: every file exists
     monkeypatch.chdir(tmp_path)
     for e in [e for kind in summary.values() for e in kind]:
         Path(e["path"]).parent.mkdir(parents=True, exist_ok=True)
         Path(e["path"]).touch()
-    path = sweep.write_manifest("m.json", summary, inputs["files"] + ["results/arch/space.parquet"])
+    path = write_manifest("m.json", summary)
     assert load_manifest(path, tuple(summary)) == summary
 
 
@@ -354,12 +356,48 @@ def test_the_deep_stage_reads_the_ilp_tier_and_feeds_the_next_round(sweep, tmp_p
     )
 
 
-def test_a_manifest_must_list_only_the_jobs_inputs(sweep, tmp_path):
-    doc = {
-        "place": [{"path": "x.parquet", "model": "m", "microbatch": 1, "round": 0, "tier": "ub"}]
-    }
-    with pytest.raises(AssertionError, match="not inputs"):
-        sweep.write_manifest(str(tmp_path / "m.json"), doc, ["y.parquet"])
+def test_a_job_builds_from_the_results_the_manifest_snakemake_gave_its_inputs(
+    sweep, tmp_path, monkeypatch
+):
+    """`phaze search manifest` (inside the select, prune and summary jobs) reads the finished
+    checkpoints' outputs under results/ and lists exactly the files the job's declared inputs
+    name (Snakemake's checkpoints, here the fixture's); a missing checkpoint output is an error."""
+    res = tmp_path / "results"
+    (res / "arch").mkdir(parents=True)
+    shutil.copy(tmp_path / "chunks.parquet", res / "arch" / "chunks.parquet")
+    shutil.copytree(tmp_path / "r0", res / "search" / "r0")
+    shutil.copytree(tmp_path / "r1", res / "search" / "r1")
+    shutil.copytree(tmp_path / "r2", res / "search" / "r2")
+    monkeypatch.chdir(tmp_path)
+    cases = [
+        ("select", 1, "ilp"),
+        ("prune", 0, "ilp"),
+        ("prune", 1, "ilp"),
+        ("summary", None, "ilp"),
+    ]
+    for step, r, solve in cases:
+        want = sweep.step_manifest(step, r, solve)
+        got = step_manifest(sweep.config, step, r, solve)
+        assert got == want, (step, r)
+        if step == "select":
+            inputs = sweep.search_select_inputs(wc(round=r))
+        elif step == "prune":
+            inputs = sweep.search_prune_inputs(wc(round=r, solve=solve))
+        else:
+            inputs = sweep.search_summary_inputs(wc())
+        assert [e["path"] for kind in got.values() for e in kind] == inputs["files"]
+    # through the CLI, as the rules run it
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps(sweep.config))
+    out = tmp_path / "m.json"
+    argv = ["search", "manifest", "--step", "prune", "--round", "1", "--config", str(cfg)]
+    assert phaze_main([*argv, "--out", str(out)]) == 0
+    assert json.loads(out.read_text()) == sweep.step_manifest("prune", 1)
+    # a checkpoint not yet run: one line, exit 2
+    shutil.rmtree(res / "search" / "r1")
+    assert phaze_main([*argv, "--out", str(out)]) == 2
+    with pytest.raises(PhazeError, match="checkpoint output missing"):
+        step_manifest(sweep.config, "prune", 1)
 
 
 @pytest.mark.parametrize(

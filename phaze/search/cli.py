@@ -9,6 +9,7 @@
                 chunk table per model × microbatch); ``--solve deep``: with the ILP tier in, which of
                 them get the deeper ILP
 * ``blind``     t = 1 latencies of the whole space → the placement-blind baseline's arch
+* ``manifest``  the workflow's manifest of a select, prune or summarize step (its job builds it)
 * ``batch``     several ``phaze`` commands in one process (the workflow's placement jobs)
 * ``summarize`` everything → results/summary/{best,comparison,explored,front,certified}.parquet
 """
@@ -119,14 +120,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "commands", nargs="+", help="each a quoted `phaze` command line, e.g. 'place ...'"
     )
 
+    p = sub.add_parser(
+        "manifest",
+        help="the manifest of a select, prune or summarize step of the workflow, from the "
+        "config and the search checkpoints' outputs under results/ (the step's job builds it)",
+    )
+    p.add_argument("--step", required=True, choices=("select", "prune", "summary"))
+    p.add_argument("--round", type=int, help="the round (select, prune)")
+    p.add_argument("--solve", choices=("ilp", "deep"), default="ilp", help="prune's ILP solve")
+    add_config_argument(p)
+    p.add_argument("--out", required=True, help="manifest JSON")
+
     p = sub.add_parser("summarize", help="best / comparison / explored / front / certified")
     p.add_argument("--plan", required=True)
-    p.add_argument("--state", required=True, help="the final round's state.json (nothing to do)")
+    p.add_argument(
+        "--state",
+        help="the final round's state.json (nothing to do); default: the manifest's 'state'",
+    )
     p.add_argument("--space", required=True)
     p.add_argument(
         "--manifest",
         required=True,
-        help="JSON manifest of the summary's inputs: space (model, microbatch: the space "
+        help="JSON manifest of the summary's inputs: state (the final state.json), space "
+        "(model, microbatch: the space "
         "bounds), place (model, microbatch, round, tier), blind_place (model, microbatch, tier), "
         "blind (model: the baseline's choice) and schedules (model, microbatch, tp, tier bounds "
         "| ilp | deep | blind: the ILP counts)",

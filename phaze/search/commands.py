@@ -126,6 +126,17 @@ def _chunked(sel: pd.DataFrame, chunk_archs: int) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)
 
 
+def manifest(args: argparse.Namespace) -> int:
+    """Write the manifest of one workflow step (phaze.workflow.sweep.step_manifest)."""
+    from phaze.io.manifest import write_manifest
+    from phaze.workflow.sweep import step_manifest
+
+    if args.step != "summary" and args.round is None:
+        raise PhazeError(f"--step {args.step} needs --round")
+    write_manifest(args.out, step_manifest(_config(args), args.step, args.round, args.solve))
+    return 0
+
+
 def select_round(args: argparse.Namespace) -> int:
     """Round r's components to refine (select.parquet) and the search's state before the round
     (state.json: the walk's and the global searches' answers so far; ``continue`` = anything
@@ -281,7 +292,12 @@ def summarize(args: argparse.Namespace) -> int:
     settings = SearchSettings.from_config(cfg)
     plan_df = read_table(args.plan, "chunks")
     space = read_table(args.space, "space")
-    doc = load_manifest(args.manifest, ("space", "place", "blind_place", "blind", "schedules"))
+    kinds = ("state", "space", "place", "blind_place", "blind", "schedules")
+    doc = load_manifest(args.manifest, kinds)
+    if args.state is None:
+        if len(doc["state"]) != 1:
+            raise PhazeError(f"summarize: no --state and not one 'state' in {args.manifest}")
+        args.state = doc["state"][0]["path"]
     if not doc["place"]:
         raise PhazeError(f"summarize: no placement files in {args.manifest}")
     last = max(e["round"] for e in doc["place"])

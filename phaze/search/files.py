@@ -22,6 +22,7 @@ SCHEDULE_TIERS = ("bounds", "ilp", "deep", "blind")
 
 #: kind -> the keys (and types) of each manifest entry, besides its path
 MANIFEST_FIELDS = {
+    "state": {},  # the search's final state.json (the summary's)
     "place": {"model": str, "microbatch": int, "round": int, "tier": str},
     "space": {"model": str, "microbatch": int},
     "blind_place": {"model": str, "microbatch": int, "tier": str},

@@ -6,7 +6,9 @@ Snakemake's ``checkpoints`` object. Methods whose name ends in ``_inputs``/``_pa
 take ``wc`` are what rules pass to ``input:``/``params:``; they read the search's checkpoints
 (``search_plan``, ``search_prune``, ``search_state``) through ``checkpoints.NAME.get(...)``, which
 raises Snakemake's IncompleteCheckpointException until that checkpoint has run (Snakemake then
-re-evaluates the DAG). Tests pass a stand-in object with the same ``get(...).output`` interface.
+re-evaluates the DAG). The same interface over the results on disk, :class:`FileCheckpoints`, is
+what a select, prune or summary job uses to build its manifest (``step_manifest``); tests pass
+their own stand-in.
 
 Layout under ``results/`` (``{tag}`` = ``b{microbatch}_s{seq}_{shard}``, the shard of the model one
 rank holds: ``tp{tp}``, or ``tp{tp}_ep{ep}`` for a mixture-of-experts model at expert-parallel
@@ -38,7 +40,6 @@ import pandas as pd
 
 from phaze.arch.presets import load_preset
 from phaze.errors import PhazeError
-from phaze.io import manifest
 from phaze.report import FIGURES
 from phaze.trace.models import get_model_spec
 from phaze.workflow.provenance import code_version, config_section, snapshot_path
@@ -511,6 +512,7 @@ class Sweep:
     def search_summary_manifest(self, wc=None) -> dict:
         r = self.last_round()
         return {
+            "state": [{"path": self.final_state()}],
             "space": self.space_records(),
             "place": self.place_records_upto(r),
             "blind_place": self.blind_place_records(),
@@ -524,14 +526,25 @@ class Sweep:
     def _checkpoint_files(self, r, solves) -> list[str]:
         """The outputs of round r's prune checkpoints a later step must wait for: when a config
         edit re-runs an earlier checkpoint, the steps after it must not start while it runs
-        (their run: blocks read it)."""
+        (their manifests are built from it)."""
         return [f"{self.results}/search/r{r}/{solve}" for solve in solves]
+
+    def round_select(self, r) -> str:
+        return f"{self.results}/search/r{int(r)}/select.parquet"
+
+    def round_state(self, r) -> str:
+        return f"{self.results}/search/r{int(r)}/state.json"
+
+    def previous_state_args(self, wc) -> list[str]:
+        """Rule search_select's ``--previous-state`` (round r-1's state; none at round 0)."""
+        r = int(wc.round)
+        return ["--previous-state", self.round_state(r - 1)] if r > 0 else []
 
     def search_select_inputs(self, wc) -> dict:
         r = int(wc.round)
         out = {"plan": self.plan, "files": _paths(self.search_select_manifest(wc))}
         if r > 0:
-            out["previous"] = f"{self.results}/search/r{r - 1}/state.json"
+            out["previous"] = self.round_state(r - 1)
             out["order"] = self._checkpoint_files(r - 1, self.solves)
         return out
 
@@ -539,27 +552,35 @@ class Sweep:
         r = int(wc.round)
         return {
             "plan": self.plan,
-            "select": f"{self.results}/search/r{r}/select.parquet",
-            "state": f"{self.results}/search/r{r}/state.json",
+            "select": self.round_select(r),
+            "state": self.round_state(r),
             "files": _paths(self.search_prune_manifest(wc)),
             # the deep solve follows the round's ilp selection
             "order": self._checkpoint_files(r, self.solves_before(wc.solve)),
         }
 
+    def final_state(self) -> str:
+        """The search's last state.json: the round whose select found nothing to refine."""
+        return self.round_state(self.last_round() + 1)
+
     def search_summary_inputs(self, wc) -> dict:
         return {
             "plan": self.plan,
             "space": self.space,
-            "state": f"{self.results}/search/r{self.last_round() + 1}/state.json",
             "files": _paths(self.search_summary_manifest()),
         }
 
-    def write_manifest(self, path: str, doc: dict, inputs) -> str:
-        """Write a job's manifest; its files must be exactly the job's declared inputs."""
-        listed = _paths(doc)
-        if not set(listed) <= set(map(str, inputs)):
-            raise AssertionError(f"manifest {path} lists files that are not inputs of its job")
-        return manifest.write_manifest(path, doc)
+    def step_manifest(self, step: str, round: int | None = None, solve: str = "ilp") -> dict:
+        """The manifest of search step ``step`` (select | prune | summary) of ``round``: the
+        same function as the step's declared inputs (``search_*_inputs``), so the job that
+        builds it from the finished checkpoints (:class:`FileCheckpoints`) lists exactly them."""
+        if step == "select":
+            return self.search_select_manifest(_Wildcards(round=round))
+        if step == "prune":
+            return self.search_prune_manifest(_Wildcards(round=round, solve=solve))
+        if step == "summary":
+            return self.search_summary_manifest()
+        raise PhazeError(f"unknown search step {step!r} (select, prune, summary)")
 
     # --- placement jobs ------------------------------------------------------------------------
     def _place_tables(self, wc, kind: str) -> tuple[list[str], list[list[str]], list[list[str]]]:
@@ -672,6 +693,43 @@ class Sweep:
             "latency": f"{self.estimate_dir(m, self.blind_mbs, BLIND_SHARD)}/space.parquet",
             "space": self.space,
         }
+
+
+class FileCheckpoints:
+    """Snakemake's ``checkpoints`` as a job's own process sees them: the outputs of the search's
+    finished checkpoints under ``results`` (a step's manifest is built inside its job, from the
+    same Sweep functions that gave the job's inputs; a missing output is an error)."""
+
+    def __init__(self, results: str = RESULTS):
+        r = results
+        self.search_plan = _DoneCheckpoint(lambda: [f"{r}/arch/chunks.parquet"])
+        self.search_select = _DoneCheckpoint(
+            lambda round: _Wildcards(
+                select=f"{r}/search/r{round}/select.parquet",
+                state=f"{r}/search/r{round}/state.json",
+            )
+        )
+        self.search_prune = _DoneCheckpoint(lambda round, solve: [f"{r}/search/r{round}/{solve}"])
+
+
+class _DoneCheckpoint:
+    def __init__(self, outputs_of):
+        self._outputs_of = outputs_of
+
+    def get(self, **wc):
+        out = self._outputs_of(**wc)
+        paths = out if isinstance(out, list) else list(vars(out).values())
+        for path in paths:
+            if not os.path.exists(path):
+                raise PhazeError(f"search checkpoint output missing: {path} (run the workflow)")
+        return _Wildcards(output=out)
+
+
+def step_manifest(
+    config: dict, step: str, round: int | None = None, solve: str = "ilp", results=RESULTS
+) -> dict:
+    """A search step's manifest from a validated config and the results on disk."""
+    return Sweep(config, FileCheckpoints(results)).step_manifest(step, round, solve)
 
 
 class _Wildcards:
