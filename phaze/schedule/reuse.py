@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from phaze.errors import PhazeError
 from phaze.io.atomic import atomic_path
 from phaze.schedule.listsched import Schedule
+from phaze.schedule.solve import Result
 
 SUFFIX = ".solutions.parquet"
 _SCHEDULER_CODE = Path(__file__).resolve().parent
@@ -120,8 +121,6 @@ def solution_files(roots: list[str], trace_dir: str | Path, out: str | Path) -> 
 def load_solutions(files: list[Path], context: str) -> dict:
     """key -> (Result, scale) of the rows of ``files`` solved in ``context`` (the first file
     that has a key wins, in the order given). A file that cannot be read is an error."""
-    from phaze.schedule.solve import Result
-
     found: dict = {}
     for f in files:
         try:

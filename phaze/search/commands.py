@@ -16,6 +16,7 @@ from phaze.cli import main
 from phaze.config import load_config
 from phaze.errors import PhazeError
 from phaze.io import read_table, write_json_atomic, write_table
+from phaze.io.manifest import write_manifest
 from phaze.search.baselines import placement_blind_choice
 from phaze.search.dominance import edges_of, scope_edges
 from phaze.search.files import check_components, check_memory, load_manifest, load_place, load_space
@@ -25,6 +26,7 @@ from phaze.search.rounds import COMPONENT_COLUMNS, select, solve_selection, walk
 from phaze.search.scores import LEVEL, SearchSettings, components
 from phaze.search.space_bounds import bounds_table
 from phaze.search.summary import summarize as build_summary
+from phaze.workflow.sweep import step_manifest
 
 
 def _config(args) -> dict:
@@ -128,9 +130,6 @@ def _chunked(sel: pd.DataFrame, chunk_archs: int) -> pd.DataFrame:
 
 def manifest(args: argparse.Namespace) -> int:
     """Write the manifest of one workflow step (phaze.workflow.sweep.step_manifest)."""
-    from phaze.io.manifest import write_manifest
-    from phaze.workflow.sweep import step_manifest
-
     if args.step != "summary" and args.round is None:
         raise PhazeError(f"--step {args.step} needs --round")
     write_manifest(args.out, step_manifest(_config(args), args.step, args.round, args.solve))
