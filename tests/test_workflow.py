@@ -401,6 +401,30 @@ def test_incremental_reruns(run_dir, tmp_path, what, copy_checkout, snakemake):
         assert jobs == {}, jobs
 
 
+def test_a_run_killed_after_a_prune_resumes_its_ilp_jobs_before_the_next_round(
+    run_dir, tmp_path, copy_checkout, snakemake
+):
+    """A run stopped after round 0's ILP selection, before its ILP placements (and everything
+    after): the resumed run must plan round 0's ILP jobs before round 1's select, whose inputs
+    are those placements (Snakemake re-reads a job's inputs only after a checkpoint that job met
+    has finished; a select that met round 0's finished prune first would run before them)."""
+    assert run_dir["second"].returncode == 0
+    work = copy_checkout(tmp_path / "repo", results_from=run_dir["dir"])
+    res = work / "results"
+    rounds = sorted(p for p in (res / "search").glob("r[0-9]*") if p.is_dir())
+    assert len(rounds) >= 2, "the test config's search must take more than one round"
+    # round 0's ILP-solve placements (r0_ilp, r0_ilp_ub, r0_deep, ...), not its bound tiers
+    ilp = [p for p in (res / "place").rglob("r0_*.parquet") if p.stem not in ("r0_ub", "r0_lo")]
+    assert ilp, "round 0 placed nothing with the ILP"
+    for p in ilp:
+        p.unlink()
+    for d in [*rounds[1:], res / "summary", res / "search" / "r0" / "deep"]:
+        shutil.rmtree(d, ignore_errors=True)
+    jobs = _dry_run_jobs(work, snakemake)
+    # (without the walk over each round's prunes: search_select alone, its inputs <TBD>)
+    assert jobs.get("place_ilp", 0) >= 1, jobs
+
+
 def test_snakemake_html_report_embeds_plots_with_captions(run_dir, snakemake):
     assert run_dir["second"].returncode == 0
     work = run_dir["dir"]

@@ -382,6 +382,12 @@ class Sweep:
         """The last round that refined anything (round r+1's select found nothing)."""
         r = 0
         while self.state_of(r)["continue"]:
+            # Meet round r's prune checkpoints before round r+1's select. Snakemake re-reads the
+            # inputs of a job only when one of the checkpoints that job met has finished; in a
+            # resumed run (round r pruned, its ILP jobs killed), a new round-(r+1) select that
+            # met round r's prune first would never be re-read and would run before them
+            for solve in self.solves:
+                self.checkpoints.search_prune.get(round=r, solve=solve)
             r += 1
         return r - 1
 
