@@ -82,7 +82,8 @@ def overlay(
     net["link"] = {**net["link"], "bandwidth_Bps": float(link_Bps)}
     cfg = {"models": list(models), "place": {"hbm_gib": list(hbm_gib), "network": net}}
     if reuse:
-        cfg["schedule"] = {"reuse": [str(Path(r).resolve()) for r in reuse]}
+        # each directory once (a --seed that is also a point is named by both)
+        cfg["schedule"] = {"reuse": list(dict.fromkeys(str(Path(r).resolve()) for r in reuse))}
     return cfg
 
 

@@ -146,7 +146,7 @@ def test_network_study_overlay_is_the_ici_torus_at_the_given_bandwidth():
     }
     assert net["link"]["latency_s"] == ici["link"]["latency_s"]
     assert "schedule" not in top  # the first point reuses nothing
-    later = mod.overlay(["opt-350m"], [32.0], 45e9, [REPO / "results"])
+    later = mod.overlay(["opt-350m"], [32.0], 45e9, [REPO / "results", REPO / "results"])
     cfg["schedule"] = later["schedule"]
     assert validate_config(cfg)["schedule"]["reuse"] == [str((REPO / "results").resolve())]
 
