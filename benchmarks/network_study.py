@@ -122,6 +122,7 @@ def figure(table: pd.DataFrame, flat_GBps: float | None = None):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     models = list(dict.fromkeys(table["model"]))
     fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.6), squeeze=False)
@@ -134,6 +135,10 @@ def figure(table: pd.DataFrame, flat_GBps: float | None = None):
         if flat_GBps is not None:
             ax.axvline(flat_GBps, color="C3", lw=0.8, ls=":", label="upstream's flat link")
         ax.set_xscale("log")
+        # the points' bandwidths as plain numbers, not powers of ten
+        ax.set_xticks(sorted(set(mine["link_GBps"])))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("ICI link bandwidth per direction (GB/s)")
         ax.set_ylabel("throughput (seq/s)")
         ax.set_title(model)
