@@ -17,8 +17,8 @@
 #   baselines: rules/baselines.smk (placement-blind); the tpuv4 presets are refined in round 0.
 #   search_summary              results/summary/{best,comparison,explored,front,certified}.parquet
 # select, prune and summary read a manifest listing each input file with its model, microbatch,
-# round and tier; the job writes it first (`phaze search manifest`, the Sweep function that gives
-# its inputs, on the finished checkpoints' outputs), so every rule is a plain shell job.
+# round and tier; the job writes it first (`--build-manifest`: the Sweep function that gives its
+# inputs, on the finished checkpoints' outputs), so every rule is a plain shell job.
 
 
 checkpoint search_plan:
@@ -96,15 +96,15 @@ checkpoint search_select:
         out=lambda wc, output: os.path.dirname(output.select),
         plan=W.plan,
         previous=W.previous_state_args,
-    # the job builds its manifest (the files it reads, with what each holds) from the same
-    # Sweep function as its inputs; the round's progress line goes to the terminal too. No
-    # named input in these commands: a dry run formats them before the checkpoints decide them
+    # the job builds its manifest (the files it reads, with what each holds) in its own process
+    # (--build-manifest), from the same Sweep function as its inputs; the round's progress line
+    # goes to the terminal too. No named input in these commands: a dry run formats them before
+    # the checkpoints decide them
     shell:
-        "python3 -m phaze search manifest --step select --round {wildcards.round}"
-        ' --config "$PHAZE_CONFIG" --out {log:q}.manifest.json > {log:q} 2>&1'
-        " && python3 -m phaze search select --plan {params.plan:q} --round {wildcards.round}"
-        ' {params.previous:q} --manifest {log:q}.manifest.json --config "$PHAZE_CONFIG"'
-        " --benchmarks {params.bench:q} --out-dir {params.out:q} >> {log:q} 2>&1"
+        "python3 -m phaze search select --plan {params.plan:q} --round {wildcards.round}"
+        " {params.previous:q} --build-manifest --manifest {log:q}.manifest.json"
+        ' --config "$PHAZE_CONFIG" --benchmarks {params.bench:q} --out-dir {params.out:q}'
+        " > {log:q} 2>&1"
         " && (grep -m 1 '^phaze search: round' {log:q} || true)"
 
 
@@ -205,13 +205,10 @@ checkpoint search_prune:
         select=lambda wc: W.round_select(wc.round),
         state=lambda wc: W.round_state(wc.round),
     shell:
-        "python3 -m phaze search manifest --step prune --round {wildcards.round}"
-        ' --solve {wildcards.solve:q} --config "$PHAZE_CONFIG" --out {log:q}.manifest.json'
-        " > {log:q} 2>&1"
-        " && python3 -m phaze search prune --plan {params.plan:q} --round {wildcards.round}"
+        "python3 -m phaze search prune --plan {params.plan:q} --round {wildcards.round}"
         " --solve {wildcards.solve:q} --select {params.select:q} --state {params.state:q}"
-        ' --manifest {log:q}.manifest.json --config "$PHAZE_CONFIG" --out {output:q}'
-        " >> {log:q} 2>&1"
+        " --build-manifest --manifest {log:q}.manifest.json"
+        ' --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
 
 
 rule schedule_ilp:
@@ -284,8 +281,6 @@ rule search_summary:
         plan=W.plan,
         space=W.space,
     shell:
-        "python3 -m phaze search manifest --step summary"
-        ' --config "$PHAZE_CONFIG" --out {log:q}.manifest.json > {log:q} 2>&1'
-        " && python3 -m phaze search summarize --plan {params.plan:q} --space {params.space:q}"
-        " --manifest {log:q}.manifest.json"
-        ' --config "$PHAZE_CONFIG" --out-dir {params.out:q} >> {log:q} 2>&1'
+        "python3 -m phaze search summarize --plan {params.plan:q} --space {params.space:q}"
+        " --build-manifest --manifest {log:q}.manifest.json"
+        ' --config "$PHAZE_CONFIG" --out-dir {params.out:q} > {log:q} 2>&1'

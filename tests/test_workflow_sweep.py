@@ -18,6 +18,7 @@ from phaze.cli import main as phaze_main
 from phaze.config import validate_config
 from phaze.errors import PhazeError
 from phaze.io.manifest import write_manifest
+from phaze.search import commands
 from phaze.search.files import load_manifest
 from phaze.workflow import Sweep, code_version, config_section
 from phaze.workflow.provenance import PACKAGE_ROOT
@@ -393,6 +394,12 @@ def test_a_job_builds_from_the_results_the_manifest_snakemake_gave_its_inputs(
     argv = ["search", "manifest", "--step", "prune", "--round", "1", "--config", str(cfg)]
     assert phaze_main([*argv, "--out", str(out)]) == 0
     assert json.loads(out.read_text()) == sweep.step_manifest("prune", 1)
+    # the same manifest from the step's own process (the rules' --build-manifest)
+    built = tmp_path / "built.json"
+    step = ["search", "prune", "--plan", "p", "--round", "1", "--select", "s", "--state", "t"]
+    step += ["--out", "o", "--build-manifest", "--manifest", str(built), "--config", str(cfg)]
+    commands._build_manifest(build_parser().parse_args(step), "prune")
+    assert built.read_text() == out.read_text()
     # a checkpoint not yet run: one line, exit 2
     shutil.rmtree(res / "search" / "r1")
     assert phaze_main([*argv, "--out", str(out)]) == 2

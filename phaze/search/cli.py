@@ -46,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "its model, microbatch, round and tier); a paper sweep's file list exceeds the 128 "
             "KiB limit of one command-line argument",
         )
+        add_build_manifest_argument(p)
         add_config_argument(p)
         if name == "select":
             p.add_argument(
@@ -147,8 +148,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "blind (model: the baseline's choice) and schedules (model, microbatch, tp, tier bounds "
         "| ilp | deep | blind: the ILP counts)",
     )
+    add_build_manifest_argument(p)
     add_config_argument(p)
     p.add_argument("--out-dir", required=True)
+
+
+def add_build_manifest_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--build-manifest",
+        action="store_true",
+        help="first write --manifest from the config and the search checkpoints' outputs under "
+        "results/ (what `search manifest` writes; the workflow's jobs do this)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -132,14 +132,26 @@ def manifest(args: argparse.Namespace) -> int:
     """Write the manifest of one workflow step (phaze.workflow.sweep.step_manifest)."""
     if args.step != "summary" and args.round is None:
         raise PhazeError(f"--step {args.step} needs --round")
-    write_manifest(args.out, step_manifest(_config(args), args.step, args.round, args.solve))
+    _write_step_manifest(args, args.step, args.out)
     return 0
+
+
+def _write_step_manifest(args: argparse.Namespace, step: str, out: str) -> None:
+    round_ = getattr(args, "round", None)
+    write_manifest(out, step_manifest(_config(args), step, round_, getattr(args, "solve", "ilp")))
+
+
+def _build_manifest(args: argparse.Namespace, step: str) -> None:
+    """``--build-manifest``: the step's job writes its own manifest first, in this process."""
+    if args.build_manifest:
+        _write_step_manifest(args, step, args.manifest)
 
 
 def select_round(args: argparse.Namespace) -> int:
     """Round r's components to refine (select.parquet) and the search's state before the round
     (state.json: the walk's and the global searches' answers so far; ``continue`` = anything
     to do)."""
+    _build_manifest(args, "select")
     ri = RoundInputs(args)
     r = ri.round
     if (r > 0) != (args.previous_state is not None):
@@ -181,6 +193,7 @@ def prune(args: argparse.Namespace) -> int:
     """Which of round r's components the ILP solve ``--solve`` takes: one chunk table per
     (model, microbatch) of the round (its chunks are the round's select chunks) and
     selected.parquet."""
+    _build_manifest(args, "prune")
     ri = RoundInputs(args)
     r, solve = ri.round, args.solve
     if solve == "deep" and ri.settings.final_tier != "deep":
@@ -286,6 +299,7 @@ def _max_or_none(df: pd.DataFrame, col: str) -> float | None:
 
 
 def summarize(args: argparse.Namespace) -> int:
+    _build_manifest(args, "summary")
     config = _config(args)
     cfg = config["search"]
     settings = SearchSettings.from_config(cfg)
