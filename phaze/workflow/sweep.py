@@ -116,7 +116,7 @@ class Sweep:
         self.needs_latencies = place["model"] == "megatron" and "selective" in place["recompute"]
         self.pairs = [(m, b) for m in self.models for b in self.microbatches]
         self.space = f"{results}/arch/space.parquet"
-        self.plan = f"{results}/arch/chunks.parquet"
+        self.plan = plan_file(results)
         # this run's config snapshot (content-keyed); jobs get it as $PHAZE_CONFIG, not as a
         # param, so a config edit re-runs only the jobs whose sections changed
         self.config_json = snapshot_path(config, results)
@@ -533,13 +533,13 @@ class Sweep:
         """The outputs of round r's prune checkpoints a later step must wait for: when a config
         edit re-runs an earlier checkpoint, the steps after it must not start while it runs
         (their manifests are built from it)."""
-        return [f"{self.results}/search/r{r}/{solve}" for solve in solves]
+        return [round_prune_dir(self.results, r, solve) for solve in solves]
 
     def round_select(self, r) -> str:
-        return f"{self.results}/search/r{int(r)}/select.parquet"
+        return round_select_file(self.results, r)
 
     def round_state(self, r) -> str:
-        return f"{self.results}/search/r{int(r)}/state.json"
+        return round_state_file(self.results, r)
 
     def previous_state_args(self, wc) -> list[str]:
         """Rule search_select's ``--previous-state`` (round r-1's state; none at round 0)."""
@@ -701,6 +701,28 @@ class Sweep:
         }
 
 
+# The checkpoints' output paths (rules/search.smk names the same files), for the Sweep that
+# builds the jobs' inputs and for FileCheckpoints, which reads them back inside a job.
+def plan_file(results: str) -> str:
+    """Checkpoint search_plan's output: the architecture chunks."""
+    return f"{results}/arch/chunks.parquet"
+
+
+def round_select_file(results: str, r) -> str:
+    """Checkpoint search_select's selection of round r."""
+    return f"{results}/search/r{int(r)}/select.parquet"
+
+
+def round_state_file(results: str, r) -> str:
+    """Checkpoint search_select's state of round r."""
+    return f"{results}/search/r{int(r)}/state.json"
+
+
+def round_prune_dir(results: str, r, solve: str) -> str:
+    """Checkpoint search_prune's output directory of round r and one solve tier."""
+    return f"{results}/search/r{int(r)}/{solve}"
+
+
 class FileCheckpoints:
     """Snakemake's ``checkpoints`` as a job's own process sees them: the outputs of the search's
     finished checkpoints under ``results`` (a step's manifest is built inside its job, from the
@@ -708,14 +730,13 @@ class FileCheckpoints:
 
     def __init__(self, results: str = RESULTS):
         r = results
-        self.search_plan = _DoneCheckpoint(lambda: [f"{r}/arch/chunks.parquet"])
+        self.search_plan = _DoneCheckpoint(lambda: [plan_file(r)])
         self.search_select = _DoneCheckpoint(
             lambda round: _Wildcards(
-                select=f"{r}/search/r{round}/select.parquet",
-                state=f"{r}/search/r{round}/state.json",
+                select=round_select_file(r, round), state=round_state_file(r, round)
             )
         )
-        self.search_prune = _DoneCheckpoint(lambda round, solve: [f"{r}/search/r{round}/{solve}"])
+        self.search_prune = _DoneCheckpoint(lambda round, solve: [round_prune_dir(r, round, solve)])
 
 
 class _DoneCheckpoint:
