@@ -9,6 +9,11 @@
 * ``trace_cli(out, model, ...)`` — `phaze trace` through the CLI, asserting exit code 0;
 * ``space_table(archs, **columns)`` — an architecture space table (TPUv4-like columns unless
   overridden) as `phaze arch` writes it.
+
+The suite runs on two workers (pytest-xdist, one test file per worker at a time: module fixtures
+stay in one process). The files holding end-to-end runs (marked ``cluster`` or ``slow``) are
+collected first, so the workers start on them and the many short files fill in around them
+instead of one long run starting last.
 """
 
 from __future__ import annotations
@@ -24,6 +29,22 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+LONG_MARKS = ("cluster", "slow")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Files with end-to-end runs first (cluster, then slow), every file's tests kept together
+    and in their order; the sort is stable, so the rest keep the collection order."""
+
+    def rank(mod) -> int:
+        marks = {m.name for item in by_module[mod] for m in item.iter_markers()}
+        return next((i for i, m in enumerate(LONG_MARKS) if m in marks), len(LONG_MARKS))
+
+    by_module: dict = {}
+    for item in items:
+        by_module.setdefault(item.module, []).append(item)
+    order = sorted(by_module, key=rank)
+    items[:] = [item for mod in order for item in by_module[mod]]
 
 
 def _copy_checkout(dst: Path, results_from: Path | None = None) -> Path:
