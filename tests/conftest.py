@@ -36,13 +36,14 @@ def pytest_collection_modifyitems(session, config, items):
     """Files with end-to-end runs first (cluster, then slow), every file's tests kept together
     and in their order; the sort is stable, so the rest keep the collection order."""
 
+    by_module: dict = {}
+    for item in items:
+        by_module.setdefault(item.module, []).append(item)
+
     def rank(mod) -> int:
         marks = {m.name for item in by_module[mod] for m in item.iter_markers()}
         return next((i for i, m in enumerate(LONG_MARKS) if m in marks), len(LONG_MARKS))
 
-    by_module: dict = {}
-    for item in items:
-        by_module.setdefault(item.module, []).append(item)
     order = sorted(by_module, key=rank)
     items[:] = [item for mod in order for item in by_module[mod]]
 

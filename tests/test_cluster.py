@@ -5,7 +5,8 @@ slurmctld, slurmd, slurmdbd and MariaDB when missing), runs workflows with `--pr
 profiles/slurm`, and stops the cluster again (stop_slurm.sh --purge) however the tests end.
 
 It needs root on Debian: elsewhere (or with PHAZE_SKIP_CLUSTER=1) every test is skipped with the
-reason printed. The apt install counts against the 10-minute budget of the module.
+reason printed. The apt install counts against the cluster start's 8 minutes (start_slurm.sh's
+timeout).
 """
 
 from __future__ import annotations
