@@ -4,9 +4,10 @@ buys (the schedule and the proven bound, seconds).
     .venv/bin/python benchmarks/block_effort.py --results /work/run/results \
         --shard llama2-7b/b1_s4096_tp1 --round r2 --arch 4cb267847b78 \
         --signature 979ddf5113906522 [--pass bwd] [--config config/paper.yaml] \
-        [--limits 100:200000 2000:200000 100:2000000]
+        [--limits 100:200000 2000:200000 100:2000000] [--split-nodes 0 16]
 
-Each limit is ``SCIP nodes:branch-and-bound nodes``; the other schedule settings are the
+Each limit is ``SCIP nodes:branch-and-bound nodes``, run with each ``--split-nodes`` (the split at
+an op that runs alone, docs/schedule.md; 0 = off); the other schedule settings are the
 config's, with a safety net of 3,000 s, so the node limits end every solve (docs/schedule.md,
 "Bounded work"). The instance is built as the schedule stage builds it, from the run's trace,
 latency table (``results/estimate/SHARD/ROUND_c0.parquet``) and space.
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pass", dest="pass_", default="bwd", choices=("fwd", "bwd"))
     ap.add_argument("--config", default=str(REPO / "config" / "paper.yaml"))
     ap.add_argument("--limits", nargs="+", default=["100:200000", "2000:200000", "100:2000000"])
+    ap.add_argument("--split-nodes", nargs="+", type=int, default=[0])
     args = ap.parse_args(argv)
     inst = instance(args.results, args.shard, args.round, args.arch, args.signature, args.pass_)
     schedule = dict(load_config(args.config)["schedule"])
@@ -62,17 +64,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     for limit in args.limits:
         scip, bnb = (int(x) for x in limit.split(":"))
-        cfg = {**schedule, "node_limit": scip, "bnb_node_limit": bnb, "time_limit_s": 3000.0}
-        cfg["cache"] = False
-        with Scheduler(Options.from_config(cfg, "ilp")) as sch:
-            t0 = time.perf_counter()
-            r = sch.solve(inst)
-            wall = time.perf_counter() - t0
-        print(
-            f"SCIP {scip:>6} nodes, B&B {bnb:>8} nodes: makespan {r.makespan_s * 1e3:.4f} ms, "
-            f"bound {r.lower_bound_s * 1e3:.4f} ms, gap {r.mip_gap:.2%}, {r.status}, "
-            f"{wall:.1f} s"
-        )
+        for split in args.split_nodes:
+            cfg = {**schedule, "node_limit": scip, "bnb_node_limit": bnb, "time_limit_s": 3000.0}
+            cfg.update(cache=False, split_nodes=split)
+            with Scheduler(Options.from_config(cfg, "ilp")) as sch:
+                t0 = time.perf_counter()
+                r = sch.solve(inst)
+                wall = time.perf_counter() - t0
+            print(
+                f"SCIP {scip:>6} nodes, B&B {bnb:>8} nodes, split {split:>3} nodes: makespan "
+                f"{r.makespan_s * 1e3:.4f} ms, bound {r.lower_bound_s * 1e3:.4f} ms, "
+                f"gap {r.mip_gap:.2%}, {r.status}, {wall:.1f} s"
+            )
     return 0
 
 

@@ -48,6 +48,7 @@ from phaze.schedule.listsched import (
     verify,
 )
 from phaze.schedule.lns import large_neighbourhood_search
+from phaze.schedule.split import Side, split_op, split_search
 
 _DEFAULT = schema_defaults()["schedule"]
 
@@ -90,6 +91,7 @@ class Options:
     bnb: bool = True  # run bnb.py's branch and bound and lns.py's search (off: ablations)
     node_limit: int = _DEFAULT["node_limit"]  # SCIP branch-and-bound nodes per solve; 0 = none
     bnb_node_limit: int = _DEFAULT["bnb_node_limit"]  # nodes of bnb.py's search; 0 = none
+    split_nodes: int = _DEFAULT["split_nodes"]  # nodes of split.py's search; 0 = no split
 
     @property
     def work_bound(self) -> bool:
@@ -112,7 +114,7 @@ class Result:
     lower_bound_s: float
     upper_bound_s: float  # best list schedule
     status: str
-    method: str  # chain | list | ilp
+    method: str  # chain | list | bnb | ilp | split
     solve_s: float
     schedule: Schedule
     cache_hit: bool = False
@@ -187,6 +189,7 @@ class Scheduler:
         self.ilp_solves = 0
         self._worker: SolverWorker | None = None
         self._deadline = NO_DEADLINE  # of the segment being solved
+        self._splitting = False  # solving one side of a split (no split inside it)
 
     def close(self) -> None:
         if self._worker is not None:
@@ -284,7 +287,7 @@ class Scheduler:
         _check(inst, sched, t)
         t = sched.makespan(inst)
         status = max(statuses, key=_SEVERITY.__getitem__) if statuses else "chain"
-        method = next((m for m in ("ilp", "bnb", "list") if m in methods), "chain")
+        method = next((m for m in ("ilp", "split", "bnb", "list") if m in methods), "chain")
         return Result(
             t,
             min(lb, t),
@@ -342,6 +345,8 @@ class Scheduler:
             self._bnb(inst, run, self._share(deadline, _BNB_SHARE), BNB_UNLIMITED)
         if not self._proven(run) and run.status not in _WORKER_LOST:
             self._worker_stage(inst, run, deadline, full=True)
+        if self.opts.split_nodes > 0 and not self._splitting and not self._proven(run):
+            self._split(inst, run)
         ms, lb = run.ub, run.lb
         if lb > ms * (1 + 1e-6):
             raise RuntimeError(
@@ -392,6 +397,35 @@ class Scheduler:
             run.improve(inst, assign_cores(inst, found.schedule), "bnb")
         if found.complete:
             run.lb = max(run.lb, min(found.lower_bound_s, run.ub))
+
+    def _split(self, inst: Instance, run: _Run) -> None:
+        """The split at an op that runs alone in every schedule shorter than the best one
+        (split.py): each side solved by this pipeline (without a split of its own), at most
+        ``split_nodes`` side pairs; raises the bound, and a leaf's schedule may be shorter."""
+        j = split_op(inst, run.ub)
+        if j is None:
+            return
+
+        def solve_side(members: list[int]) -> Side:
+            sub = clamp_cores(inst.subinstance(members))
+            fn = self._solve_decomposed if self.opts.decompose else self._solve_segment
+            r = self._cached(sub, fn, top=False)
+            run.nodes += r.nodes
+            run.lp_iterations += r.lp_iterations
+            run.bnb_nodes += r.bnb_nodes
+            return Side(r.lower_bound_s, r.makespan_s, list(r.schedule.start), list(r.schedule.y))
+
+        self._splitting = True
+        try:
+            out = split_search(
+                inst, j, solve_side, run.ub * (1 - self.opts.mip_gap), self.opts.split_nodes
+            )
+        finally:
+            self._splitting = False
+        # j runs alone only in schedules shorter than run.ub: the bound holds up to it
+        run.lb = max(run.lb, min(out.lower_bound_s, run.ub))
+        if out.start is not None:
+            run.improve(inst, assign_cores(inst, replay(inst, out.start, out.y)), "split")
 
     def _lns(self, inst: Instance, run: _Run, deadline: Deadline) -> None:
         """Shorten the best schedule by re-solving windows of it (lns.py)."""
