@@ -13,7 +13,7 @@ the side of each incomparable op (an op put before ``j`` takes its incomparable 
 it; put after, its incomparable descendants) and bounds a node by the sides it has fixed alone —
 OPT of a subset of ops is at most OPT of the whole set (drop ops from a schedule: precedence
 through them is only relaxed by ``Instance.subinstance``), so the bound of a node holds for every
-assignment below it. Every assignment consistent with the precedence lies below one of a node's
+assignment below it, and a child's bound is kept at least its parent's. Every assignment consistent with the precedence lies below one of a node's
 children, hence the smallest bound over the nodes where the search ends (a leaf, a node whose
 bound reaches the target, or a node left when the node allowance runs out) bounds every schedule
 shorter than ``ub``: the makespan is at least ``min(ub, that)``. Each side's bound comes from the
@@ -63,7 +63,7 @@ def _members(inst: Instance, bitset: int) -> list[int]:
 
 
 def split_op(inst: Instance, ub: float) -> int | None:
-    """The op to split at: one forced intra-op below ``ub`` with ops on both sides of it and the
+    """The op to split at: one forced intra-op below ``ub`` with ops before or after it and the
     fewest ops incomparable to it (the fewest to branch on); ties: the longest intra-op latency,
     then the lowest index. None if no op is forced."""
     best, key = None, None
