@@ -210,8 +210,7 @@ class Scheduler:
         instance, and ``peak_cores`` on the given instance still reports every core busy."""
         t0 = time.perf_counter()
         self._deadline = Deadline(self.opts.time_limit_s)
-        fn = self._solve_decomposed if self.opts.decompose else self._solve_segment
-        res = self._cached(clamp_cores(inst), fn, top=True)
+        res = self._cached(clamp_cores(inst), self._solve_whole, top=True)
         res.solve_s = time.perf_counter() - t0
         return res
 
@@ -240,6 +239,12 @@ class Scheduler:
             res = fn(inst)
         self.cache[key] = (res, scale)
         return res
+
+    def _solve_whole(self, inst: Instance) -> Result:
+        """One instance: decomposed at articulation ops (``decompose``) or as one segment."""
+        if self.opts.decompose:
+            return self._solve_decomposed(inst)
+        return self._solve_segment(inst)
 
     # ---- decomposition --------------------------------------------------------------------
     def _solve_decomposed(self, inst: Instance) -> Result:
@@ -407,13 +412,11 @@ class Scheduler:
             return
 
         def solve_side(members: list[int]) -> Side:
-            sub = clamp_cores(inst.subinstance(members))
-            fn = self._solve_decomposed if self.opts.decompose else self._solve_segment
-            r = self._cached(sub, fn, top=False)
+            r = self._cached(clamp_cores(inst.subinstance(members)), self._solve_whole, top=False)
             run.nodes += r.nodes
             run.lp_iterations += r.lp_iterations
             run.bnb_nodes += r.bnb_nodes
-            return Side(r.lower_bound_s, r.makespan_s, list(r.schedule.start), list(r.schedule.y))
+            return Side.of(r)
 
         self._splitting = True
         try:

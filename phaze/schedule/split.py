@@ -13,8 +13,8 @@ the side of each incomparable op (an op put before ``j`` takes its incomparable 
 it; put after, its incomparable descendants) and bounds a node by the sides it has fixed alone —
 OPT of a subset of ops is at most OPT of the whole set (drop ops from a schedule: precedence
 through them is only relaxed by ``Instance.subinstance``), so the bound of a node holds for every
-assignment below it, and a child's bound is kept at least its parent's. Every assignment consistent with the precedence lies below one of a node's
-children, hence the smallest bound over the nodes where the search ends (a leaf, a node whose
+assignment below it, and a child's bound is kept at least its parent's. Every assignment
+consistent with the precedence lies below one of a node's children, hence the smallest bound over the nodes where the search ends (a leaf, a node whose
 bound reaches the target, or a node left when the node allowance runs out) bounds every schedule
 shorter than ``ub``: the makespan is at least ``min(ub, that)``. Each side's bound comes from the
 full solver on that side (``solve_side``), which on a few dozen ops often proves what it cannot
@@ -31,7 +31,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from phaze.schedule.bounds import forced_intra
+from phaze.schedule.bounds import _bits, forced_intra
 from phaze.schedule.instance import Instance
 
 
@@ -45,6 +45,16 @@ class Side:
     start: list[float]
     y: list[int]
 
+    @classmethod
+    def of(cls, result) -> Side:
+        """From a solve's result (``solve.Result``: bounds and its schedule)."""
+        return cls(
+            result.lower_bound_s,
+            result.makespan_s,
+            list(result.schedule.start),
+            list(result.schedule.y),
+        )
+
 
 @dataclass
 class SplitOutcome:
@@ -55,11 +65,6 @@ class SplitOutcome:
     start: list[float] | None = None  # the best leaf's schedule (start times, modes), if any
     y: list[int] | None = None
     makespan_s: float | None = None
-
-
-def _members(inst: Instance, bitset: int) -> list[int]:
-    """The ops of an ancestor / descendant bitset."""
-    return [i for i in range(inst.n) if bitset >> i & 1]
 
 
 def split_op(inst: Instance, ub: float) -> int | None:
@@ -92,13 +97,12 @@ def split_search(
     been evaluated; the outcome's bound is then that smallest bound. The caller must know ``j``
     runs intra-op in every schedule it bounds (forced below its ``ub``); the outcome's bound
     holds for those schedules only."""
-    anc, desc = inst.ancestors[j], inst.descendants[j]
-    A, D = frozenset(_members(inst, anc)), frozenset(_members(inst, desc))
+    A, D = frozenset(_bits(inst.ancestors[j])), frozenset(_bits(inst.descendants[j]))
     free = [i for i in range(inst.n) if i != j and i not in A and i not in D]
     free.sort(key=lambda i: (-inst.l1[i], i))
     fset = frozenset(free)
-    up = {i: frozenset(_members(inst, inst.ancestors[i])) & fset for i in free}
-    down = {i: frozenset(_members(inst, inst.descendants[i])) & fset for i in free}
+    up = {i: frozenset(_bits(inst.ancestors[i])) & fset for i in free}
+    down = {i: frozenset(_bits(inst.descendants[i])) & fset for i in free}
     sides: dict[frozenset, Side] = {}
 
     def side(members: frozenset) -> Side:
