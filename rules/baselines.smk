@@ -89,10 +89,10 @@ rule schedule_blind:
         "../environment.yml"
     params:
         code=code_version("schedule"),
-        # the search's last ILP solve (ilp, or deep when it deepens): the baseline's schedules
+        # the search's final ILP solve (ilp, or deep when it deepens): the baseline's schedules
         # get the same solver effort as the answers'
         cfg=W.schedule_blind_params(),
-        tier=W.solves[-1],
+        tier=W.final_solve,
         trace=W.trace_dir_of,
     shell:
         "python3 -m phaze schedule --tier {params.tier:q} --trace {params.trace:q}"

@@ -15,4 +15,4 @@ wildcard_constraints:
     round=r"\d+",
     hbm=r"[0-9.]+",
     tier=r"ub|lo|ilp",
-    solve=r"ilp|deep",
+    solve=r"ilp|deep|certify",

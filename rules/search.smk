@@ -13,7 +13,9 @@
 #     search_prune (checkpoint) which of the round's components still matter -> ILP chunk tables
 #     schedule_ilp, place_ilp   the ILP for those only, and placement on its makespans (ilp)
 #                               and on its proven lower bounds (ilp_ub)
-#     with search.deepen_node_limit > 0, once more at {solve} = deep
+#     with search.deepen_node_limit > 0, once more at {solve} = deep; with
+#     search.certify_split_nodes > 0, once more at {solve} = certify (the final solve with the
+#     split, for the components whose bounds keep a certificate above its gap)
 #   baselines: rules/baselines.smk (placement-blind); the tpuv4 presets are refined in round 0.
 #   search_summary              results/summary/{best,comparison,explored,front,certified}.parquet
 # select, prune and summary read a manifest listing each input file with its model, microbatch,

@@ -4,8 +4,10 @@ Each component (model, HBM, microbatch, devices, arch) has a true optimum ``t`` 
 the optimum schedules, unknown to the search) and, per tier, what that tier would report: the ILP
 schedule's value ``v`` ≤ t, its proven bound ``ihi`` ≥ t, the list schedule's ``lo`` ≤ v, the
 bound tier's ``hi`` ≥ t, the space bound ``sb`` ≥ hi; the deep tier ``dv`` / ``dhi`` nests
-inside the ILP tier's interval. ``simulate`` runs the workflow's rounds (select, bound tier,
-ILP selection, ILP tier, deep) on these values; ``brute`` knows every tier of every component.
+inside the ILP tier's interval; the certify solve's bound ``chi`` ≥ t (its makespans' value
+``cv`` = t, better than any scored tier's: recorded, never scored). ``simulate`` runs the
+workflow's rounds (select, bound tier, ILP selection, ILP tier, deep, certify) on these values;
+``brute`` knows every tier of every component.
 """
 
 from __future__ import annotations
@@ -22,7 +24,16 @@ from phaze.search.scores import COMPONENT_KEY, SearchSettings, components
 
 MODELS = ["m1", "m2"]
 MBS = [1, 2]
-TIER_COLUMN = {"ub": "hi", "lo": "lo", "ilp": "v", "ilp_ub": "ihi", "deep": "dv", "deep_ub": "dhi"}
+TIER_COLUMN = {
+    "ub": "hi",
+    "lo": "lo",
+    "ilp": "v",
+    "ilp_ub": "ihi",
+    "deep": "dv",
+    "deep_ub": "dhi",
+    "certify": "cv",
+    "certify_ub": "chi",
+}
 
 
 def truth_table(rng, n_archs, n_hbm=1, infeasible_frac=0.1, space_slack=0.2) -> pd.DataFrame:
@@ -40,7 +51,9 @@ def truth_table(rng, n_archs, n_hbm=1, infeasible_frac=0.1, space_slack=0.2) -> 
             dv = v + rng.uniform(0, 1) * (t - v) if rng.random() < 0.7 else v
             dhi = t + rng.uniform(0, 1) * (min(hi, ihi) - t) if rng.random() < 0.7 else ihi
         sb = hi * (1 + rng.uniform(0, space_slack)) if rng.random() < 0.8 else hi
+        chi = t if rng.random() < 0.3 else t + rng.uniform(0, 1) * (min(hi, ihi) - t)
         vals = {"v": v, "lo": lo, "hi": hi, "ihi": ihi, "t": t, "dv": dv, "dhi": dhi, "sb": sb}
+        vals.update(chi=chi, cv=t)
         if infeasible:  # memory does not depend on latencies: infeasible at every tier
             vals = dict.fromkeys(vals, np.nan)
         rows.append(
@@ -105,13 +118,14 @@ def with_dominance(truth: pd.DataFrame, rng, p_edge: float = 0.3) -> pd.DataFram
                 for y in ups[x]:
                     t[x] = np.minimum(t[x], t[y])  # NaN (nothing fits) passes down
             gone = np.isnan(t)
-            cols = ["v", "lo", "hi", "ihi", "dv", "dhi", "sb"]
+            cols = ["v", "lo", "hi", "ihi", "dv", "dhi", "sb", "chi", "cv"]
             g.loc[gone, cols] = np.nan
             v = np.fmin(g["v"].to_numpy(float), t)
             g["t"] = t
             g["v"] = v
             g["lo"] = np.fmin(g["lo"].to_numpy(float), v)
             g["dv"] = np.clip(g["dv"].to_numpy(float), v, t)
+            g["cv"] = t
             g["dominated_by"] = g["arch"].map(text)
             out.append(g)
     return pd.concat(out).sort_index()
@@ -128,9 +142,10 @@ def _pick(truth: pd.DataFrame, sel: pd.DataFrame) -> pd.DataFrame:
 class Run:
     """The outcome of :func:`simulate`: components known at the end, rounds, work counts."""
 
-    def __init__(self, comp, rounds, n_bound, n_ilp, n_deep, known, walk_completed):
+    def __init__(self, comp, rounds, n_bound, n_ilp, n_deep, n_certify, known, walk_completed):
         self.comp, self.rounds = comp, rounds
         self.n_bound, self.n_ilp, self.n_deep = n_bound, n_ilp, n_deep
+        self.n_certify = n_certify
         self.known = known
         self.walk_completed = walk_completed
 
@@ -153,7 +168,7 @@ def simulate(
         place = pd.concat(known) if known else place_rows(truth.iloc[:0], "lo")
         return components(place, final, sb, edges_of(sb))
 
-    n_bound = n_ilp = n_deep = 0
+    n_bound = n_ilp = n_deep = n_certify = 0
     completed = -1
     r = 0
     for r in range(max_rounds):
@@ -178,13 +193,22 @@ def simulate(
             n_deep += len(deep)
             d = _pick(truth, deep)
             known += [place_rows(d, "deep"), place_rows(d, "deep_ub")]
+        if s.certifies:
+            now = comp_of()
+            done = now[now["level"] >= s.final_level][["model", "microbatch", "arch"]]
+            cand = sel.merge(done.drop_duplicates(), on=["model", "microbatch", "arch"])
+            cert = solve_selection(now, plan, s, MODELS, visit, prior, cand, "certify", pinned)
+            n_certify += len(cert)
+            c = _pick(truth, cert)
+            known += [place_rows(c, "certify"), place_rows(c, "certify_ub")]
     else:
         raise AssertionError(f"the search did not end within {max_rounds} rounds")
-    return Run(comp_of(), r, n_bound, n_ilp, n_deep, known, completed)
+    return Run(comp_of(), r, n_bound, n_ilp, n_deep, n_certify, known, completed)
 
 
 def brute(truth: pd.DataFrame, s: SearchSettings) -> pd.DataFrame:
     """Every component at every tier (the final tier's values are the reference)."""
     tiers = ("ub", "lo", "ilp", "ilp_ub") + (("deep", "deep_ub") if s.deepen_node_limit else ())
+    tiers += ("certify", "certify_ub") if s.certifies else ()
     everything = pd.concat([place_rows(truth, t) for t in tiers])
     return components(everything, s.final_tier, space_rows(truth))

@@ -98,8 +98,11 @@ def _check_against_brute_force(got, want, true, gap):
     gap=st.sampled_from([0.0, 0.0, 0.02, 0.1]),
     front_gap=st.sampled_from([0.0, 0.05, 0.5, None]),
     deepen=st.booleans(),
+    certify=st.booleans(),
 )
-def test_global_equals_every_arch_at_the_final_tier(seed, n_archs, k, gap, front_gap, deepen):
+def test_global_equals_every_arch_at_the_final_tier(
+    seed, n_archs, k, gap, front_gap, deepen, certify
+):
     rng = np.random.default_rng(seed)
     truth = truth_table(rng, n_archs)
     plan = random_plan(rng, n_archs, round_buckets=2)
@@ -110,6 +113,7 @@ def test_global_equals_every_arch_at_the_final_tier(seed, n_archs, k, gap, front
         round_archs=k,
         patience=3,
         deepen_node_limit=1000 if deepen else 0,
+        certify_split_nodes=16 if certify else 0,
     )
     run = simulate(truth, plan, s)
     values, got, _ = _states(run.comp, plan, s)
@@ -269,3 +273,53 @@ def test_dominance_spares_refinement_and_a_false_step_is_caught():
     false.loc[false["arch"] == "a0", ["hi", "ihi", "dhi", "sb"]] = 21.0
     with pytest.raises(PhazeError, match="dominance contradicted"):
         simulate(false, pinned, s, pinned=("tpuv4",))
+
+
+def test_certify_closes_a_certificate_the_final_tier_leaves_open():
+    """Archs whose final tier leaves a wide interval keep a certificate above the gap; the
+    certify solve takes just the components that do (at the final tier, above their search's
+    threshold), closes it where its bound is tight, and leaves every achieved value and answer
+    as it was."""
+    rng = np.random.default_rng(3)
+    n = 40
+    truth = truth_table(rng, n, infeasible_frac=0.0, space_slack=0.0)
+    ids = truth["arch"].str[1:].astype(int)
+    for col in ("v", "t", "dv", "dhi", "chi"):
+        truth[col] = 100.0 - ids
+    truth["cv"] = truth["v"] + 0.5  # a marker: the certify solve's makespans are never scored
+    truth["lo"], truth["hi"], truth["ihi"] = truth["v"] * 0.999, truth["v"] * 1.002, truth["v"]
+    # a1, a2 and a5: the ILP proves only 4 % above its schedule (the certify solve proves it);
+    # a5's 95 * 1.04 stays under the answer's 100 * 1.01 without it
+    wide = truth["arch"].isin(["a1", "a2", "a5"])
+    truth.loc[wide, "ihi"] = truth.loc[wide, "v"] * 1.04
+    truth.loc[wide, "hi"] = truth.loc[wide, "v"] * 1.05
+    truth["sb"] = truth["hi"] * 1.001
+    # a7 is a pinned baseline: the ILP always, the certify solve never
+    plan = random_plan(
+        rng, n, round_buckets=2, presets=["tpuv4" if i == 7 else "" for i in range(n)]
+    )
+    out = {}
+    for nodes in (0, 16):
+        s = SearchSettings(
+            mode="global", gap=0.01, front_gap=None, round_archs=4, certify_split_nodes=nodes
+        )
+        run = simulate(truth, plan, s, pinned=("tpuv4",))
+        out[nodes] = (run, _states(run.comp, plan, s)[1])
+    (plain, before), (cert, after) = out[0], out[16]
+    pm = ("phaze-per-model", "")
+    assert (before.loc[pm, "certified_gap"] > 0.01).all()
+    assert (before.loc[pm, "stuck_gap"] > 0).all()
+    assert (after["certified_gap"] <= 0.01).all() and (after["stuck_gap"] == 0).all()
+    pd.testing.assert_series_equal(before["score"], after["score"])
+    pd.testing.assert_series_equal(before["arch"], after["arch"])
+    # only the components that keep a certificate open, each once, each at the final tier first
+    took = cert.comp[cert.comp["has_certify"]]
+    assert set(took["arch"]) == {"a1", "a2"}
+    assert cert.n_certify == len(took[["model", "microbatch", "arch"]].drop_duplicates())
+    assert (took["level"] >= 2).all()
+    assert (cert.comp.loc[cert.comp["arch"] == "a7", "level"] >= 2).all()
+    assert plain.n_certify == 0
+    # achieved values are the final tier's: the certify solve's makespans are not scored
+    key = ["model", "hbm_capacity_bytes", "microbatch", "arch"]
+    v = took[key].merge(truth[key + ["v"]], on=key)["v"]
+    np.testing.assert_array_equal(took["ach"].to_numpy(), v.to_numpy())

@@ -30,16 +30,18 @@ def test_jobs_cpu_seconds_sums_every_benchmark_file(tmp_path):
 
 
 def _comp():
-    """Components known: level 0 = space bound only, 1 = bound tier, 2 = ILP, 3 = deep."""
+    """Components known: level 0 = space bound only, 1 = bound tier, 2 = ILP, 3 = deep; and
+    whether the certify solve has taken them."""
     rows = [
-        # model, microbatch, arch, ach, level
-        ("m1", 1, "a", 10.0, 3),
-        ("m1", 2, "a", 12.0, 1),
-        ("m1", 1, "b", 11.0, 1),
-        ("m2", 1, "a", np.nan, 0),
-        ("m2", 1, "c", 3.0, 2),
+        # model, microbatch, arch, ach, level, has_certify
+        ("m1", 1, "a", 10.0, 3, True),
+        ("m1", 2, "a", 12.0, 1, False),
+        ("m1", 1, "b", 11.0, 1, False),
+        ("m2", 1, "a", np.nan, 0, False),
+        ("m2", 1, "c", 3.0, 2, False),
     ]
-    return pd.DataFrame(rows, columns=["model", "microbatch", "arch", "ach", "level"])
+    cols = ["model", "microbatch", "arch", "ach", "level", "has_certify"]
+    return pd.DataFrame(rows, columns=cols)
 
 
 def _walk():
@@ -58,6 +60,7 @@ def test_round_progress_counts_archs_components_and_best():
     # refined: every component above the space bound; a, b and c (m2's a is only bounded)
     assert doc["archs_refined"] == 3 and doc["components_refined"] == 4
     assert (doc["components_ilp"], doc["components_deep"]) == (2, 1)
+    assert doc["components_certified"] == 1
     assert (doc["components_this_round"], doc["archs_this_round"]) == (2, 1)
     # no global search: the best achieved value per model
     assert doc["best_throughput_seq_s"] == {"m1": 12.0, "m2": 3.0}
@@ -103,7 +106,7 @@ def test_progress_line_is_one_line_with_every_figure():
     line = progress_line({**doc, "jobs_cpu_s": 123.4})
     assert "\n" not in line
     assert line.startswith("phaze search: round 0: refining 2 (model, microbatch, arch) of 1 archs")
-    assert "so far 3 archs refined, ILP for 2 (1 deepened)" in line
+    assert "so far 3 archs refined, ILP for 2 (1 deepened, 1 certified)" in line
     assert "walk 1 running, 2/3 stopped" in line
     assert "certificate 1.23 %, front -, 1/1 global searches open" in line
     assert "jobs 123 CPU-s" in line and "m1 12" in line

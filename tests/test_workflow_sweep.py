@@ -357,6 +357,39 @@ def test_the_deep_stage_reads_the_ilp_tier_and_feeds_the_next_round(sweep, tmp_p
     )
 
 
+def test_the_certify_stage_follows_the_final_solve_and_leaves_the_baselines_alone(sweep, tmp_path):
+    """search.certify_split_nodes > 0: a certify solve after the round's final ILP solve (ilp,
+    or deep); its selection reads that solve's tiers, its jobs get the final solve's limits and
+    the split's allowance and write r{r}_certify / r{r}_certify_ub; the placement-blind
+    baseline keeps the final solve's settings."""
+    for extra, solves in (({}, ["ilp", "certify"]), ({"deepen_node_limit": 1000}, None)):
+        search = {"certify_split_nodes": 8, **extra}
+        cert = Sweep(validate_config({**sweep.config, "search": search}), sweep.checkpoints)
+        assert cert.solves == (solves or ["ilp", "deep", "certify"])
+        assert cert.final_solve == ("deep" if extra else "ilp")
+        # its selection waits for (and reads) the solves before it
+        assert cert.solves_before("certify") == cert.solves[:-1]
+        w = wc(model="opt-350m", mbs="1", round="0", solve="certify")
+        params = json.loads(cert.schedule_ilp_params(w))
+        assert params["search.certify_split_nodes"] == 8
+        assert ("search.deepen_node_limit" in params) == bool(extra)
+        final = wc(model="opt-350m", mbs="1", round="0", solve=cert.final_solve)
+        assert cert.schedule_blind_params() == cert.schedule_ilp_params(final)
+    d = tmp_path / "r0" / "certify"
+    d.mkdir(parents=True, exist_ok=True)
+    for m, b in (("opt-350m", 1), ("opt-350m", 2), ("gpt2-xl", 1), ("gpt2-xl", 2)):
+        rows = [("b", 1)] if (m, b) == ("opt-350m", 1) else []
+        pd.DataFrame(rows, columns=["arch", "chunk"]).to_parquet(d / f"{m}_b{b}.parquet")
+    cfg = validate_config({**sweep.config, "search": {"certify_split_nodes": 8}})
+    cert = Sweep(cfg, sweep.checkpoints)
+    cmds = cert.place_commands("ilp")(wc(model="opt-350m", mbs="1", round="0", solve="certify"))
+    args = [build_parser().parse_args(shlex.split(c)) for c in cmds]
+    assert sorted(a.out.rsplit("/", 1)[1] for a in args) == sorted(
+        ["r0_certify.parquet", "r0_certify_ub.parquet"] * 2
+    )
+    assert {a.latency_column for a in args} == {"makespan_s", "lower_bound_s"}
+
+
 def test_a_job_builds_from_the_results_the_manifest_snakemake_gave_its_inputs(
     sweep, tmp_path, monkeypatch
 ):

@@ -30,11 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--archs", help="comma-separated arch ids (alternative to --chunk)")
     parser.add_argument(
         "--tier",
-        choices=("ilp", "bounds", "deep"),
+        choices=("ilp", "bounds", "deep", "certify"),
         default="ilp",
         help="ilp: exact ILP within the limits (default); bounds: list-schedule "
         "upper bound and cheap lower bounds only, no solver; deep: the ILP with the search's "
-        "deep limits (config search.deepen_node_limit, search.deepen_time_limit_s)",
+        "deep limits (config search.deepen_node_limit, search.deepen_time_limit_s); certify: "
+        "the search's final tier (ilp, or deep) with the split (search.certify_split_nodes)",
     )
     add_config_argument(parser)  # section `schedule`
     parser.add_argument("--out", help="output table (schedule schema)")
@@ -49,8 +50,13 @@ def _options(args, overrides: dict | None = None):
     config = load_config(args.config)
     cfg = dict(config["schedule"])
     tier = args.tier
+    search = config["search"]
+    if tier == "certify":  # the final tier's solve, with the split
+        if search["certify_split_nodes"] <= 0:
+            raise PhazeError("--tier certify needs search.certify_split_nodes > 0 in the config")
+        cfg.update(split_nodes=search["certify_split_nodes"])
+        tier = "deep" if search["deepen_node_limit"] > 0 else "ilp"
     if tier == "deep":  # the ILP with the search's deep limits
-        search = config["search"]
         if search["deepen_node_limit"] <= 0:
             raise PhazeError("--tier deep needs search.deepen_node_limit > 0 in the config")
         cfg.update(

@@ -67,10 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--out", required=True, help="output directory")
             p.add_argument(
                 "--solve",
-                choices=("ilp", "deep"),
+                choices=("ilp", "deep", "certify"),
                 default="ilp",
                 help="ilp: after the bound tier; deep: after the ilp tier, the components still "
-                "worth a deeper ILP (config search.deepen_node_limit)",
+                "worth a deeper ILP (config search.deepen_node_limit); certify: after the last, "
+                "the global searches' components whose bounds keep a certificate above its gap "
+                "(config search.certify_split_nodes)",
             )
 
     p = sub.add_parser(
@@ -128,7 +130,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--step", required=True, choices=("select", "prune", "summary"))
     p.add_argument("--round", type=int, help="the round (select, prune)")
-    p.add_argument("--solve", choices=("ilp", "deep"), default="ilp", help="prune's ILP solve")
+    p.add_argument(
+        "--solve", choices=("ilp", "deep", "certify"), default="ilp", help="prune's ILP solve"
+    )
     add_config_argument(p)
     p.add_argument("--out", required=True, help="manifest JSON")
 

@@ -198,14 +198,20 @@ def prune(args: argparse.Namespace) -> int:
     r, solve = ri.round, args.solve
     if solve == "deep" and ri.settings.final_tier != "deep":
         raise PhazeError("prune --solve deep needs search.deepen_node_limit > 0 in the config")
+    if solve == "certify" and not ri.settings.certifies:
+        raise PhazeError("prune --solve certify needs search.certify_split_nodes > 0 in the config")
     sel = read_table(args.select, "select")
     visit, completed = walk_position(args.state)
     prior = walk_prior_states(ri.components(r), ri.plan, completed, ri.settings, ri.models)
-    tiers = ("ub", "lo") if solve == "ilp" else ("ub", "lo", "ilp", "ilp_ub")
+    # the round's tiers before this solve
+    tiers = {"ilp": ("ub", "lo"), "deep": ("ub", "lo", "ilp", "ilp_ub")}.get(
+        solve, ("ub", "lo", "ilp", "ilp_ub", "deep", "deep_ub")
+    )
     comp = ri.components(r, tiers)
     cand = sel
-    if solve == "deep":
-        done = comp.loc[comp["level"] >= LEVEL["ilp"], COMPONENT_COLUMNS]
+    if solve in ("deep", "certify"):  # what the solves before it have taken
+        need = LEVEL["ilp"] if solve == "deep" else ri.settings.final_level
+        done = comp.loc[comp["level"] >= need, COMPONENT_COLUMNS]
         cand = sel.merge(done.drop_duplicates(), on=COMPONENT_COLUMNS)
     chosen = solve_selection(
         comp, ri.plan, ri.settings, ri.models, visit, prior, cand, solve, ri.pinned
@@ -219,7 +225,7 @@ def prune(args: argparse.Namespace) -> int:
             mine[["arch", "chunk"]].reset_index(drop=True), out / f"{m}_b{b}.parquet", "chunks"
         )
     write_table(chosen, out / "selected.parquet", "select")
-    what = "ILP" if solve == "ilp" else "deep ILP"
+    what = {"ilp": "ILP", "deep": "deep ILP", "certify": "the certify solve"}[solve]
     print(
         f"phaze search prune: round {r}: {what} for {len(chosen)} of {len(cand)} "
         f"(model, microbatch, arch) of the round -> {out}"
@@ -262,13 +268,15 @@ def _ilp_counts(entries: list[dict], gap: float) -> dict:
     configured ``schedule.mip_gap`` — the ones the ILP tier must hand to the solver. Counted for the
     (model, microbatch, arch) that got the ILP tier (``solved``) and for those the search's
     bounds settled without it."""
-    ilp_archs, deep_archs, bounds = set(), set(), []
+    ilp_archs, deep_archs, certify_archs, bounds = set(), set(), set(), []
     for e in entries:
         df = read_table(e["path"], "schedule")
         if e["tier"] in ("ilp", "blind"):
             ilp_archs.update((e["model"], e["microbatch"], a) for a in df["arch"])
         elif e["tier"] == "deep":
             deep_archs.update((e["model"], e["microbatch"], a) for a in df["arch"])
+        elif e["tier"] == "certify":
+            certify_archs.update((e["model"], e["microbatch"], a) for a in df["arch"])
         else:
             bounds.append(df.assign(model=e["model"], microbatch=e["microbatch"]))
     solved = avoided = deepened = 0
@@ -289,6 +297,7 @@ def _ilp_counts(entries: list[dict], gap: float) -> dict:
         "ilp_instances_deepened": deepened,
         "archs_with_ilp": len({a for _, _, a in ilp_archs}),
         "archs_deepened": len({a for _, _, a in deep_archs}),
+        "archs_certified": len({a for _, _, a in certify_archs}),
     }
 
 

@@ -15,10 +15,12 @@ from phaze.search.scores import TIERS
 
 #: placement tiers (phaze.search.scores): ub = on lower bounds, lo = on list schedules, ilp = on
 #: the ILP's makespans, ilp_ub = on the ILP's proven lower bounds, deep / deep_ub = the same on
-#: the deeper ILP (``space``, the space bound, comes in tables of its own: kind "space")
+#: the deeper ILP, certify / certify_ub = on the certify solve (``space``, the space bound, comes
+#: in tables of its own: kind "space")
 PLACE_TIERS = tuple(t for t in TIERS if t != "space")
-#: schedule tiers: bounds (list schedule + lower bound), ilp, deep, blind (the baseline's ILP)
-SCHEDULE_TIERS = ("bounds", "ilp", "deep", "blind")
+#: schedule tiers: bounds (list schedule + lower bound), ilp, deep, certify, blind (the
+#: baseline's ILP)
+SCHEDULE_TIERS = ("bounds", "ilp", "deep", "certify", "blind")
 
 #: kind -> the keys (and types) of each manifest entry, besides its path
 MANIFEST_FIELDS = {

@@ -19,7 +19,8 @@ of area at most its own.
 
 *Refinement*, best-first: an arch is *open* when ``hi > W·(1 + search.gap)`` (the certificate) or
 ``hi > F(area)·(1 + search.front_gap)`` (the front; ``front_gap: null``: never) and it can still
-be refined (a component not yet at the final tier). Each round refines, per search, the
+be refined (a component not yet at the final tier, or with ``search.certify_split_nodes``, one at
+the final tier the certify solve has not taken yet). Each round refines, per search, the
 ``search.round_archs`` open archs with the largest ``hi`` (certificate) and the same number from
 the optimistic front of the archs open for the front (those with the largest ``hi / F`` that no
 other open arch dominates in area and bound), archs that no open arch dominates as hardware
@@ -221,18 +222,29 @@ def _optimistic_front(area: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return np.asarray(keep, dtype=np.int64)
 
 
+def refinable(comp: pd.DataFrame, settings: SearchSettings) -> np.ndarray:
+    """Which components more work can still tighten: those not yet exact (at the final tier,
+    bounds met, or infeasible), and with a certify solve configured, those at the final tier it
+    has not taken yet (the split may raise their proven bound)."""
+    out = ~comp["exact"].to_numpy(bool)
+    if settings.certifies:
+        at_final = comp["level"].to_numpy() >= settings.final_level
+        out |= at_final & ~comp["has_certify"].to_numpy(bool)
+    return out
+
+
 def open_components(
     comp: pd.DataFrame, detail: pd.DataFrame, settings: SearchSettings
 ) -> pd.DataFrame:
     """The components whose bounds can still matter to an arch above its search's threshold:
-    not yet exact (at the final tier, bounds met, or infeasible). A per-model search's component
+    those more work can tighten (:func:`refinable`). A per-model search's component
     matters when its ``hi`` exceeds the arch's threshold; a common search's when it exceeds its
     model's best value on that arch by more than the gap (if no model's does, the arch's common
     bound is within the gap of its own score, itself at most the incumbent). Columns: the search
     key, arch, ``comp_model`` and microbatch of the component."""
     cols = GLOBAL_KEY + ["arch", "comp_model", "microbatch"]
     above = detail[detail["above_gap"] | detail["above_front"]]
-    live = comp[~comp["exact"].to_numpy(bool) & ~np.isnan(comp["hi"].to_numpy(float))]
+    live = comp[refinable(comp, settings) & ~np.isnan(comp["hi"].to_numpy(float))]
     out = []
     pm = above[above["strategy"] == PER_MODEL]
     if len(pm) and len(live):

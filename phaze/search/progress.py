@@ -55,6 +55,8 @@ def round_progress(
     triples = refined[["model", "microbatch", "arch"]].drop_duplicates()
     ilp = comp[comp["level"] >= 2][["model", "microbatch", "arch"]].drop_duplicates()
     deep = comp[comp["level"] >= 3][["model", "microbatch", "arch"]].drop_duplicates()
+    certified = comp[comp["has_certify"].astype(bool)][["model", "microbatch", "arch"]]
+    certified = certified.drop_duplicates()
     best, gaps = {}, {}
     states = picture.get("global_states")
     if states is not None and len(states):
@@ -82,6 +84,7 @@ def round_progress(
         "components_refined": len(triples),
         "components_ilp": len(ilp),
         "components_deep": len(deep),
+        "components_certified": len(certified),
         "components_this_round": len(selection),
         "archs_this_round": int(selection["arch"].nunique()) if len(selection) else 0,
         "best_throughput_seq_s": best,
@@ -117,7 +120,7 @@ def progress_line(doc: dict) -> str:
         f"phaze search: round {doc['round']}: refining {doc['components_this_round']} "
         f"(model, microbatch, arch) of {doc['archs_this_round']} archs; so far "
         f"{doc['archs_refined']} archs refined, ILP for {doc['components_ilp']} "
-        f"({doc['components_deep']} deepened); walk {doc['walk_running']} running, "
+        f"({doc['components_deep']} deepened, {doc['components_certified']} certified); walk {doc['walk_running']} running, "
         f"{doc['walk_stopped']}/{doc['walk_searches']} stopped{cert}; jobs {cpu} CPU-s; "
         f"best seq/s: {best or '-'}"
     )

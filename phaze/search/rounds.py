@@ -20,6 +20,7 @@ bucket) and nothing is open for the global search.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from phaze.search.global_search import (
@@ -154,11 +155,23 @@ def select(
     if round_ == 0:
         parts["baseline"] = _pinned(comp, plan, pinned)
     sel = _union(parts)
-    # only what can still be refined: below the final tier
+    # only what can still be refined: below the final tier, or (certify) at it and not certified
     level = comp.groupby(COMPONENT_COLUMNS)["level"].max()
     lv = level.reindex(pd.MultiIndex.from_frame(sel[COMPONENT_COLUMNS])).to_numpy()
     keep = (lv < settings.final_level) | sel["why"].str.contains("baseline")
+    if settings.certifies:  # a global search's component the certify solve has not taken
+        wanted = sel["why"].str.contains("gap|front").to_numpy(bool)
+        keep |= wanted & _uncertified(comp, settings, sel)
     return sel[keep].reset_index(drop=True), pic
+
+
+def _uncertified(comp: pd.DataFrame, settings: SearchSettings, sel: pd.DataFrame) -> np.ndarray:
+    """Per row of ``sel``: whether its (model, microbatch, arch) has a component at the final
+    tier that the certify solve has not taken."""
+    flag = (comp["level"] >= settings.final_level) & ~comp["has_certify"].astype(bool)
+    per = flag.groupby([comp[c] for c in COMPONENT_COLUMNS]).any()
+    got = per.reindex(pd.MultiIndex.from_frame(sel[COMPONENT_COLUMNS])).to_numpy()
+    return np.asarray(pd.Series(got).fillna(False), dtype=bool)
 
 
 def solve_selection(
@@ -173,22 +186,26 @@ def solve_selection(
     pinned: tuple[str, ...] = (),
 ) -> pd.DataFrame:
     """Which of the round's ``candidates`` (its components that reached the bound tier — or, for
-    ``solve='deep'``, the ILP tier — in this round) the ILP solve ``solve`` takes: those the
-    walk (visiting plan round ``walk_visit``, its states before the round ``walk_prior``) or the
-    global search still needs with the round's values in (``comp``), and the pinned
-    baselines."""
+    ``solve='deep'``, the ILP tier; for ``solve='certify'``, the final tier — in this round) the
+    ILP solve ``solve`` takes: those the walk (visiting plan round ``walk_visit``, its states
+    before the round ``walk_prior``) or the global search still needs with the round's values in
+    (``comp``), and the pinned baselines. The certify solve takes only what the global searches
+    need, each component once."""
     pic = search_picture(comp, plan, models, settings)
     parts = {}
-    if walk_visit is not None:
-        needs = walk_needs(pic["scores"], plan, walk_visit, settings, walk_prior)
-        parts["walk"] = _walk_components(needs, comp)
+    if solve != "certify":  # the certify solve serves the global searches' certificates only
+        if walk_visit is not None:
+            needs = walk_needs(pic["scores"], plan, walk_visit, settings, walk_prior)
+            parts["walk"] = _walk_components(needs, comp)
+        parts["baseline"] = _pinned(comp, plan, pinned)
     if settings.mode == "global":
         parts["global"] = _components(pic["opened"])
-    parts["baseline"] = _pinned(comp, plan, pinned)
     sel = _union(parts)
     cand = candidates[COMPONENT_COLUMNS].drop_duplicates()
     cand = cand.assign(microbatch=cand["microbatch"].astype("int64"))
     sel = sel.merge(cand, on=COMPONENT_COLUMNS)
+    if solve == "certify":  # at the final tier, not yet certified
+        return sel[_uncertified(comp, settings, sel)].reset_index(drop=True)
     # only components short of the solve's tier (one selected again for the deep tier has its
     # ILP already)
     target = LEVEL["ilp"] if solve == "ilp" else LEVEL["deep"]

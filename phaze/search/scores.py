@@ -17,7 +17,11 @@ throughput, or both:
 * ``ilp`` / ``ilp_ub`` — placement on the ILP's makespans (achievable) and on its proven lower
   bounds (an upper bound);
 * ``deep`` / ``deep_ub`` — the same on a deeper ILP (``search.deepen_node_limit``). More nodes
-  never lengthen a schedule nor lower a bound, so the intervals nest.
+  never lengthen a schedule nor lower a bound, so the intervals nest;
+* ``certify_ub`` — placement on the bounds of the certify solve (the final tier's limits with the
+  split, ``search.certify_split_nodes``): an upper bound. Its placement on that solve's
+  makespans (``certify``) is recorded but not scored: achieved values stay the final tier's, the
+  solver effort every architecture and baseline gets alike.
 
 ``hi`` is the smallest upper bound known, ``ach`` the best achievable value known. A component's
 *level* says how far it has been refined: 0 = space bound only, 1 = bound tier (``ub``, ``lo``),
@@ -49,13 +53,25 @@ from phaze.errors import PhazeError
 from phaze.search.dominance import check_closed, close_bounds
 
 COMPONENT_KEY = ["model", "hbm_capacity_bytes", "microbatch", "devices", "arch"]
-TIERS = ("space", "ub", "lo", "ilp", "ilp_ub", "deep", "deep_ub")
+TIERS = ("space", "ub", "lo", "ilp", "ilp_ub", "deep", "deep_ub", "certify", "certify_ub")
 #: tiers that bound a component's throughput from above, and tiers that hold a real schedule's
-UPPER = ("space", "ub", "ilp_ub", "deep_ub")
+#: (scored: ``certify`` is not, see above)
+UPPER = ("space", "ub", "ilp_ub", "deep_ub", "certify_ub")
 ACHIEVABLE = ("lo", "ilp", "deep")
 FINAL_TIERS = ("ilp", "deep")
-#: the level a tier brings a component to (0 = space bound only)
-LEVEL = {"space": 0, "ub": 1, "lo": 1, "ilp": 2, "ilp_ub": 2, "deep": 3, "deep_ub": 3}
+#: the level a tier brings a component to (0 = space bound only); the certify solve takes only
+#: components already at the final tier and leaves their level as it is
+LEVEL = {
+    "space": 0,
+    "ub": 1,
+    "lo": 1,
+    "ilp": 2,
+    "ilp_ub": 2,
+    "deep": 3,
+    "deep_ub": 3,
+    "certify": 0,
+    "certify_ub": 0,
+}
 COMMON_SCORES = ("relative", "mean")
 MODES = ("global", "early_stop", "exhaustive")
 
@@ -72,6 +88,7 @@ class SearchSettings:
     mode: str = _DEFAULT["mode"]  # global | early_stop | exhaustive
     prune: bool = _DEFAULT["prune"]
     deepen_node_limit: int = _DEFAULT["deepen_node_limit"]  # 0: no deep tier
+    certify_split_nodes: int = _DEFAULT["certify_split_nodes"]  # 0: no certify solve
     gap: float = _DEFAULT["gap"]
     front_gap: float | None = _DEFAULT["front_gap"]  # None: the front is not refined for
     round_archs: int = _DEFAULT["round_archs"]
@@ -107,6 +124,11 @@ class SearchSettings:
     @property
     def final_level(self) -> int:
         return LEVEL[self.final_tier]
+
+    @property
+    def certifies(self) -> bool:
+        """A certify solve follows each round's last ILP solve (``certify_split_nodes`` > 0)."""
+        return self.certify_split_nodes > 0
 
     @property
     def pruning(self) -> bool:
@@ -178,6 +200,7 @@ def components(
     infeasible = (has & np.isnan(upper)).any(axis=1)
     hi = np.where(has & ~np.isnan(upper), upper, np.inf).min(axis=1)
     hi = np.where(infeasible, np.nan, hi)
+    certified = wide["_has_certify_ub"].to_numpy(bool)  # the certify solve has been run
     wide = wide.drop(columns=[f"_has_{t}" for t in UPPER])
     wide["ach"] = wide[list(ACHIEVABLE)].max(axis=1, skipna=True)
     own = hi
@@ -190,6 +213,7 @@ def components(
         wide["led"] = hi < own
     wide["has_ilp"] = wide["level"] >= LEVEL["ilp"]
     wide["has_deep"] = wide["level"] >= LEVEL["deep"]
+    wide["has_certify"] = certified
     # exactly known: a final-tier value, bounds that meet, or infeasible (NaN upper bound)
     wide["exact"] = (
         wide[final].notna()

@@ -270,6 +270,7 @@ def summarize(
         "components_refined": int((comp["level"] >= 1).sum()),
         "components_ilp": int((comp["level"] >= 2).sum()),
         "components_deep": int((comp["level"] >= 3).sum()),
+        "components_certified": int(comp["has_certify"].astype(bool).sum()),
         "archs_with_ilp": int(comp.loc[comp["level"] >= 2, "arch"].nunique()),
     }
     return {

@@ -21,10 +21,11 @@ size ep > 1, with ``_etp1`` when its experts are whole on each rank, etp = 1):
     estimate/{model}/{tag}/r{round}_c{chunk}.parquet        rule estimate_round
     estimate/{model}/{tag}/{chunk}.parquet | space | blind  rules estimate, estimate_space/_blind
     schedule/{model}/{tag}/bounds/r{round}_c{chunk}.parquet rule schedule_bounds
-    schedule/{model}/{tag}/{solve}/r{round}_c{chunk}.parquet rule schedule_ilp ({solve}: ilp | deep)
+    schedule/{model}/{tag}/{solve}/r{round}_c{chunk}.parquet rule schedule_ilp
+        ({solve}: ilp | deep | certify)
     schedule/{model}/{tag}/blind.parquet | {chunk}.parquet  rules schedule_blind, schedule
     place/{model}/h{hbm}_b{mbs}/r{round}_{tier}.parquet | blind | {chunk}
-        ({tier}: ub | lo | ilp | ilp_ub | deep | deep_ub)
+        ({tier}: ub | lo | ilp | ilp_ub | deep | deep_ub | certify | certify_ub)
     search/r{round}/{solve}/{model}_b{mbs}.parquet          checkpoint search_prune
     summary/{best,comparison,explored,front,certified}.parquet, search_stats.json
 """
@@ -60,9 +61,13 @@ BOUND_TIERS = (("ub", "lower_bound_s"), ("lo", "makespan_s"))
 ILP_TIERS = (("ilp", "makespan_s"), ("ilp_ub", "lower_bound_s"))
 # the deep tier (search.deepen_node_limit > 0): the same, on a deeper ILP of fewer archs
 DEEP_TIERS = (("deep", "makespan_s"), ("deep_ub", "lower_bound_s"))
+# the certify solve (search.certify_split_nodes > 0): the final tier's solve with the split, on
+# the components whose bounds keep a certificate open; its makespans' placement is recorded, not
+# scored (phaze.search.scores)
+CERTIFY_TIERS = (("certify", "makespan_s"), ("certify_ub", "lower_bound_s"))
 BLIND_TIERS = (("ilp", "makespan_s"),)
 #: the ILP solves of a round, in order: each one's selection reads the placements of the last
-SOLVE_TIERS = {"ilp": ILP_TIERS, "deep": DEEP_TIERS}
+SOLVE_TIERS = {"ilp": ILP_TIERS, "deep": DEEP_TIERS, "certify": CERTIFY_TIERS}
 
 
 def gib_str(h: float) -> str:
@@ -125,8 +130,11 @@ class Sweep:
             for n in ("best", "comparison", "explored", "front", "certified")
         }
         self.blind_mbs = min(self.microbatches)
-        # the ILP solves of every round: ilp, and deep when the search deepens
-        self.solves = ["ilp"] + (["deep"] if self.search["deepen_node_limit"] > 0 else [])
+        # the ILP solves of every round: ilp, deep when the search deepens (the final solve:
+        # the reference of every answer and baseline), certify when it certifies
+        self.final_solve = "deep" if self.search["deepen_node_limit"] > 0 else "ilp"
+        self.solves = ["ilp"] + (["deep"] if self.final_solve == "deep" else [])
+        self.solves += ["certify"] if self.search["certify_split_nodes"] > 0 else []
 
     # --- axes and paths ------------------------------------------------------------------------
     def tps(self, model: str) -> list[int]:
@@ -392,7 +400,7 @@ class Sweep:
         return r - 1
 
     def schedule_ilp_selection(self, wc) -> str:
-        """The chunk table of the archs the ILP solve ``wc.solve`` (ilp | deep) solves."""
+        """The chunk table of the archs the ILP solve ``wc.solve`` (ilp | deep | certify) solves."""
         d = self.checkpoints.search_prune.get(round=int(wc.round), solve=wc.solve).output[0]
         return f"{d}/{wc.model}_b{wc.mbs}.parquet"
 
@@ -410,15 +418,19 @@ class Sweep:
         return ",".join(sorted(sel.loc[sel["chunk"] == int(wc.chunk), "arch"]))
 
     def schedule_blind_params(self) -> str:
-        """rule schedule_blind's config: that of the search's last ILP solve."""
-        return self.schedule_ilp_params(_Wildcards(solve=self.solves[-1]))
+        """rule schedule_blind's config: that of the search's final ILP solve."""
+        return self.schedule_ilp_params(_Wildcards(solve=self.final_solve))
 
     def schedule_ilp_params(self, wc) -> str:
-        """What an ILP-solve job reads of the config: the schedule section, and for the deep
-        solve the search's deep limits (the schedule CLI's ``--tier deep``)."""
-        if wc.solve == "ilp":
-            return self.section("schedule")
-        return self.section("schedule", "search.deepen_node_limit", "search.deepen_time_limit_s")
+        """What an ILP-solve job reads of the config: the schedule section, for the deep solve
+        the search's deep limits (the schedule CLI's ``--tier deep``), for the certify solve the
+        final solve's and the split's node allowance."""
+        keys = []
+        if wc.solve == "deep" or (wc.solve == "certify" and self.final_solve == "deep"):
+            keys += ["search.deepen_node_limit", "search.deepen_time_limit_s"]
+        if wc.solve == "certify":
+            keys += ["search.certify_split_nodes"]
+        return self.section("schedule", *keys)
 
     # --- placement records: each file with what it holds ---------------------------------------
     def _place_record(self, m, h, b, r, tier, name) -> dict:
@@ -600,7 +612,7 @@ class Sweep:
             if kind == "bounds":
                 chunks = self.round_chunks(wc.round, m, b)
                 scheds.append([f"{d}/bounds/r{wc.round}_c{c}.parquet" for c in chunks])
-            elif kind == "ilp":  # the ILP solve of the wildcards (ilp | deep)
+            elif kind == "ilp":  # the ILP solve of the wildcards (ilp | deep | certify)
                 chunks = self.ilp_chunks(wc.round, m, b, wc.solve)
                 scheds.append([f"{d}/{wc.solve}/r{wc.round}_c{c}.parquet" for c in chunks])
             elif kind == "blind":
