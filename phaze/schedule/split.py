@@ -14,9 +14,10 @@ it; put after, its incomparable descendants) and bounds a node by the sides it h
 OPT of a subset of ops is at most OPT of the whole set (drop ops from a schedule: precedence
 through them is only relaxed by ``Instance.subinstance``), so the bound of a node holds for every
 assignment below it, and a child's bound is kept at least its parent's. Every assignment
-consistent with the precedence lies below one of a node's children, hence the smallest bound over the nodes where the search ends (a leaf, a node whose
-bound reaches the target, or a node left when the node allowance runs out) bounds every schedule
-shorter than ``ub``: the makespan is at least ``min(ub, that)``. Each side's bound comes from the
+consistent with the precedence lies below one of a node's children, hence the smallest bound
+over the nodes where the search ends (a leaf, a node whose bound reaches the target, or a node
+left when the node allowance runs out) bounds every schedule shorter than ``ub``: the makespan
+is at least ``min(ub, that)``. Each side's bound comes from the
 full solver on that side (``solve_side``), which on a few dozen ops often proves what it cannot
 prove on the whole layer (docs/schedule.md, "Split at an op that runs alone").
 

@@ -204,9 +204,11 @@ def prune(args: argparse.Namespace) -> int:
     visit, completed = walk_position(args.state)
     prior = walk_prior_states(ri.components(r), ri.plan, completed, ri.settings, ri.models)
     # the round's tiers before this solve
-    tiers = {"ilp": ("ub", "lo"), "deep": ("ub", "lo", "ilp", "ilp_ub")}.get(
-        solve, ("ub", "lo", "ilp", "ilp_ub", "deep", "deep_ub")
-    )
+    tiers = {
+        "ilp": ("ub", "lo"),
+        "deep": ("ub", "lo", "ilp", "ilp_ub"),
+        "certify": ("ub", "lo", "ilp", "ilp_ub", "deep", "deep_ub"),
+    }[solve]
     comp = ri.components(r, tiers)
     cand = sel
     if solve in ("deep", "certify"):  # what the solves before it have taken
@@ -268,25 +270,24 @@ def _ilp_counts(entries: list[dict], gap: float) -> dict:
     configured ``schedule.mip_gap`` — the ones the ILP tier must hand to the solver. Counted for the
     (model, microbatch, arch) that got the ILP tier (``solved``) and for those the search's
     bounds settled without it."""
-    ilp_archs, deep_archs, certify_archs, bounds = set(), set(), set(), []
+    # (model, microbatch, arch) per ILP solve (the blind baseline's schedules are ILP-tier)
+    took: dict[str, set] = {"ilp": set(), "deep": set(), "certify": set()}
+    bounds = []
     for e in entries:
         df = read_table(e["path"], "schedule")
-        if e["tier"] in ("ilp", "blind"):
-            ilp_archs.update((e["model"], e["microbatch"], a) for a in df["arch"])
-        elif e["tier"] == "deep":
-            deep_archs.update((e["model"], e["microbatch"], a) for a in df["arch"])
-        elif e["tier"] == "certify":
-            certify_archs.update((e["model"], e["microbatch"], a) for a in df["arch"])
-        else:
+        if e["tier"] == "bounds":
             bounds.append(df.assign(model=e["model"], microbatch=e["microbatch"]))
+        else:
+            solve = "ilp" if e["tier"] == "blind" else e["tier"]
+            took[solve].update((e["model"], e["microbatch"], a) for a in df["arch"])
     solved = avoided = deepened = 0
     if bounds:
         b = pd.concat(bounds, ignore_index=True)
         b = b.drop_duplicates(["model", "microbatch", "arch", "signature", "pass"])
         open_gap = (b["makespan_s"] - b["lower_bound_s"]) > gap * b["makespan_s"]
         keys = list(zip(b["model"], b["microbatch"], b["arch"]))
-        got_ilp = pd.Series([k in ilp_archs for k in keys], index=b.index)
-        got_deep = pd.Series([k in deep_archs for k in keys], index=b.index)
+        got_ilp = pd.Series([k in took["ilp"] for k in keys], index=b.index)
+        got_deep = pd.Series([k in took["deep"] for k in keys], index=b.index)
         solved = int((open_gap & got_ilp).sum())
         avoided = int((open_gap & ~got_ilp).sum())
         deepened = int((open_gap & got_deep).sum())
@@ -295,9 +296,9 @@ def _ilp_counts(entries: list[dict], gap: float) -> dict:
         "ilp_instances_avoided_by_pruning": avoided,
         # of the solved ones, those solved again by the deep tier
         "ilp_instances_deepened": deepened,
-        "archs_with_ilp": len({a for _, _, a in ilp_archs}),
-        "archs_deepened": len({a for _, _, a in deep_archs}),
-        "archs_certified": len({a for _, _, a in certify_archs}),
+        "archs_with_ilp": len({a for _, _, a in took["ilp"]}),
+        "archs_deepened": len({a for _, _, a in took["deep"]}),
+        "archs_certified": len({a for _, _, a in took["certify"]}),
     }
 
 

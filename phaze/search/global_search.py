@@ -222,15 +222,20 @@ def _optimistic_front(area: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return np.asarray(keep, dtype=np.int64)
 
 
+def awaiting_certify(comp: pd.DataFrame, settings: SearchSettings) -> np.ndarray:
+    """Which components are at the final tier and not yet taken by the certify solve (none
+    without one configured)."""
+    if not settings.certifies:
+        return np.zeros(len(comp), dtype=bool)
+    at_final = comp["level"].to_numpy() >= settings.final_level
+    return at_final & ~comp["has_certify"].to_numpy(bool)
+
+
 def refinable(comp: pd.DataFrame, settings: SearchSettings) -> np.ndarray:
     """Which components more work can still tighten: those not yet exact (at the final tier,
-    bounds met, or infeasible), and with a certify solve configured, those at the final tier it
-    has not taken yet (the split may raise their proven bound)."""
-    out = ~comp["exact"].to_numpy(bool)
-    if settings.certifies:
-        at_final = comp["level"].to_numpy() >= settings.final_level
-        out |= at_final & ~comp["has_certify"].to_numpy(bool)
-    return out
+    bounds met, or infeasible), and those :func:`awaiting_certify` (the split may raise their
+    proven bound)."""
+    return ~comp["exact"].to_numpy(bool) | awaiting_certify(comp, settings)
 
 
 def open_components(

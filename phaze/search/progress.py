@@ -120,8 +120,9 @@ def progress_line(doc: dict) -> str:
         f"phaze search: round {doc['round']}: refining {doc['components_this_round']} "
         f"(model, microbatch, arch) of {doc['archs_this_round']} archs; so far "
         f"{doc['archs_refined']} archs refined, ILP for {doc['components_ilp']} "
-        f"({doc['components_deep']} deepened, {doc['components_certified']} certified); walk {doc['walk_running']} running, "
-        f"{doc['walk_stopped']}/{doc['walk_searches']} stopped{cert}; jobs {cpu} CPU-s; "
+        f"({doc['components_deep']} deepened, {doc['components_certified']} certified); "
+        f"walk {doc['walk_running']} running, {doc['walk_stopped']}/{doc['walk_searches']} "
+        f"stopped{cert}; jobs {cpu} CPU-s; "
         f"best seq/s: {best or '-'}"
     )
 

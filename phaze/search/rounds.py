@@ -26,6 +26,7 @@ import pandas as pd
 from phaze.search.global_search import (
     COMMON,
     GLOBAL_KEY,
+    awaiting_certify,
     chosen_archs,
     global_states,
     global_values,
@@ -159,19 +160,18 @@ def select(
     level = comp.groupby(COMPONENT_COLUMNS)["level"].max()
     lv = level.reindex(pd.MultiIndex.from_frame(sel[COMPONENT_COLUMNS])).to_numpy()
     keep = (lv < settings.final_level) | sel["why"].str.contains("baseline")
-    if settings.certifies:  # a global search's component the certify solve has not taken
-        wanted = sel["why"].str.contains("gap|front").to_numpy(bool)
-        keep |= wanted & _uncertified(comp, settings, sel)
+    # a global search's component the certify solve has not taken
+    keep |= sel["why"].str.contains("gap|front").to_numpy(bool) & _uncertified(comp, settings, sel)
     return sel[keep].reset_index(drop=True), pic
 
 
 def _uncertified(comp: pd.DataFrame, settings: SearchSettings, sel: pd.DataFrame) -> np.ndarray:
-    """Per row of ``sel``: whether its (model, microbatch, arch) has a component at the final
-    tier that the certify solve has not taken."""
-    flag = (comp["level"] >= settings.final_level) & ~comp["has_certify"].astype(bool)
+    """Per row of ``sel``: whether its (model, microbatch, arch) has a component
+    :func:`~phaze.search.global_search.awaiting_certify`."""
+    flag = pd.Series(awaiting_certify(comp, settings), index=comp.index)
     per = flag.groupby([comp[c] for c in COMPONENT_COLUMNS]).any()
-    got = per.reindex(pd.MultiIndex.from_frame(sel[COMPONENT_COLUMNS])).to_numpy()
-    return np.asarray(pd.Series(got).fillna(False), dtype=bool)
+    got = per.reindex(pd.MultiIndex.from_frame(sel[COMPONENT_COLUMNS]))
+    return got.fillna(False).to_numpy(bool)
 
 
 def solve_selection(
