@@ -71,12 +71,18 @@ COMPARISON_COLUMNS = [
 ]
 
 
+#: the ILP solves of a round (rules/search.smk's ``{solve}``): their jobs are schedule_ilp,
+#: place_ilp and search_prune
+ILP_SOLVES = ("ilp", "deep", "certify")
+
+
 def rule_of(path: Path) -> str:
     """The rule whose `benchmark:` file this is (the paths of rules/*.smk)."""
     parts, stem = path.parts, path.stem
     stage = parts[0]
     if stage == "schedule":
-        return {"bounds": "schedule_bounds", "ilp": "schedule_ilp", "deep": "schedule_ilp"}.get(
+        ilp = {solve: "schedule_ilp" for solve in ILP_SOLVES}
+        return {"bounds": "schedule_bounds", **ilp}.get(
             parts[-2], "schedule_blind" if stem == "blind" else "schedule"
         )
     if stage == "estimate":
@@ -86,9 +92,8 @@ def rule_of(path: Path) -> str:
     if stage == "place":
         for tail, rule in (
             ("bounds", "bounds"),
-            ("ilp", "ilp"),
-            ("deep", "ilp"),
             ("blind", "blind"),
+            *((s, "ilp") for s in ILP_SOLVES),
         ):
             if stem.endswith(f"_{tail}"):
                 return f"place_{rule}"
@@ -98,7 +103,7 @@ def rule_of(path: Path) -> str:
             return "space_bounds"
         if stem.startswith("blind_"):
             return "search_blind"
-        m = re.fullmatch(r"r\d+_(?:ilp_|deep_)?(prune|select)", stem)
+        m = re.fullmatch(rf"r\d+_(?:(?:{'|'.join(ILP_SOLVES)})_)?(prune|select)", stem)
         return f"search_{m.group(1)}" if m else f"search_{stem}"
     if stage == "report":
         return "report_plots"
@@ -338,6 +343,9 @@ def main() -> int:
         ilp_instances_avoided=stats["ilp_instances_avoided_by_pruning"],
         ilp_instances_deepened=stats.get("ilp_instances_deepened"),
         archs_deepened=stats.get("archs_deepened"),
+        components_deep=stats.get("components_deep"),
+        archs_certified=stats.get("archs_certified"),
+        components_certified=stats.get("components_certified"),
         archs_in_space=stats["archs_in_space"],
         archs_refined=stats["archs_refined"],
         archs_with_ilp=stats["archs_with_ilp"],
@@ -347,6 +355,7 @@ def main() -> int:
         rounds_computed=stats["rounds_computed"],
         certified_gap_max=stats.get("certified_gap_max"),
         space_gap_max=stats.get("space_gap_max"),
+        front_gap_max=stats.get("front_gap_max"),
         no_answer=stats.get("no_answer"),
         searches=searches(best),
     )

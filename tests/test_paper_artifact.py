@@ -27,8 +27,10 @@ SAMPLE = {
 }
 
 
-def _rule_benchmarks():
-    """(rule name, benchmark path relative to results/benchmarks) of every rule in rules/."""
+def _rule_benchmarks(solve: str = "deep"):
+    """(rule name, benchmark path relative to results/benchmarks) of every rule in rules/, with
+    the ILP solves' ``{solve}`` wildcard set to ``solve``."""
+    sample = {**SAMPLE, "solve": solve}
     out = []
     for smk in sorted((REPO / "rules").glob("*.smk")):
         text = smk.read_text()
@@ -38,13 +40,14 @@ def _rule_benchmarks():
             re.MULTILINE,
         ):
             path = m.group(2).replace("{BENCH}", "results/benchmarks")
-            path = re.sub(r"\{\{?(\w+)\}?\}", lambda w: SAMPLE[w.group(1)], path)
+            path = re.sub(r"\{\{?(\w+)\}?\}", lambda w: sample[w.group(1)], path)
             out.append((m.group(1), Path(path).relative_to("results/benchmarks")))
     return out
 
 
-def test_every_rules_benchmark_file_maps_to_its_rule():
-    pairs = _rule_benchmarks()
+@pytest.mark.parametrize("solve", ["ilp", "deep", "certify"])
+def test_every_rules_benchmark_file_maps_to_its_rule(solve):
+    pairs = _rule_benchmarks(solve)
     rules = {
         r
         for smk in (REPO / "rules").glob("*.smk")
