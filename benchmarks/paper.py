@@ -38,6 +38,8 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from phaze.workflow.sweep import SOLVE_TIERS
+
 GIB = 2**30
 COMPARISON_COLUMNS = [
     "model",
@@ -71,9 +73,9 @@ COMPARISON_COLUMNS = [
 ]
 
 
-#: the ILP solves of a round (rules/search.smk's ``{solve}``): their jobs are schedule_ilp,
-#: place_ilp and search_prune
-ILP_SOLVES = ("ilp", "deep", "certify")
+#: the ILP solves of a round (rules/search.smk's ``{solve}``, the Sweep's): their jobs are
+#: schedule_ilp, place_ilp and search_prune
+ILP_SOLVES = tuple(SOLVE_TIERS)
 
 
 def rule_of(path: Path) -> str:

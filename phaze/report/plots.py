@@ -198,7 +198,8 @@ def area_throughput(
                 lw=1.2,
                 # each point's certificate covers the archs of area up to its own; below the
                 # smallest point nothing is refined, so the front is stated from there
-                label=f"front from {f['area_mm2'].iloc[0]:.0f} mm² (certified within {100 * gap:.2g} %)",
+                label=f"front from {f['area_mm2'].iloc[0]:.0f} mm² "
+                f"(certified within {100 * gap:.2g} %)",
             )
         tpu = _one_devices(
             comparison[
