@@ -257,6 +257,15 @@ def test_issue_time_is_a_floor(cm, tpu):
     assert vector_latency(0, 0, 1, tpu, launch, 2)[0] == 0
 
 
+def test_an_empty_gemm_moves_nothing_and_divides_nothing_by_zero(cm):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a 0/0 block count would be a NaN the result hides
+        got = hbm_traffic_bytes(np.array([0, 64, 64]), np.array([64, 0, 64]), 0, 1, MiB, cm)
+    assert list(got) == [0, 0, 0]
+
+
 def test_hbm_traffic_compulsory_when_it_fits_and_more_when_it_does_not(cm):
     m, n, k = 1024, 1024, 1024
     compulsory = 2 * (m * k + k * n + m * n)

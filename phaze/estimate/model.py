@@ -221,14 +221,15 @@ def hbm_traffic_bytes(m, n, k, batch, glb_bytes, costmodel):
     )
     best = np.full(m.shape, np.inf)
     fallback = np.full(m.shape, np.inf)  # if nothing fits: the smallest blocks
+    # a block holds at least one row, column and step of k (an empty GEMM's 0 is set at the end)
     for i in range(levels):
-        tm = _cdiv(m, 2.0**i)
+        tm = np.maximum(_cdiv(m, 2.0**i), 1.0)
         for j in range(levels):
-            tn = _cdiv(n, 2.0**j)
+            tn = np.maximum(_cdiv(n, 2.0**j), 1.0)
             reread_a = _cdiv(n, tn)
             reread_b = _cdiv(m, tm)
             for q in range(levels):
-                tk = _cdiv(k, 2.0**q)
+                tk = np.maximum(_cdiv(k, 2.0**q), 1.0)
                 footprint = 2.0 * elem * tk * (tm + tn) + acc * tm * tn
                 a_once = (tm >= m) & (tk >= k)
                 b_once = (tn >= n) & (tk >= k)
