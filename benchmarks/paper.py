@@ -90,7 +90,7 @@ def rule_of(path: Path) -> str:
     if stage == "estimate":
         if re.fullmatch(r"r\d+_c\d+", stem):
             return "estimate_round"
-        return {"space": "estimate_space", "blind": "estimate_blind"}.get(stem, "estimate")
+        return "estimate_blind" if stem == "blind" else "estimate"
     if stage == "place":
         for tail, rule in (
             ("bounds", "bounds"),

@@ -1,34 +1,12 @@
 # The placement-blind baseline: the architecture with the smallest single-accelerator latency of
-# one microbatch (search_blind, over the whole space's latencies), then placed like any other:
-#   estimate_space -> search_blind -> estimate_blind -> schedule_blind -> place_blind
+# one microbatch (search_blind, over the whole space), then placed like any other:
+#   search_blind -> estimate_blind -> schedule_blind -> place_blind
 # (path prefixes: rules/common.smk).
 
 
-rule estimate_space:
-    """Latencies of the whole space for one trace (the placement-blind baseline searches it all)."""
-    input:
-        unpack(W.trace_inputs),
-        space=W.space,
-    output:
-        f"{ESTIMATE}/space.parquet",
-    log:
-        f"{LOGS}/estimate/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/space.log",
-    benchmark:
-        f"{BENCH}/estimate/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/space.tsv"
-    conda:
-        "../environment.yml"
-    params:
-        code=code_version("estimate"),
-        cfg=W.section(
-            "costmodel", "place.network", "place.preset_networks", "place.devices"
-        ),
-        trace=W.trace_dir_of,
-    shell:
-        "python3 -m phaze estimate --trace {params.trace:q} --space {input.space:q}"
-        ' --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
-
-
 rule search_blind:
+    """The whole space's single-accelerator latencies for one trace, estimated and summed a block
+    of architectures at a time (phaze.search.baselines), and the least of them."""
     input:
         unpack(W.search_blind_inputs),
     output:
@@ -40,11 +18,14 @@ rule search_blind:
     conda:
         "../environment.yml"
     params:
-        code=code_version("search/baselines.py", "search/commands.py"),
+        code=code_version("estimate", "search/baselines.py", "search/commands.py"),
+        cfg=W.section(
+            "costmodel", "place.network", "place.preset_networks", "place.devices"
+        ),
         trace=W.search_blind_trace,
     shell:
         "python3 -m phaze search blind --model {wildcards.model:q} --trace {params.trace:q}"
-        " --latency {input.latency:q} --space {input.space:q} --out {output:q} > {log:q} 2>&1"
+        ' --space {input.space:q} --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
 
 
 rule estimate_blind:

@@ -93,3 +93,30 @@ def test_faster_hbm_speeds_up_exactly_the_hbm_bound_ops(run):
     np.testing.assert_allclose(
         fast.latency_allcores_s.to_numpy()[other], lat.latency_allcores_s.to_numpy()[other]
     )
+
+
+@pytest.mark.parametrize("archs_per_block", [1, 3, None])
+def test_blind_latency_in_blocks_is_the_whole_tables_bit_for_bit(
+    run, tmp_path, trace_cli, archs_per_block
+):
+    """The placement-blind baseline sums the space's latencies a block of architectures at a time
+    (its memory stays bounded on any space); every architecture gets exactly the value of the
+    whole latency table, and none is dropped or counted twice."""
+    from phaze.search.baselines import (
+        placement_blind_choice,
+        single_accelerator_latency,
+        space_single_accelerator_latency,
+    )
+
+    ops, space, lat, costmodel = run
+    trace = trace_cli(tmp_path / "t1", "opt-350m", microbatch=1, tp=2, seq=128)
+    layers = read_table(trace / "layers.parquet", "layers")
+    whole = single_accelerator_latency(lat, layers)
+    rows = len(ops) * (archs_per_block or 10 * len(space))
+    place = load_config(REPO_ROOT / "config" / "test.yaml")["place"]
+    blocks = space_single_accelerator_latency(ops, layers, space, costmodel, place, block_rows=rows)
+    assert list(blocks["arch"]) == list(space["arch"])
+    assert np.array_equal(
+        blocks["latency_s"].to_numpy(), whole.set_index("arch").loc[space["arch"], "latency_s"]
+    )
+    assert placement_blind_choice(blocks, space).equals(placement_blind_choice(whole, space))

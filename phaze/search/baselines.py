@@ -15,6 +15,12 @@ import numpy as np
 import pandas as pd
 
 from phaze.errors import PhazeError
+from phaze.estimate.stage import estimate
+
+#: op x architecture rows of the latency table held at once by
+#: :func:`space_single_accelerator_latency` (~100 B a row in the long table and its group-by:
+#: a few hundred MB, whatever the size of the space)
+BLOCK_ROWS = 1 << 20
 
 
 def single_accelerator_latency(latency: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
@@ -42,13 +48,36 @@ def single_accelerator_latency(latency: pd.DataFrame, layers: pd.DataFrame) -> p
     return per_sig.groupby("arch", sort=False)["s"].sum().rename("latency_s").reset_index()
 
 
-def placement_blind_choice(
-    latency: pd.DataFrame, layers: pd.DataFrame, space: pd.DataFrame
+def space_single_accelerator_latency(
+    ops: pd.DataFrame,
+    layers: pd.DataFrame,
+    space: pd.DataFrame,
+    costmodel: dict,
+    place: dict | None = None,
+    block_rows: int = BLOCK_ROWS,
 ) -> pd.DataFrame:
-    """The arch with the lowest single-accelerator latency (ties: larger area, then id)."""
-    lat = single_accelerator_latency(latency, layers).merge(
-        space[["arch", "area_mm2"]], on="arch", how="inner"
-    )
+    """:func:`single_accelerator_latency` of every architecture of ``space``, estimated and
+    reduced a block of architectures at a time so that only ``block_rows`` latency rows exist at
+    once. An architecture's value depends on its own rows alone, in the same order in a block as
+    in the whole table, so the values are the whole table's bit for bit."""
+    if block_rows < 1:
+        raise PhazeError(f"block_rows must be positive, got {block_rows}")
+    step = max(1, block_rows // max(1, len(ops)))
+    parts = [
+        single_accelerator_latency(
+            estimate(ops, space.iloc[start : start + step], costmodel, place), layers
+        )
+        for start in range(0, len(space), step)
+    ]
+    if not parts:
+        raise PhazeError("the space has no architectures for the placement-blind baseline")
+    return pd.concat(parts, ignore_index=True)
+
+
+def placement_blind_choice(per_arch: pd.DataFrame, space: pd.DataFrame) -> pd.DataFrame:
+    """The arch with the lowest single-accelerator latency (``per_arch``: arch, latency_s, as
+    :func:`single_accelerator_latency` gives it; ties: larger area, then id)."""
+    lat = per_arch[["arch", "latency_s"]].merge(space[["arch", "area_mm2"]], on="arch", how="inner")
     if lat.empty:
         raise PhazeError("no architecture has latencies for the placement-blind baseline")
     lat = lat.sort_values(["latency_s", "area_mm2", "arch"], ascending=[True, False, True])

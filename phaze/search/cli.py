@@ -8,7 +8,7 @@
 * ``prune``     round r's placements → which of its components the round's ILP solve takes (one
                 chunk table per model × microbatch); ``--solve deep``: with the ILP tier in, which of
                 them get the deeper ILP
-* ``blind``     t = 1 latencies of the whole space → the placement-blind baseline's arch
+* ``blind``     the whole space's t = 1 single-accelerator latencies → the placement-blind arch
 * ``manifest``  the workflow's manifest of a select, prune or summarize step (its job builds it)
 * ``batch``     several ``phaze`` commands in one process (the workflow's placement jobs)
 * ``summarize`` everything → results/summary/{best,comparison,explored,front,certified}.parquet
@@ -105,9 +105,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("blind", help="placement-blind baseline: min single-accelerator latency")
     p.add_argument("--model", required=True)
-    p.add_argument("--trace", required=True, help="t = 1 trace directory (layers.parquet)")
-    p.add_argument("--latency", nargs="+", required=True, help="latency tables of the whole space")
-    p.add_argument("--space", required=True)
+    p.add_argument(
+        "--trace", required=True, help="t = 1 trace directory (ops.parquet, layers.parquet)"
+    )
+    p.add_argument("--space", required=True, help="space.parquet (every architecture is costed)")
+    add_config_argument(p)
     p.add_argument("--out", required=True, help="chunk table (arch, chunk = 0) of the chosen arch")
 
     p = sub.add_parser(

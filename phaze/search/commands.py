@@ -17,7 +17,7 @@ from phaze.config import load_config
 from phaze.errors import PhazeError
 from phaze.io import read_table, write_json_atomic, write_table
 from phaze.io.manifest import write_manifest
-from phaze.search.baselines import placement_blind_choice
+from phaze.search.baselines import placement_blind_choice, space_single_accelerator_latency
 from phaze.search.dominance import edges_of, scope_edges
 from phaze.search.files import check_components, check_memory, load_manifest, load_place, load_space
 from phaze.search.plan import make_plan, n_rounds
@@ -251,15 +251,20 @@ def bounds(args: argparse.Namespace) -> int:
 
 
 def blind(args: argparse.Namespace) -> int:
-    layers = read_table(Path(args.trace) / "layers.parquet", "layers")
-    latency = pd.concat([read_table(p, "latency") for p in args.latency], ignore_index=True)
-    space = read_table(args.space, "space")
-    choice = placement_blind_choice(latency, layers, space)
+    config = load_config(args.config)
+    trace = Path(args.trace)
+    ops = read_table(trace / "ops.parquet", "ops", nonempty=True)
+    layers = read_table(trace / "layers.parquet", "layers")
+    space = read_table(args.space, "space", nonempty=True)
+    per_arch = space_single_accelerator_latency(
+        ops, layers, space, config["costmodel"], config["place"]
+    )
+    choice = placement_blind_choice(per_arch, space)
     choice["chunk"] = 0
     choice["model"] = args.model
     write_table(choice, args.out, "chunks")
     print(
-        f"phaze search blind: {args.model}: arch {choice['arch'][0]} "
+        f"phaze search blind: {args.model}: {len(per_arch)} archs, arch {choice['arch'][0]} "
         f"({choice['latency_s'][0]:.4g} s per microbatch on one accelerator) -> {args.out}"
     )
     return 0

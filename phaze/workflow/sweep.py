@@ -19,7 +19,7 @@ size ep > 1, with ``_etp1`` when its experts are whole on each rank, etp = 1):
     search/space/{model}/b{mbs}.parquet                     rule space_bounds
     search/r{round}/select.parquet, state.json              checkpoint search_select
     estimate/{model}/{tag}/r{round}_c{chunk}.parquet        rule estimate_round
-    estimate/{model}/{tag}/{chunk}.parquet | space | blind  rules estimate, estimate_space/_blind
+    estimate/{model}/{tag}/{chunk}.parquet | blind          rules estimate, estimate_blind
     schedule/{model}/{tag}/bounds/r{round}_c{chunk}.parquet rule schedule_bounds
     schedule/{model}/{tag}/{solve}/r{round}_c{chunk}.parquet rule schedule_ilp
         ({solve}: ilp | deep | certify)
@@ -27,6 +27,7 @@ size ep > 1, with ``_etp1`` when its experts are whole on each rank, etp = 1):
     place/{model}/h{hbm}_b{mbs}/r{round}_{tier}.parquet | blind | {chunk}
         ({tier}: ub | lo | ilp | ilp_ub | deep | deep_ub | certify | certify_ub)
     search/r{round}/{solve}/{model}_b{mbs}.parquet          checkpoint search_prune
+    baselines/blind/{model}/choice.parquet                  rule search_blind
     summary/{best,comparison,explored,front,certified}.parquet, search_stats.json
 """
 
@@ -705,12 +706,8 @@ class Sweep:
         return self.trace_dir(wc.model, self.blind_mbs, BLIND_SHARD)
 
     def search_blind_inputs(self, wc) -> dict[str, str]:
-        m = wc.model
-        return {
-            "layers": f"{self.search_blind_trace(wc)}/layers.parquet",
-            "latency": f"{self.estimate_dir(m, self.blind_mbs, BLIND_SHARD)}/space.parquet",
-            "space": self.space,
-        }
+        d = self.search_blind_trace(wc)
+        return {n: f"{d}/{n}.parquet" for n in ("ops", "layers")} | {"space": self.space}
 
 
 # The checkpoints' output paths (rules/search.smk names the same files), for the Sweep that
