@@ -300,6 +300,16 @@ def _arrays(
     return arrays
 
 
+def arch_op_rows(ops: pd.DataFrame, arch: pd.Series, columns: tuple[str, ...]) -> dict:
+    """The key columns of a latency table: one row per (architecture, op), architectures outer
+    and ops inner — the row order of :func:`latency_arrays`'s (archs × ops) arrays flattened."""
+    n_arch = len(arch)
+    return {
+        "arch": np.repeat(arch.to_numpy(), len(ops)),
+        **{c: np.tile(ops[c].to_numpy(), n_arch) for c in columns},
+    }
+
+
 def latency_arrays(
     ops: pd.DataFrame, space: pd.DataFrame, costmodel: dict, place: dict | None = None
 ) -> dict[str, np.ndarray]:
@@ -323,17 +333,11 @@ def estimate(
     ``costmodel.link_*``; a torus is sliced for the largest cluster of ``place.devices``."""
     ops, space, place = _prepared(ops, space, place)
     arrays = _arrays(ops, space, costmodel, place, detail=True)
-    n_ops, n_arch = len(ops), len(space)
+    n_arch = len(space)
     out = pd.DataFrame(
-        {
-            "arch": np.repeat(space["arch"].to_numpy(), n_ops),
-            "signature": np.tile(ops["signature"].to_numpy(), n_arch),
-            "pass": np.tile(ops["pass"].to_numpy(), n_arch),
-            "op": np.tile(ops["op"].to_numpy(np.int64), n_arch),
-            "kind": np.tile(ops["kind"].to_numpy(), n_arch),
-            "core": np.tile(ops["core"].to_numpy(), n_arch),
-        }
+        arch_op_rows(ops, space["arch"], ("signature", "pass", "op", "kind", "core"))
     )
+    out["op"] = out["op"].astype(np.int64)
     for name in (
         "latency_1core_s",
         "latency_allcores_s",

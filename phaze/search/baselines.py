@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from phaze.errors import PhazeError
-from phaze.estimate.stage import estimate
+from phaze.estimate.stage import arch_op_rows, latency_arrays
 
 #: op x architecture rows of the latency table held at once by
 #: :func:`space_single_accelerator_latency` (~100 B a row in the long table and its group-by:
@@ -63,12 +63,15 @@ def space_single_accelerator_latency(
     if block_rows < 1:
         raise PhazeError(f"block_rows must be positive, got {block_rows}")
     step = max(1, block_rows // max(1, len(ops)))
-    parts = [
-        single_accelerator_latency(
-            estimate(ops, space.iloc[start : start + step], costmodel, place), layers
+    parts = []
+    for start in range(0, len(space), step):
+        block = space.iloc[start : start + step]
+        arrays = latency_arrays(ops, block, costmodel, place)
+        latency = pd.DataFrame(
+            arch_op_rows(ops, block["arch"], ("signature", "pass"))
+            | {name: a.reshape(-1) for name, a in arrays.items()}
         )
-        for start in range(0, len(space), step)
-    ]
+        parts.append(single_accelerator_latency(latency, layers))
     if not parts:
         raise PhazeError("the space has no architectures for the placement-blind baseline")
     return pd.concat(parts, ignore_index=True)
