@@ -15,7 +15,8 @@ from phaze.paths import REPO_ROOT
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, trace_cli):
+def real_dir(tmp_path_factory, trace_cli):
+    """A real trace (opt-350m, t = 2), config/test.yaml's space and their latency table."""
     d = tmp_path_factory.mktemp("real")
     test_cfg = str(REPO_ROOT / "config" / "test.yaml")
     trace_cli(d / "trace", "opt-350m", microbatch=1, tp=2, seq=128)
@@ -36,12 +37,16 @@ def run(tmp_path_factory, trace_cli):
         )
         == 0
     )
-    ops = read_table(d / "trace" / "ops.parquet")
+    return d
+
+
+@pytest.fixture(scope="module")
+def run(real_dir):
     return (
-        ops,
-        read_table(d / "space.parquet", "space"),
-        read_table(d / "lat.parquet", "latency"),
-        load_config(test_cfg)["costmodel"],
+        read_table(real_dir / "trace" / "ops.parquet"),
+        read_table(real_dir / "space.parquet", "space"),
+        read_table(real_dir / "lat.parquet", "latency"),
+        load_config(REPO_ROOT / "config" / "test.yaml")["costmodel"],
     )
 
 
@@ -96,9 +101,7 @@ def test_faster_hbm_speeds_up_exactly_the_hbm_bound_ops(run):
 
 
 @pytest.mark.parametrize("archs_per_block", [1, 3, None])
-def test_blind_latency_in_blocks_is_the_whole_tables_bit_for_bit(
-    run, tmp_path, trace_cli, archs_per_block
-):
+def test_blind_latency_in_blocks_is_the_whole_tables_bit_for_bit(run, real_dir, archs_per_block):
     """The placement-blind baseline sums the space's latencies a block of architectures at a time
     (its memory stays bounded on any space); every architecture gets exactly the value of the
     whole latency table, and none is dropped or counted twice."""
@@ -109,8 +112,7 @@ def test_blind_latency_in_blocks_is_the_whole_tables_bit_for_bit(
     )
 
     ops, space, lat, costmodel = run
-    trace = trace_cli(tmp_path / "t1", "opt-350m", microbatch=1, tp=2, seq=128)
-    layers = read_table(trace / "layers.parquet", "layers")
+    layers = read_table(real_dir / "trace" / "layers.parquet", "layers")
     whole = single_accelerator_latency(lat, layers)
     rows = len(ops) * (archs_per_block or 10 * len(space))
     place = load_config(REPO_ROOT / "config" / "test.yaml")["place"]
