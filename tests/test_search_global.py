@@ -10,24 +10,35 @@ import pandas as pd
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from search_sim import MODELS, brute, random_plan, simulate, truth_table, with_dominance
+from search_sim import (
+    MODELS,
+    brute,
+    place_rows,
+    random_plan,
+    simulate,
+    space_rows,
+    truth_table,
+    with_dominance,
+)
 
 from phaze.errors import PhazeError
 from phaze.search.global_search import (
     GLOBAL_KEY,
+    can_refine,
     front_points,
     front_table,
     global_states,
     global_values,
+    open_components,
 )
-from phaze.search.scores import SearchSettings
+from phaze.search.scores import SearchSettings, components
 
 
 def _states(comp, plan, s):
     area = plan.set_index("arch")["area_mm2"]
     inside = set(plan.loc[plan["bucket"] >= 0, "arch"])
     values = global_values(comp[comp["arch"].isin(inside)], MODELS)
-    states, detail, _ = global_states(values, area, s, comp)
+    states, detail = global_states(values, area, s, comp)
     return values, states.set_index(GLOBAL_KEY).sort_index(), detail
 
 
@@ -323,3 +334,52 @@ def test_certify_closes_a_certificate_the_final_tier_leaves_open():
     key = ["model", "hbm_capacity_bytes", "microbatch", "arch"]
     v = took[key].merge(truth[key + ["v"]], on=key)["v"]
     np.testing.assert_array_equal(took["ach"].to_numpy(), v.to_numpy())
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10**6),
+    n_archs=st.integers(1, 10),
+    n_hbm=st.integers(1, 2),
+    gap=st.sampled_from([0.0, 0.02, 0.3]),
+    front_gap=st.sampled_from([0.0, 0.05, None]),
+    certify=st.booleans(),
+)
+def test_can_refine_is_whether_an_open_component_exists(
+    seed, n_archs, n_hbm, gap, front_gap, certify
+):
+    """``can_refine`` (per-group maxima) against :func:`open_components` (every (search,
+    component) pair) on components refined to random tiers."""
+    rng = np.random.default_rng(seed)
+    truth = truth_table(rng, n_archs, n_hbm=n_hbm)
+    tiers = [["ub", "lo"], ["ub", "lo", "ilp", "ilp_ub"]]
+    tiers.append(tiers[1] + ["certify", "certify_ub"])
+    parts = []
+    for i in range(len(truth)):
+        got = rng.integers(0, 4)  # 0: the space bound only
+        for t in tiers[got - 1] if got else []:
+            parts.append(place_rows(truth.iloc[[i]], t))
+    place = pd.concat(parts, ignore_index=True) if parts else place_rows(truth.iloc[:0], "ub")
+    comp = components(place, "ilp", space_rows(truth))
+    s = SearchSettings(
+        mode="global", gap=gap, front_gap=front_gap, certify_split_nodes=16 if certify else 0
+    )
+    plan = random_plan(rng, n_archs, round_buckets=2)
+    area = plan.set_index("arch")["area_mm2"]
+    values = global_values(comp, MODELS)
+    _, detail = global_states(values, area, s, comp)
+    listed = open_components(comp, detail, s)
+    has = pd.MultiIndex.from_frame(detail[GLOBAL_KEY + ["arch"]]).isin(
+        pd.MultiIndex.from_frame(listed[GLOBAL_KEY + ["arch"]])
+    )
+    np.testing.assert_array_equal(can_refine(comp, detail, s), has)
+    # every open row names its open components whatever other rows come with it
+    for i in np.flatnonzero(has)[:3]:
+        alone = open_components(comp, detail.iloc[[i]], s)
+        mine = listed.merge(detail.iloc[[i]][GLOBAL_KEY + ["arch"]], on=GLOBAL_KEY + ["arch"])
+        key = GLOBAL_KEY + ["arch", "comp_model", "microbatch"]
+        pd.testing.assert_frame_equal(
+            alone.sort_values(key).reset_index(drop=True)[key],
+            mine.sort_values(key).reset_index(drop=True)[key],
+            check_dtype=False,
+        )

@@ -143,10 +143,11 @@ def search_state(grp: pd.DataFrame, area: pd.Series, settings: SearchSettings) -
 def global_states(
     values: pd.DataFrame, area: pd.Series, settings: SearchSettings, comp: pd.DataFrame
 ):
-    """(states, detail, components): one row per global search (answer, certificates, how many
-    archs are open or stuck), one per (search, arch) with its threshold and whether it is above
-    it (``above_gap`` / ``above_front``) and can still be refined (``open_gap`` /
-    ``open_front``), and the open components (:func:`open_components`)."""
+    """(states, detail): one row per global search (answer, certificates, how many archs are
+    open or stuck), and one per (search, arch) with its threshold and whether it is above it
+    (``above_gap`` / ``above_front``) and can still be refined (``open_gap`` / ``open_front``:
+    it has an open component, :func:`open_components`, found by :func:`can_refine` without
+    listing them)."""
     details = []
     answers = {}
     for key, grp in values.groupby(GLOBAL_KEY, sort=True):
@@ -161,10 +162,8 @@ def global_states(
         details.append(d)
         answers[key] = s
     detail = pd.concat(details, ignore_index=True) if details else pd.DataFrame()
-    comps = open_components(comp, detail, settings) if len(detail) else pd.DataFrame()
     if len(detail):
-        refinable = pd.MultiIndex.from_frame(comps[GLOBAL_KEY + ["arch"]]).unique()
-        can = pd.MultiIndex.from_frame(detail[GLOBAL_KEY + ["arch"]]).isin(refinable)
+        can = can_refine(comp, detail, settings)
         detail["open_gap"] = detail["above_gap"].to_numpy(bool) & can
         detail["open_front"] = detail["above_front"].to_numpy(bool) & can
     counts = {}
@@ -207,7 +206,7 @@ def global_states(
         "stuck_gap",
         "stuck_front",
     ]
-    return pd.DataFrame(rows, columns=cols), detail, comps
+    return pd.DataFrame(rows, columns=cols), detail
 
 
 def _optimistic_front(area: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -238,6 +237,60 @@ def refinable(comp: pd.DataFrame, settings: SearchSettings) -> np.ndarray:
     return ~comp["exact"].to_numpy(bool) | awaiting_certify(comp, settings)
 
 
+def _live(comp: pd.DataFrame, settings: SearchSettings) -> pd.DataFrame:
+    """The components more work can tighten and that something fits (``hi`` not NaN)."""
+    return comp[refinable(comp, settings) & ~np.isnan(comp["hi"].to_numpy(float))]
+
+
+def _common_factor(rows: pd.DataFrame, settings: SearchSettings) -> np.ndarray:
+    """Per common-search detail row: the factor over its model's best value on the arch that a
+    component's bound must exceed (``1 + gap`` above the certificate's threshold, else
+    ``1 + front_gap``)."""
+    return np.where(rows["above_gap"], 1 + settings.gap, 1 + (settings.front_gap or 0.0))
+
+
+def can_refine(comp: pd.DataFrame, detail: pd.DataFrame, settings: SearchSettings) -> np.ndarray:
+    """Per row of ``detail``: whether :func:`open_components` would list a component for it,
+    from per-group maxima instead of the (search, component) pairs (which number several
+    times the components in the first rounds, when every arch is above its threshold).
+
+    A per-model row has one iff the largest ``hi`` of its live components exceeds its
+    threshold; a common row iff, for some model, the largest ``hi`` of that model's live
+    components on the arch exceeds the model's best value there times the row's factor — the
+    same comparisons, on the maxima."""
+    can = np.zeros(len(detail), dtype=bool)
+    above = (detail["above_gap"] | detail["above_front"]).to_numpy(bool)
+    live = _live(comp, settings)
+    if not above.any() or live.empty:
+        return can
+    mkey = ["model", "hbm_capacity_bytes", "devices", "arch"]
+    top = live.groupby(mkey, sort=False, observed=True)["hi"].max()
+    pm = above & (detail["strategy"] == PER_MODEL).to_numpy(bool)
+    if pm.any():
+        rows = detail[pm]
+        m = top.reindex(pd.MultiIndex.from_frame(rows[mkey])).to_numpy(float)
+        with np.errstate(invalid="ignore"):
+            can[pm] = m > rows["threshold"].to_numpy(float)
+    cm = above & (detail["strategy"] == COMMON).to_numpy(bool)
+    if cm.any():
+        rows = detail[cm]
+        factor = _common_factor(rows, settings)
+        best = comp.groupby(mkey, observed=True)["ach"].max()
+        ref = best.reindex(top.index).to_numpy(dtype=float)
+        ref = np.where(np.isnan(ref), -np.inf, ref)
+        akey = ["hbm_capacity_bytes", "devices", "arch"]
+        at = top.index.droplevel("model")
+        out = np.zeros(len(rows), dtype=bool)
+        for f in np.unique(factor):
+            need = pd.Series(top.to_numpy(float) > ref * f, index=at)
+            anym = need.groupby(level=akey, sort=False).any()
+            got = anym.reindex(pd.MultiIndex.from_frame(rows[akey])).to_numpy()
+            mine = factor == f
+            out[mine] = pd.array(got[mine], dtype="boolean").fillna(False).to_numpy(bool)
+        can[cm] = out
+    return can
+
+
 def open_components(
     comp: pd.DataFrame, detail: pd.DataFrame, settings: SearchSettings
 ) -> pd.DataFrame:
@@ -249,7 +302,9 @@ def open_components(
     key, arch, ``comp_model`` and microbatch of the component."""
     cols = GLOBAL_KEY + ["arch", "comp_model", "microbatch"]
     above = detail[detail["above_gap"] | detail["above_front"]]
-    live = comp[refinable(comp, settings) & ~np.isnan(comp["hi"].to_numpy(float))]
+    # a row's components and its models' best values are its arch's: nothing else is read
+    comp = comp[comp["arch"].isin(above["arch"].unique())]
+    live = _live(comp, settings)
     out = []
     pm = above[above["strategy"] == PER_MODEL]
     if len(pm) and len(live):
@@ -261,8 +316,7 @@ def open_components(
         out.append(j.assign(comp_model=j["model"])[cols])
     cm = above[above["strategy"] == COMMON]
     if len(cm) and len(live):
-        factor = np.where(cm["above_gap"], 1 + settings.gap, 1 + (settings.front_gap or 0.0))
-        cm = cm.assign(factor=factor)[GLOBAL_KEY + ["arch", "factor"]]
+        cm = cm.assign(factor=_common_factor(cm, settings))[GLOBAL_KEY + ["arch", "factor"]]
         best = comp.groupby(["model", "hbm_capacity_bytes", "devices", "arch"], observed=True)[
             "ach"
         ].max()

@@ -30,6 +30,7 @@ from phaze.search.global_search import (
     chosen_archs,
     global_states,
     global_values,
+    open_components,
 )
 from phaze.search.scores import LEVEL, SearchSettings, all_scores, model_values
 from phaze.search.walk import walk_needs, walk_states
@@ -103,8 +104,8 @@ def search_picture(comp: pd.DataFrame, plan: pd.DataFrame, models, settings: Sea
         area = plan.set_index("arch")["area_mm2"]
         inside = set(plan.loc[plan["bucket"] >= 0, "arch"])
         values = global_values(comp, models, values=per_model[per_model["arch"].isin(inside)])
-        states, detail, opened = global_states(values, area, settings, comp)
-        pic.update(values=values, global_states=states, detail=detail, area=area, opened=opened)
+        states, detail = global_states(values, area, settings, comp)
+        pic.update(values=values, global_states=states, detail=detail, area=area)
     return pic
 
 
@@ -152,7 +153,8 @@ def select(
         pic["chosen"] = chosen
         for reason in ("gap", "front"):
             mine = chosen.loc[chosen["reason"] == reason, GLOBAL_KEY + ["arch"]]
-            parts[reason] = _components(pic["opened"].merge(mine, on=GLOBAL_KEY + ["arch"]))
+            rows = pic["detail"].merge(mine, on=GLOBAL_KEY + ["arch"])
+            parts[reason] = _components(open_components(comp, rows, settings))
     if round_ == 0:
         parts["baseline"] = _pinned(comp, plan, pinned)
     sel = _union(parts)
@@ -198,10 +200,12 @@ def solve_selection(
             needs = walk_needs(pic["scores"], plan, walk_visit, settings, walk_prior)
             parts["walk"] = _walk_components(needs, comp)
         parts["baseline"] = _pinned(comp, plan, pinned)
-    if settings.mode == "global":
-        parts["global"] = _components(pic["opened"])
-    sel = _union(parts)
     cand = candidates[COMPONENT_COLUMNS].drop_duplicates()
+    if settings.mode == "global":
+        # only the candidates' archs can give a row of the result (merged with them below)
+        detail = pic["detail"][pic["detail"]["arch"].isin(cand["arch"].unique())]
+        parts["global"] = _components(open_components(comp, detail, settings))
+    sel = _union(parts)
     cand = cand.assign(microbatch=cand["microbatch"].astype("int64"))
     sel = sel.merge(cand, on=COMPONENT_COLUMNS)
     if solve == "certify":  # at the final tier, not yet certified

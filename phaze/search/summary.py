@@ -197,7 +197,7 @@ def summarize(
     area = plan.set_index("arch")["area_mm2"]
     inside = set(plan.loc[plan["bucket"] >= 0, "arch"])
     values = global_values(comp, models, values=per_model[per_model["arch"].isin(inside)])
-    gstates, _, _ = global_states(values, area, settings, comp)
+    gstates, _ = global_states(values, area, settings, comp)
     if settings.mode == "global":
         frames.append(_global_best(gstates, values))
     answers = pd.concat(frames, ignore_index=True)
