@@ -158,32 +158,42 @@ def _reachable_min(hi: np.ndarray, ups: dict[int, list[int]]) -> np.ndarray:
 @given(seed=st.integers(0, 10**6), n=st.integers(1, 14), p_edge=st.floats(0, 0.6))
 def test_closure_is_the_smallest_bound_over_every_dominating_chain(seed, n, p_edge):
     rng = np.random.default_rng(seed)
-    # steps go to larger ids (dominance is acyclic); two components share the arch ids
-    ups = {x: [y for y in range(x + 1, n) if rng.random() < p_edge] for x in range(n)}
-    hi = np.round(rng.uniform(1, 10, 2 * n), 1)
-    hi[rng.random(2 * n) < 0.15] = np.nan
-    hi[rng.random(2 * n) < 0.1] = np.inf
+    # steps go to larger ids (dominance is acyclic), per microbatch; four blocks of components
+    # (two HBM sizes x two microbatches) share the arch ids, in shuffled rows: a step never
+    # leaves its block
+    blocks = [(h, b) for h in (1, 2) for b in (1, 2)]
+    ups = {
+        b: {x: [y for y in range(x + 1, n) if rng.random() < p_edge] for x in range(n)}
+        for b in (1, 2)
+    }
+    hi = np.round(rng.uniform(1, 10, 4 * n), 1)
+    hi[rng.random(4 * n) < 0.15] = np.nan
+    hi[rng.random(4 * n) < 0.1] = np.inf
     wide = pd.DataFrame(
         {
             "model": "m",
-            "hbm_capacity_bytes": 1,
-            "microbatch": np.repeat([1, 2], n),
+            "hbm_capacity_bytes": np.repeat([h for h, _ in blocks], n),
+            "microbatch": np.repeat([b for _, b in blocks], n),
             "devices": 8,
-            "arch": [f"a{i}" for i in range(n)] * 2,
+            "arch": [f"a{i}" for i in range(n)] * 4,
         }
     )
     edges = pd.DataFrame(
-        [("m", b, f"a{x}", f"a{y}") for b in (1, 2) for x, ys in ups.items() for y in ys],
+        [("m", b, f"a{x}", f"a{y}") for b in (1, 2) for x, ys in ups[b].items() for y in ys]
+        # a step to an arch the rows lack, and one of another model: nothing to take
+        + [("m", 1, "a0", "zz"), ("m2", 1, "a0", f"a{n - 1}")],
         columns=["model", "microbatch", "arch", "up"],
     )
-    got = close_bounds(wide, edges, hi)
-    for b in range(2):
-        want = _reachable_min(hi[b * n : (b + 1) * n], ups)
-        np.testing.assert_array_equal(got[b * n : (b + 1) * n], want)
+    perm = rng.permutation(4 * n)
+    got = np.empty(4 * n)
+    got[perm] = close_bounds(wide.iloc[perm].reset_index(drop=True), edges, hi[perm])
+    for k, (_, b) in enumerate(blocks):
+        want = _reachable_min(hi[k * n : (k + 1) * n], ups[b])
+        np.testing.assert_array_equal(got[k * n : (k + 1) * n], want)
     # mutation: a closure that also took steps downwards would lower a dominating arch's bound
     # to the smaller one below it (a NaN stays NaN)
-    if n >= 2 and ups[0] and np.isfinite(hi[0]) and np.all(~(hi[1:n] <= hi[0])):
-        assert not got[ups[0][0]] <= hi[0]
+    if n >= 2 and ups[1][0] and np.isfinite(hi[0]) and np.all(~(hi[1:n] <= hi[0])):
+        assert not got[ups[1][0][0]] <= hi[0]
 
 
 def test_edges_are_read_per_model_and_microbatch_from_the_space_bounds():

@@ -130,24 +130,59 @@ def scope_edges(edges: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def _codes(*columns) -> list[np.ndarray]:
+    """Integer codes of the values of ``columns``, one code space shared by all of them."""
+    both = pd.concat([pd.Series(c).reset_index(drop=True) for c in columns], ignore_index=True)
+    codes, _ = pd.factorize(both)
+    return np.split(codes.astype(np.int64), np.cumsum([len(c) for c in columns])[:-1])
+
+
+def _combine(*codes: np.ndarray) -> np.ndarray:
+    """One int64 key per row from several code arrays (mixed radix: distinct rows, distinct
+    keys)."""
+    key = np.zeros(len(codes[0]), dtype=np.int64)
+    for c in codes:
+        key = key * (int(c.max(initial=-1)) + 1) + c
+    return key
+
+
+def _lookup(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Position in ``keys`` (unique) of each of ``wanted``; −1 where absent."""
+    if len(keys) == 0:
+        return np.full(len(wanted), -1, dtype=np.int64)
+    order = np.argsort(keys, kind="stable")
+    pos = np.minimum(np.searchsorted(keys[order], wanted), len(keys) - 1)
+    return np.where(keys[order][pos] == wanted, order[pos], -1)
+
+
 def close_bounds(wide: pd.DataFrame, edges: pd.DataFrame, hi: np.ndarray) -> np.ndarray:
     """``hi`` (per row of ``wide``, keyed by model, hbm_capacity_bytes, microbatch, devices, arch) lowered
     to the smallest bound of every architecture that dominates the row's, through chains of
-    steps. A NaN (nothing fits) stays NaN and lends nothing to the archs below it."""
+    steps. A NaN (nothing fits) stays NaN and lends nothing to the archs below it.
+
+    The pairs (row, dominating row) are found on integer codes (the rows may be every
+    component of the space: no join on the text columns)."""
     if edges.empty or wide.empty:
         return hi
-    key = ["model", "hbm_capacity_bytes", "microbatch", "devices"]
-    rows = wide[key + ["arch"]].assign(_row=np.arange(len(wide)))
-    rows["microbatch"] = rows["microbatch"].astype("int64")
-    pairs = rows.merge(edges, on=["model", "microbatch", "arch"])
-    pairs = pairs.merge(
-        rows.rename(columns={"arch": "up", "_row": "_up"}), on=key + ["up"], how="inner"
-    )
-    if pairs.empty:
+    model, e_model = _codes(wide["model"], edges["model"])
+    arch, e_arch, e_up = _codes(wide["arch"], edges["arch"], edges["up"])
+    mb, e_mb = _codes(wide["microbatch"].astype("int64"), edges["microbatch"].astype("int64"))
+    hbm, dev = (_codes(wide[c])[0] for c in ("hbm_capacity_bytes", "devices"))
+    # the edges of each row: those of its (model, microbatch, arch)
+    both = _combine(np.r_[model, e_model], np.r_[mb, e_mb], np.r_[arch, e_arch])
+    step, e_step = both[: len(wide)], both[len(wide) :]
+    order = np.argsort(e_step, kind="stable")
+    first = np.searchsorted(e_step[order], step, side="left")
+    count = np.searchsorted(e_step[order], step, side="right") - first
+    rx = np.repeat(np.arange(len(wide)), count)
+    ei = order[np.repeat(first - np.cumsum(count) + count, count) + np.arange(count.sum())]
+    # the dominating row: same (model, HBM, microbatch, devices), arch = the edge's ``up``
+    n_arch = int(max(arch.max(initial=-1), e_arch.max(initial=-1), e_up.max(initial=-1))) + 1
+    group = _combine(model, hbm, mb, dev)
+    ry = _lookup(group * n_arch + arch, group[rx] * n_arch + e_up[ei])
+    rx, ry = rx[ry >= 0], ry[ry >= 0]
+    if len(rx) == 0:
         return hi
-    order = np.argsort(pairs["_row"].to_numpy(), kind="stable")
-    rx = pairs["_row"].to_numpy()[order]
-    ry = pairs["_up"].to_numpy()[order]
     starts = np.flatnonzero(np.r_[True, rx[1:] != rx[:-1]])
     ux = rx[starts]
     # a chain passes through an arch where nothing fits (its NaN lends nothing, as +inf)
