@@ -23,7 +23,7 @@ from phaze.search.files import check_components, check_memory, load_manifest, lo
 from phaze.search.plan import make_plan, n_rounds
 from phaze.search.progress import jobs_cpu_seconds, progress_line, round_progress
 from phaze.search.rounds import COMPONENT_COLUMNS, select, solve_selection, walk_prior_states
-from phaze.search.scores import LEVEL, SearchSettings, components
+from phaze.search.scores import COMPONENT_KEY, LEVEL, SearchSettings, components
 from phaze.search.space_bounds import bounds_table
 from phaze.search.summary import summarize as build_summary
 from phaze.workflow.sweep import step_manifest
@@ -77,8 +77,12 @@ class RoundInputs:
         if not doc["space"]:
             raise PhazeError(f"round {args.round}: no space bounds in {args.manifest}")
         check_memory(doc["space"], f"search round {args.round}")
-        self.space = load_space(doc["space"])
-        self.edges = edges_of(self.space)
+        space = load_space(doc["space"])
+        self.edges = edges_of(space)
+        # the steps' text is in the edges now: the space bounds keep the columns components()
+        # reads
+        self.space = space[COMPONENT_KEY + ["throughput_upper_seq_s"]]
+        del space
         self.models = sorted(self.space["model"].astype(str).unique())
         self.place = load_place(doc["place"])
         rounds = {e["path"]: e["round"] for e in doc["place"]}

@@ -35,10 +35,17 @@ PLAN_COLUMNS = ["arch", "bucket", "round", "area_mm2", "preset"]
 def with_plan(scores: pd.DataFrame, plan: pd.DataFrame) -> pd.DataFrame:
     """Scores with each arch's bucket, round, area and preset; baselines outside the area budget
     (bucket −1: computed for the comparison, never searched) dropped."""
-    df = scores.merge(plan[PLAN_COLUMNS], on="arch", how="left")
-    if df["bucket"].isna().any():
+    # by position in the plan rather than a merge: the scores may hold every component
+    at = pd.Index(plan["arch"]).get_indexer(scores["arch"])
+    if (at < 0).any():
         raise PhazeError("placement results hold archs that are not in the search plan")
-    return df[df["bucket"] >= 0]
+    inside = plan["bucket"].to_numpy()[at] >= 0
+    at = at[inside]
+    # the index a merge would give (0..n-1, the rows outside the budget dropped)
+    df = scores[inside].set_axis(np.flatnonzero(inside))
+    for col in PLAN_COLUMNS[1:]:
+        df[col] = plan[col].to_numpy()[at]
+    return df
 
 
 def complete_buckets(plan: pd.DataFrame, upto_round: int) -> int:
@@ -63,7 +70,7 @@ def walk_states(
 ) -> pd.DataFrame:
     """One row per walk search: ``stop_bucket`` (−1 while running), ``buckets_done``, and whether
     it still walks after ``upto_round`` (``running``). ``upto_round`` = −1: before the walk."""
-    df = with_plan(scores, plan)
+    df = with_plan(scores[SEARCH_KEY + ["arch", "ach"]], plan)
     nb = complete_buckets(plan, upto_round) if upto_round >= 0 else 0
     total = int(plan["bucket"].max()) + 1
     rows = []
@@ -97,7 +104,7 @@ def walk_needs(
     tier). ``states``: :func:`walk_states` after round ``round_ − 1`` (None: before round 0).
     Rows: search key, arch, bucket, hi, threshold."""
     cols = SEARCH_KEY + ["arch", "bucket", "hi", "threshold"]
-    df = with_plan(scores, plan)
+    df = with_plan(scores[SEARCH_KEY + ["arch", "hi", "ach", "exact"]], plan)
     df = df[df["round"] <= round_]
     if states is not None and len(states):
         live = states[states["running"]][SEARCH_KEY]
