@@ -312,8 +312,29 @@ def test_common_score_is_mean_of_per_model_best_and_drops_infeasible():
 
 
 def test_bucket_best_uses_achievable_max():
-    df = pd.DataFrame({"bucket": [0, 0, 2], "ach": [1.0, 3.0, 2.0]})
-    assert list(bucket_best(df, 3)) == [3.0, -np.inf, 2.0]
+    got = bucket_best(np.zeros(3, int), np.array([0, 0, 2]), np.array([1.0, 3.0, 2.0]), 1, 3)
+    assert got.tolist() == [[3.0, -np.inf, 2.0]]
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2), st.integers(0, 5), st.one_of(st.floats(0, 9), st.just(np.nan))
+        ),
+        max_size=30,
+    ),
+    st.integers(0, 6),
+)
+def test_bucket_best_is_each_searchs_max_per_bucket(rows, n_buckets):
+    g = np.array([r[0] for r in rows], dtype=int)
+    b = np.array([r[1] for r in rows], dtype=int)
+    a = np.array([r[2] for r in rows], dtype=float)
+    got = bucket_best(g, b, a, 3, n_buckets)
+    for gi in range(3):
+        for j in range(n_buckets):
+            vals = [x for x, gg, bb in zip(a, g, b, strict=True) if gg == gi and bb == j]
+            vals = [x for x in vals if not np.isnan(x)]
+            assert got[gi, j] == (max(vals) if vals else -np.inf)
 
 
 # ---------------------------------------------------------------------------------------------

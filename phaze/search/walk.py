@@ -32,13 +32,19 @@ from phaze.search.stop import stop_bucket
 PLAN_COLUMNS = ["arch", "bucket", "round", "area_mm2", "preset"]
 
 
-def with_plan(scores: pd.DataFrame, plan: pd.DataFrame) -> pd.DataFrame:
-    """Scores with each arch's bucket, round, area and preset; baselines outside the area budget
-    (bucket −1: computed for the comparison, never searched) dropped."""
-    # by position in the plan rather than a merge: the scores may hold every component
+def plan_positions(scores: pd.DataFrame, plan: pd.DataFrame) -> np.ndarray:
+    """Each score row's position in the plan (by arch; no merge: the scores may hold every
+    component of the space)."""
     at = pd.Index(plan["arch"]).get_indexer(scores["arch"])
     if (at < 0).any():
         raise PhazeError("placement results hold archs that are not in the search plan")
+    return at
+
+
+def with_plan(scores: pd.DataFrame, plan: pd.DataFrame) -> pd.DataFrame:
+    """Scores with each arch's bucket, round, area and preset; baselines outside the area budget
+    (bucket −1: computed for the comparison, never searched) dropped."""
+    at = plan_positions(scores, plan)
     inside = plan["bucket"].to_numpy()[at] >= 0
     at = at[inside]
     # the index a merge would give (0..n-1, the rows outside the budget dropped)
@@ -55,13 +61,14 @@ def complete_buckets(plan: pd.DataFrame, upto_round: int) -> int:
     return int(len(done) if done.all() else np.argmin(done))
 
 
-def bucket_best(df: pd.DataFrame, n_buckets: int) -> np.ndarray:
-    """m_j: best achievable score inside each of the first ``n_buckets`` buckets."""
-    best = np.full(n_buckets, -np.inf)
-    sub = df[(df["bucket"] < n_buckets) & df["ach"].notna()]
-    if len(sub):
-        mx = sub.groupby("bucket")["ach"].max()
-        best[mx.index.to_numpy(dtype=int)] = mx.to_numpy()
+def bucket_best(
+    group: np.ndarray, bucket: np.ndarray, ach: np.ndarray, n_groups: int, n_buckets: int
+) -> np.ndarray:
+    """m_j per search: ``[g, j]`` the best achievable score (``ach``, NaN = none) of search
+    ``g``'s rows in bucket ``j``, for the first ``n_buckets`` buckets; −inf where none."""
+    best = np.full((n_groups, n_buckets), -np.inf)
+    ok = (bucket < n_buckets) & ~np.isnan(ach)
+    np.maximum.at(best, (group[ok], bucket[ok]), ach[ok])
     return best
 
 
@@ -70,12 +77,18 @@ def walk_states(
 ) -> pd.DataFrame:
     """One row per walk search: ``stop_bucket`` (−1 while running), ``buckets_done``, and whether
     it still walks after ``upto_round`` (``running``). ``upto_round`` = −1: before the walk."""
-    df = with_plan(scores[SEARCH_KEY + ["arch", "ach"]], plan)
+    bucket = plan["bucket"].to_numpy()[plan_positions(scores, plan)]
+    inside = bucket >= 0
     nb = complete_buckets(plan, upto_round) if upto_round >= 0 else 0
     total = int(plan["bucket"].max()) + 1
+    # every search's best per complete bucket in one pass over the rows
+    groups = scores.loc[inside, SEARCH_KEY].groupby(SEARCH_KEY, sort=True)
+    searches = groups.size().index
+    ach = scores["ach"].to_numpy(float)[inside]
+    best = bucket_best(groups.ngroup().to_numpy(), bucket[inside], ach, len(searches), nb)
     rows = []
-    for key, grp in df.groupby(SEARCH_KEY, sort=True):
-        j = stop_bucket(bucket_best(grp, nb), settings.patience, settings.stop_rule)
+    for i, key in enumerate(searches):
+        j = stop_bucket(best[i], settings.patience, settings.stop_rule)
         stopped = j is not None
         running = nb < total and (not settings.walk_stops or not stopped)
         rows.append((*key, -1 if j is None else j, nb, running))
