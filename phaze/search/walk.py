@@ -117,8 +117,9 @@ def walk_needs(
     tier). ``states``: :func:`walk_states` after round ``round_ − 1`` (None: before round 0).
     Rows: search key, arch, bucket, hi, threshold."""
     cols = SEARCH_KEY + ["arch", "bucket", "hi", "threshold"]
-    df = with_plan(scores[SEARCH_KEY + ["arch", "hi", "ach", "exact"]], plan)
-    df = df[df["round"] <= round_]
+    # the rows of the plan rounds up to this one only, before any copy
+    upto = plan["round"].to_numpy()[plan_positions(scores, plan)] <= round_
+    df = with_plan(scores.loc[upto, SEARCH_KEY + ["arch", "hi", "ach", "exact"]], plan)
     if states is not None and len(states):
         live = states[states["running"]][SEARCH_KEY]
         df = df.merge(live, on=SEARCH_KEY, how="inner")
