@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from phaze.errors import PhazeError
 
@@ -106,9 +108,18 @@ def edges_of(bounds: pd.DataFrame) -> pd.DataFrame:
     d = d[d["dominated_by"].fillna("").astype(str) != ""]
     if d.empty:
         return pd.DataFrame(columns=cols)
-    up = d["dominated_by"].astype(str).str.split(",")
-    out = d.drop(columns="dominated_by").assign(up=up).explode("up", ignore_index=True)
-    out["microbatch"] = out["microbatch"].astype("int64")
+    # split in Arrow: a list of Python strings per row would cost several times the table
+    text = pa.array(d["dominated_by"].astype(str), type=pa.string())
+    parts = pc.split_pattern(text, ",")
+    parent = pc.list_parent_indices(parts).to_numpy()
+    out = pd.DataFrame(
+        {
+            "model": d["model"].take(parent).reset_index(drop=True),
+            "microbatch": d["microbatch"].to_numpy().astype("int64")[parent],
+            "arch": d["arch"].take(parent).reset_index(drop=True),
+            "up": pc.list_flatten(parts).to_pandas(),
+        }
+    )
     return out[cols]
 
 
