@@ -105,6 +105,11 @@ class RoundInputs:
             )
         return components(place, self.settings.final_tier, self.space, self.edges)
 
+    def release(self) -> None:
+        """Drop the space bounds and the dominance steps after the last :meth:`components`:
+        each holds every component of the space once more, beside the components."""
+        self.space = self.edges = None
+
 
 def walk_position(state_path: str | None) -> tuple[int | None, int]:
     """(visit, completed) of a round's state.json: the plan round the area walk visits in that
@@ -165,9 +170,9 @@ def select_round(args: argparse.Namespace) -> int:
     visit, completed = walk_position(args.previous_state)
     completed = visit if visit is not None else completed
     comp = ri.components(r)
-    sel, pic = select(
-        comp, ri.plan, r, ri.settings, ri.models, completed, ri.pinned, scope_edges(ri.edges)
-    )
+    ups = scope_edges(ri.edges)
+    ri.release()
+    sel, pic = select(comp, ri.plan, r, ri.settings, ri.models, completed, ri.pinned, ups)
     sel = _chunked(sel, ri.cfg["chunk_archs"])
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -214,6 +219,7 @@ def prune(args: argparse.Namespace) -> int:
         "certify": ("ub", "lo", "ilp", "ilp_ub", "deep", "deep_ub"),
     }[solve]
     comp = ri.components(r, tiers)
+    ri.release()
     cand = sel
     if solve in ("deep", "certify"):  # what the solves before it have taken
         need = LEVEL["ilp"] if solve == "deep" else ri.settings.final_level
