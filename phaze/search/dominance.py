@@ -141,11 +141,15 @@ def scope_edges(edges: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _codes(*columns) -> list[np.ndarray]:
-    """Integer codes of the values of ``columns``, one code space shared by all of them."""
-    both = pd.concat([pd.Series(c).reset_index(drop=True) for c in columns], ignore_index=True)
-    codes, _ = pd.factorize(both)
-    return np.split(codes.astype(np.int64), np.cumsum([len(c) for c in columns])[:-1])
+def _codes(first, *others) -> list[np.ndarray]:
+    """Integer codes of the values of ``first`` (0..n−1), and of ``others`` in the same code
+    space, where a value ``first`` lacks gets ``n`` (it matches no row of ``first``)."""
+    codes, uniques = pd.factorize(pd.Series(first))
+    out = [codes.astype(np.int64)]
+    for col in others:
+        c = pd.Index(uniques).get_indexer(pd.Series(col)).astype(np.int64)
+        out.append(np.where(c < 0, len(uniques), c))
+    return out
 
 
 def _combine(*codes: np.ndarray) -> np.ndarray:
@@ -188,7 +192,7 @@ def close_bounds(wide: pd.DataFrame, edges: pd.DataFrame, hi: np.ndarray) -> np.
     rx = np.repeat(np.arange(len(wide)), count)
     ei = order[np.repeat(first - np.cumsum(count) + count, count) + np.arange(count.sum())]
     # the dominating row: same (model, HBM, microbatch, devices), arch = the edge's ``up``
-    n_arch = int(max(arch.max(initial=-1), e_arch.max(initial=-1), e_up.max(initial=-1))) + 1
+    n_arch = int(arch.max(initial=-1)) + 2  # the codes of wide's archs, and one for others
     group = _combine(model, hbm, mb, dev)
     ry = _lookup(group * n_arch + arch, group[rx] * n_arch + e_up[ei])
     rx, ry = rx[ry >= 0], ry[ry >= 0]
