@@ -84,11 +84,13 @@ def load_space(entries: list[dict]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-#: peak resident bytes of a round step per component of the space: `search select` on round 0 of
-#: config/paper.yaml peaks at 3.85 GB for 2,823,744 components (benchmarks/README.md, "Memory of
-#: a round step on the paper grid"); the step holds every component in string-keyed tables, so
-#: its memory grows with their number
-BYTES_PER_COMPONENT = 1360
+#: peak resident bytes of a round step per component of the space: `search select` on round 0
+#: peaks at 1.95 GB for config/paper.yaml's 2,823,744 components (690 B each) and at 4.14 GB for
+#: the fine grid's two models, 4,747,384 components (872 B each: fewer components per
+#: architecture, so the per-architecture tables weigh more); benchmarks/README.md, "Memory of a
+#: round step". The step holds every component in one table, so its memory grows with their
+#: number
+BYTES_PER_COMPONENT = 880
 #: a cgroup limit at least this large is "no limit" (cgroup v1 reports 2^63 rounded to a page)
 _NO_LIMIT = 2**60
 
