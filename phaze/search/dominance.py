@@ -141,14 +141,21 @@ def scope_edges(edges: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def _arrow(col) -> pa.Array:
+    a = pa.array(pd.Series(col).reset_index(drop=True))
+    return a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a
+
+
 def _codes(first, *others) -> list[np.ndarray]:
-    """Integer codes of the values of ``first`` (0..n−1), and of ``others`` in the same code
-    space, where a value ``first`` lacks gets ``n`` (it matches no row of ``first``)."""
-    codes, uniques = pd.factorize(pd.Series(first))
-    out = [codes.astype(np.int64)]
+    """Integer codes of the values of ``first`` (0..n−1, in order of first appearance), and of
+    ``others`` in the same code space, where a value ``first`` lacks gets ``n`` (it matches no
+    row of ``first``). Hashed in Arrow: the columns may hold every component of the space."""
+    enc = pc.dictionary_encode(_arrow(first))
+    n = len(enc.dictionary)
+    out = [enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)]
     for col in others:
-        c = pd.Index(uniques).get_indexer(pd.Series(col)).astype(np.int64)
-        out.append(np.where(c < 0, len(uniques), c))
+        c = pc.fill_null(pc.index_in(_arrow(col), value_set=enc.dictionary), n)
+        out.append(c.to_numpy(zero_copy_only=False).astype(np.int64))
     return out
 
 
