@@ -85,12 +85,12 @@ def load_space(entries: list[dict]) -> pd.DataFrame:
 
 
 #: peak resident bytes of a round step per component of the space: `search select` on round 0
-#: peaks at 1.95 GB for config/paper.yaml's 2,823,744 components (690 B each) and at 4.14 GB for
-#: the fine grid's two models, 4,747,384 components (872 B each: fewer components per
-#: architecture, so the per-architecture tables weigh more); benchmarks/README.md, "Memory of a
-#: round step". The step holds every component in one table, so its memory grows with their
-#: number
-BYTES_PER_COMPONENT = 880
+#: peaks at 1.97 GB for config/paper.yaml's 2,823,744 components (697 B each) and at 4.19 GB for
+#: the fine grid's two models, 4,747,384 components (883 B each: fewer components per
+#: architecture, so the per-architecture tables weigh more), rounded up; benchmarks/README.md,
+#: "Memory of a round step". The step holds every component in one table, so its memory grows
+#: with their number
+BYTES_PER_COMPONENT = 900
 #: a cgroup limit at least this large is "no limit" (cgroup v1 reports 2^63 rounded to a page)
 _NO_LIMIT = 2**60
 
