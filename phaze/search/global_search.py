@@ -249,6 +249,18 @@ def _common_factor(rows: pd.DataFrame, settings: SearchSettings) -> np.ndarray:
     return np.where(rows["above_gap"], 1 + settings.gap, 1 + (settings.front_gap or 0.0))
 
 
+#: a model's values on an arch (the best over microbatch): the key a common search compares on
+MODEL_ARCH = ["model", "hbm_capacity_bytes", "devices", "arch"]
+
+
+def _model_best(comp: pd.DataFrame, keys: pd.MultiIndex) -> np.ndarray:
+    """Per ``keys`` (``MODEL_ARCH``): the model's best achievable value on the arch, −inf where
+    none is known (a common search's reference for that model's components)."""
+    best = comp.groupby(MODEL_ARCH, observed=True)["ach"].max()
+    ref = best.reindex(keys).to_numpy(dtype=float)
+    return np.where(np.isnan(ref), -np.inf, ref)
+
+
 def can_refine(comp: pd.DataFrame, detail: pd.DataFrame, settings: SearchSettings) -> np.ndarray:
     """Per row of ``detail``: whether :func:`open_components` would list a component for it,
     from per-group maxima instead of the (search, component) pairs (which number several
@@ -263,21 +275,18 @@ def can_refine(comp: pd.DataFrame, detail: pd.DataFrame, settings: SearchSetting
     live = _live(comp, settings)
     if not above.any() or live.empty:
         return can
-    mkey = ["model", "hbm_capacity_bytes", "devices", "arch"]
-    top = live.groupby(mkey, sort=False, observed=True)["hi"].max()
+    top = live.groupby(MODEL_ARCH, sort=False, observed=True)["hi"].max()
     pm = above & (detail["strategy"] == PER_MODEL).to_numpy(bool)
     if pm.any():
         rows = detail[pm]
-        m = top.reindex(pd.MultiIndex.from_frame(rows[mkey])).to_numpy(float)
+        m = top.reindex(pd.MultiIndex.from_frame(rows[MODEL_ARCH])).to_numpy(float)
         with np.errstate(invalid="ignore"):
             can[pm] = m > rows["threshold"].to_numpy(float)
     cm = above & (detail["strategy"] == COMMON).to_numpy(bool)
     if cm.any():
         rows = detail[cm]
         factor = _common_factor(rows, settings)
-        best = comp.groupby(mkey, observed=True)["ach"].max()
-        ref = best.reindex(top.index).to_numpy(dtype=float)
-        ref = np.where(np.isnan(ref), -np.inf, ref)
+        ref = _model_best(comp, top.index)
         akey = ["hbm_capacity_bytes", "devices", "arch"]
         at = top.index.droplevel("model")
         out = np.zeros(len(rows), dtype=bool)
@@ -317,9 +326,6 @@ def open_components(
     cm = above[above["strategy"] == COMMON]
     if len(cm) and len(live):
         cm = cm.assign(factor=_common_factor(cm, settings))[GLOBAL_KEY + ["arch", "factor"]]
-        best = comp.groupby(["model", "hbm_capacity_bytes", "devices", "arch"], observed=True)[
-            "ach"
-        ].max()
         j = live[["model", "hbm_capacity_bytes", "devices", "arch", "microbatch", "hi"]].rename(
             columns={"model": "comp_model"}
         )
@@ -327,8 +333,7 @@ def open_components(
         key = pd.MultiIndex.from_arrays(
             [j["comp_model"], j["hbm_capacity_bytes"], j["devices"], j["arch"]]
         )
-        ref = best.reindex(key).to_numpy(dtype=float)
-        ref = np.where(np.isnan(ref), -np.inf, ref)
+        ref = _model_best(comp, key)
         need = j["hi"].to_numpy(float) > ref * j["factor"].to_numpy(float)
         out.append(j.loc[need, cols])
     if not out:

@@ -41,14 +41,23 @@ def plan_positions(scores: pd.DataFrame, plan: pd.DataFrame) -> np.ndarray:
     return at
 
 
-def with_plan(scores: pd.DataFrame, plan: pd.DataFrame) -> pd.DataFrame:
-    """Scores with each arch's bucket, round, area and preset; baselines outside the area budget
-    (bucket −1: computed for the comparison, never searched) dropped."""
+def with_plan(
+    scores: pd.DataFrame,
+    plan: pd.DataFrame,
+    columns: list[str] | None = None,
+    upto_round: int | None = None,
+) -> pd.DataFrame:
+    """Scores (``columns`` of them, default all) with each arch's bucket, round, area and
+    preset; baselines outside the area budget (bucket −1: computed for the comparison, never
+    searched) dropped, and with ``upto_round`` the archs of later plan rounds too (both before
+    any copy). The index is each kept row's position in ``scores``."""
     at = plan_positions(scores, plan)
-    inside = plan["bucket"].to_numpy()[at] >= 0
-    at = at[inside]
-    # the index a merge would give (0..n-1, the rows outside the budget dropped)
-    df = scores[inside].set_axis(np.flatnonzero(inside))
+    keep = plan["bucket"].to_numpy()[at] >= 0
+    if upto_round is not None:
+        keep &= plan["round"].to_numpy()[at] <= upto_round
+    at = at[keep]
+    df = scores.loc[keep, list(scores.columns) if columns is None else columns]
+    df = df.set_axis(np.flatnonzero(keep))
     for col in PLAN_COLUMNS[1:]:
         df[col] = plan[col].to_numpy()[at]
     return df
@@ -117,9 +126,7 @@ def walk_needs(
     tier). ``states``: :func:`walk_states` after round ``round_ − 1`` (None: before round 0).
     Rows: search key, arch, bucket, hi, threshold."""
     cols = SEARCH_KEY + ["arch", "bucket", "hi", "threshold"]
-    # the rows of the plan rounds up to this one only, before any copy
-    upto = plan["round"].to_numpy()[plan_positions(scores, plan)] <= round_
-    df = with_plan(scores.loc[upto, SEARCH_KEY + ["arch", "hi", "ach", "exact"]], plan)
+    df = with_plan(scores, plan, SEARCH_KEY + ["arch", "hi", "ach", "exact"], upto_round=round_)
     if states is not None and len(states):
         live = states[states["running"]][SEARCH_KEY]
         df = df.merge(live, on=SEARCH_KEY, how="inner")
