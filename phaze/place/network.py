@@ -116,10 +116,6 @@ class PlaceNetwork:
         )
         return cls
 
-    def uniform_inter(self, t: int, d: int) -> bool:
-        """Every boundary crosses nodes for every pair (t·d ≥ devices_per_node)."""
-        return t * d >= self.devices_per_node
-
     # --- data-parallel all-reduce --------------------------------------------------------------
     def ring_worst(
         self, t: int, d: np.ndarray, stages: np.ndarray

@@ -90,9 +90,5 @@ def make_plan(
     return df[PLAN_COLUMNS]
 
 
-def chunks_of_round(plan: pd.DataFrame, round_: int) -> list[int]:
-    return sorted(int(c) for c in plan.loc[plan["round"] == round_, "chunk"].unique())
-
-
 def n_rounds(plan: pd.DataFrame) -> int:
     return int(plan["round"].max()) + 1

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from phaze.step.strategy import RECOMPUTE_MODES
-
 #: the tensor-parallel collectives, and the all-to-all of expert parallelism (its own group)
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 
@@ -100,11 +98,6 @@ class LayerCost:
         if self.mean_fwd_matmul_flops is None:
             return self.fwd_matmul_flops
         return self.mean_fwd_matmul_flops
-
-    @property
-    def dense_params(self) -> float:
-        """Parameters reduced over the data-parallel group (all but the routed experts)."""
-        return self.params - self.expert_params
 
     def recompute_matmul_flops(self, mode: str) -> float:
         """Matmul FLOPs re-run under `mode` (the mean rank's)."""
@@ -219,8 +212,3 @@ class ChainCost:
         """Matmul FLOPs executed for one microbatch, recomputation included."""
         extra = self.blocks * self.block.recompute_matmul_flops(recompute) * self.tp
         return self.model_flops_per_microbatch() + extra
-
-
-def check_mode(mode: str) -> None:
-    if mode not in RECOMPUTE_MODES:
-        raise AssertionError(f"unknown recompute mode {mode!r}")

@@ -82,11 +82,6 @@ class PipelineSchedule:
         if why:
             raise PhazeError(why)
 
-    @property
-    def bubble_fraction(self) -> float:
-        """Bubble time as a fraction of the ideal (bubble-free) time, for identical stages."""
-        return (self.stages - 1) / (self.chunks * self.microbatches)
-
     def iteration_time(self, stage_times_s: Sequence[float]) -> tuple[float, float]:
         """(pipeline time, bubble time) for per-rank times of one microbatch (fwd + bwd)."""
         if len(stage_times_s) != self.stages:
@@ -130,13 +125,6 @@ class PipelineSchedule:
         if v == 1:
             return float(min(p - rank, m))
         return min(2 * (p - rank - 1) + (v - 1) * p + 1, m * v) / v
-
-
-def even_stages(blocks: int, pp: int) -> tuple[int, ...] | None:
-    """Megatron's default split (blocks / pp each), or None when pp does not divide blocks."""
-    if pp < 1 or blocks % pp:
-        return None
-    return (blocks // pp,) * pp
 
 
 def stages_reason(stages: Sequence[int], blocks: int, interleave: int) -> str:

@@ -345,10 +345,6 @@ class Sweep:
         ]
 
     # --- checkpoints ---------------------------------------------------------------------------
-    def plan_table(self) -> pd.DataFrame:
-        path = self.checkpoints.search_plan.get().output[0]
-        return _read_parquet(path, os.path.getmtime(path), ("arch", "round", "chunk"))
-
     def select_files(self, r) -> tuple[str, str]:
         """(select.parquet, state.json) of round r (checkpoint search_select)."""
         out = self.checkpoints.search_select.get(round=int(r)).output
