@@ -26,6 +26,7 @@ from phaze.config import load_config
 from phaze.fidelity.evaluate import evaluate_strategy, gpu_chains, optimize_strategy
 from phaze.fidelity.validate import SEQ, gpt_spec, published_strategy, read_reference
 from phaze.step.strategy import Strategy
+from phaze.units import GIB
 
 
 def describe(s: Strategy) -> str:
@@ -78,7 +79,7 @@ def main() -> int:
             f"{pub['iteration_time_s']:.3f} s, MFU {pub['mfu']:.3f} | optimize "
             f"{describe(found.strategy)}: {got['iteration_time_s']:.3f} s "
             f"({got['iteration_time_s'] / pub['iteration_time_s'] - 1:+.1%}), MFU {got['mfu']:.3f}, "
-            f"{got['peak_memory_bytes'] / 2**30:.1f} GiB | evaluate agrees to {agree:+.1e} | CPU: "
+            f"{got['peak_memory_bytes'] / GIB:.1f} GiB | evaluate agrees to {agree:+.1e} | CPU: "
             f"layer costs {build:.1f} s, search {search:.2f} s",
             flush=True,
         )

@@ -38,9 +38,9 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from phaze.units import GIB
 from phaze.workflow.sweep import SOLVE_TIERS
 
-GIB = 2**30
 COMPARISON_COLUMNS = [
     "model",
     "strategy",

@@ -41,6 +41,7 @@ from phaze.arch.presets import load_preset
 from phaze.place import AllReduce, StageRule, data_parallel_degrees, solve
 from phaze.place.network import PlaceNetwork
 from phaze.place.upstream import instance_graphs, solve_instance
+from phaze.units import GIB
 
 
 def best_of(fn, repeat):
@@ -98,7 +99,7 @@ def megatron(args) -> None:
                 cpu = []
                 for _ in range(args.repeat):
                     c0 = time.process_time()
-                    r = optimize(sub, net, consts, 1024, 1536, hbm_gib * 2**30, axes)
+                    r = optimize(sub, net, consts, 1024, 1536, hbm_gib * GIB, axes)
                     cpu.append(time.process_time() - c0)
                 s_ = r.strategy
                 best = (
@@ -162,7 +163,7 @@ def upstream(args) -> None:
                 latency=1e-6,
                 param_state_factor=8.0,
                 recompute=recompute,
-                hbm_capacity_bytes=hbm_gib * 2**30,
+                hbm_capacity_bytes=hbm_gib * GIB,
                 max_positions=1024,
             )
             ar = AllReduce(mode="max", bandwidth=44.8e9, latency=1e-6)
@@ -185,7 +186,7 @@ def upstream(args) -> None:
                 latency=1e-6,
                 param_state_factor=8.0,
                 recompute=recompute,
-                hbm_capacity_bytes=hbm_gib * 2**30,
+                hbm_capacity_bytes=hbm_gib * GIB,
                 max_positions=1024,
             )
             ar = AllReduce(mode="max", bandwidth=44.8e9, latency=1e-6, network=net)

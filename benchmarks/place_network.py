@@ -32,6 +32,7 @@ from phaze.network import HierarchicalNetwork
 from phaze.place.settings import PlaceSettings
 from phaze.place.tables import place_architectures
 from phaze.trace.models import get_model_spec
+from phaze.units import GIB
 
 PRESET = "a100-80gb"
 ARCH = "a100"
@@ -110,7 +111,7 @@ def main() -> int:
                 "preset_networks": preset_networks,
             }
             settings = PlaceSettings.from_config(
-                {**cfg, "place": place}, args.model, int(args.hbm_gib * 2**30), args.microbatch
+                {**cfg, "place": place}, args.model, int(args.hbm_gib * GIB), args.microbatch
             )
             t1 = time.perf_counter()
             row = place_architectures(

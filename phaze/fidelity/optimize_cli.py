@@ -20,6 +20,7 @@ from phaze.errors import PhazeError
 from phaze.fidelity.evaluate import optimize_strategy
 from phaze.fidelity.evaluate_cli import add_run_arguments, load_run
 from phaze.step.megatron_args import megatron_arguments
+from phaze.units import GIB
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     if args.hbm_gib is not None:
         if not args.hbm_gib > 0:
             raise PhazeError(f"--hbm-gib must be > 0, got {args.hbm_gib}")
-        hbm = args.hbm_gib * 2**30
+        hbm = args.hbm_gib * GIB
     else:
         hbm = (preset.get("gpu") or {}).get("hbm_capacity_bytes")
         if hbm is None:
@@ -119,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     if result is None:
         why = "; ".join(f"{r} ({n})" for r, n in sorted(found.skipped.items())) or "none"
         raise PhazeError(
-            f"no strategy of {spec.name} fits {hbm / 2**30:g} GiB per device on {args.devices} "
+            f"no strategy of {spec.name} fits {hbm / GIB:g} GiB per device on {args.devices} "
             f"devices ({found.solved} configurations tried; skipped: {why})"
         )
     out = {
@@ -142,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     s = out["strategy"]
     print(
         f"{spec.name} on {args.devices} x {args.arch}: {out['iteration_time_s']:.4f} s per "
-        f"iteration, MFU {out['mfu']:.3f}, peak memory {out['peak_memory_bytes'] / 2**30:.1f} GiB"
+        f"iteration, MFU {out['mfu']:.3f}, peak memory {out['peak_memory_bytes'] / GIB:.1f} GiB"
     )
     print("strategy: " + ", ".join(f"{k} {v}" for k, v in s.items()))
     print(" ".join(out["megatron_args"]))

@@ -40,6 +40,7 @@ from phaze.errors import PhazeError
 from phaze.network import ring_seconds
 from phaze.place.graph import LayerGraph, StageRule, StageTable, build_stage_table, stage_costs
 from phaze.place.network import PlaceNetwork
+from phaze.units import GIB
 
 INF = math.inf
 
@@ -524,8 +525,8 @@ def time_placement(
         mems.append(mem)
         if mem > rule.hbm_capacity_bytes:
             return None, (
-                f"stage {i} needs {mem / 2**30:.2f} GiB per device, more than "
-                f"{rule.hbm_capacity_bytes / 2**30:.2f} GiB"
+                f"stage {i} needs {mem / GIB:.2f} GiB per device, more than "
+                f"{rule.hbm_capacity_bytes / GIB:.2f} GiB"
             )
         loads.append(c[1] if (rule.recompute and pos > 1) else c[0])
     params = [c[2] for c in costs]

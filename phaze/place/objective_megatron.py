@@ -20,8 +20,9 @@ from phaze.place.chains import ChainTables, attention_seconds
 from phaze.place.columns import empty_columns
 from phaze.place.inputs import PlaceInputs, layer_latencies, trace_label
 from phaze.place.megatron import best_fixed, optimize
-from phaze.place.settings import GIB, PlaceSettings, arch_costmodel, link_parameters, network_for
+from phaze.place.settings import PlaceSettings, arch_costmodel, link_parameters, network_for
 from phaze.step.model import StepConstants, price
+from phaze.units import GIB
 
 
 class MegatronObjective:

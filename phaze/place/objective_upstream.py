@@ -30,7 +30,8 @@ from phaze.place.dp import AllReduce, Placement, data_parallel_degrees, solve, t
 from phaze.place.graph import LayerGraph, StageRule, chain_graph
 from phaze.place.inputs import PlaceInputs
 from phaze.place.network import PlaceNetwork
-from phaze.place.settings import GIB, PlaceSettings, link_parameters, network_for
+from phaze.place.settings import PlaceSettings, link_parameters, network_for
+from phaze.units import GIB
 
 
 class UpstreamObjective:

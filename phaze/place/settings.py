@@ -16,10 +16,9 @@ from phaze.config import from_section
 from phaze.errors import PhazeError
 from phaze.network import network_for_architecture
 from phaze.place.megatron import Axes
+from phaze.units import GIB
 
 STATE_BYTES_PER_PARAM = {"sgd": 4.0, "adam": 16.0}
-
-GIB = 2**30
 
 
 def hbm_capacity_bytes_of(gib: float) -> int:

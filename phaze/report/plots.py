@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 
 from phaze.report import FIGURES
+from phaze.units import GIB
 
-GIB = 2**30
 BASELINES = [
     ("tpuv4_expert", "TPUv4 + expert placement"),
     ("tpuv4_phaze", "TPUv4 + our placement"),

@@ -26,6 +26,7 @@ from phaze.search.rounds import COMPONENT_COLUMNS, select, solve_selection, walk
 from phaze.search.scores import COMPONENT_KEY, LEVEL, SearchSettings, components
 from phaze.search.space_bounds import bounds_table
 from phaze.search.summary import summarize as build_summary
+from phaze.units import GIB
 from phaze.workflow.sweep import step_manifest
 
 
@@ -404,7 +405,7 @@ def summarize(args: argparse.Namespace) -> int:
     for rec in out["no_answer"]:
         what = rec["model"] if rec["model"] != "*" else f"Phaze-Common ({rec['common_score']})"
         print(
-            f"phaze search summarize: no answer for {what} at {rec['hbm_capacity_bytes'] / 2**30:g} GiB "
+            f"phaze search summarize: no answer for {what} at {rec['hbm_capacity_bytes'] / GIB:g} GiB "
             f"on {rec['devices']} devices ({rec['mode']}): no placement fits any architecture"
         )
     print(json.dumps(stats, indent=1))
