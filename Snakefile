@@ -27,6 +27,7 @@ sys.path.insert(0, workflow.basedir)
 
 from phaze.config import validate_config  # noqa: E402
 from phaze.errors import PhazeError  # noqa: E402
+from phaze.report.closing import closing_note  # noqa: E402
 from phaze.workflow import Sweep, code_version, snapshot_config  # noqa: E402
 
 # The same validator (and schema defaults) as every `python -m phaze <stage> --config`; a bad
@@ -48,6 +49,24 @@ envvars:
 
 
 report: "report/workflow.rst"
+
+
+# The end of a run that built the summary: the answers and where the tables, plots and report
+# are, on stdout (phaze/report/closing.py; alone: `python -m phaze report --summary DIR --table`).
+# Snakemake skips it under --dry-run and when nothing was to be done; a run for other targets
+# prints nothing.
+onsuccess:
+    if any(job.rule.name == "search_summary" for job in workflow.dag.jobs):
+        try:
+            print(
+                closing_note(
+                    f"{W.results}/summary",
+                    f"{W.results}/plots",
+                    f"{W.results}/report.html",
+                )
+            )
+        except PhazeError as exc:
+            print(f"phaze: no closing table: {exc}")
 
 
 # The default target: the summary tables and the plots.

@@ -425,6 +425,50 @@ def test_a_run_killed_after_a_prune_resumes_its_ilp_jobs_before_the_next_round(
     assert jobs.get("place_ilp", 0) >= 1, jobs
 
 
+def test_the_run_ends_with_its_answers_and_where_they_are(run_dir):
+    """The README's run prints each answer of the comparison table (phaze/report/closing.py),
+    then the paths of the tables, plots and report, on stdout (Snakemake logs to stderr)."""
+    second = run_dir["second"]
+    assert second.returncode == 0
+    cmp = pd.read_parquet(run_dir["dir"] / "results" / "summary" / "comparison.parquet")
+    answers = cmp[cmp["strategy"].str.startswith("phaze-")]
+    lines = second.stdout.splitlines()
+    (start,) = [i for i, line in enumerate(lines) if line.startswith("phaze: the answers")]
+    rows = lines[start + 3 : start + 3 + len(answers)]
+    for r in answers.itertuples():
+        (line,) = [
+            ln
+            for ln in rows
+            if ln.split()[0] == r.model
+            and ("Per-Model" in ln) == (r.strategy == "phaze-per-model")
+            and f" {r.hbm_capacity_bytes / 2**30:g} " in ln
+        ]
+        assert r.arch in line and f"{r.throughput_seq_s:.4g}" in line
+        assert f"{r.speedup_vs_tpuv4_expert:.2f}" in line
+    tail = lines[start + 3 + len(answers) :]
+    assert tail[0].startswith("tables: results/summary/")
+    assert tail[1].startswith("plots:  results/plots/ (")
+    assert tail[2].startswith("report: ")
+
+
+def test_a_dry_run_and_a_run_for_another_target_print_no_answers(
+    run_dir, tmp_path, copy_checkout, snakemake
+):
+    """The closing table belongs to runs that built the summary: not to a dry run (even one
+    that would rebuild it), nor to a run for another target while an older summary exists."""
+    work = copy_checkout(tmp_path / "w", results_from=run_dir["dir"])
+    dry = snakemake(work, *RUN_FLAGS, *CONFIG, "-n", "--forcerun", "search_summary")
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert "search_summary" in dry.stderr + dry.stdout
+    # the target first: --configfile and --forcerun take every word after them
+    one = snakemake(work, "results/arch/space.parquet", *RUN_FLAGS, *CONFIG, "--forcerun", "arch")
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert re.search(r"^arch\s+1$", one.stderr, re.MULTILINE)  # the job stats: arch alone
+    assert not re.search(r"^all\s+1$", one.stderr, re.MULTILINE)
+    for out in (dry, one):
+        assert "phaze: the answers" not in out.stdout + out.stderr
+
+
 def test_snakemake_html_report_embeds_plots_with_captions(run_dir, snakemake):
     assert run_dir["second"].returncode == 0
     work = run_dir["dir"]
