@@ -1,0 +1,301 @@
+"""Per-layer makespans of a block of architectures at once: a feasible schedule of every
+(architecture, layer, pass) and a proven lower bound, in numpy arrays (the array tier).
+
+The layer graph is the same for every architecture; only the operators' latencies (archs ×
+operators, :func:`phaze.estimate.stage.latency_arrays`) and the core counts differ. So:
+
+* **achieved** — a serial schedule-generation scheme without insertion, run for every
+  architecture of the block together (:func:`sgs`): per architecture and core type an array of
+  core free times (padded with +inf where an architecture has fewer cores); operators in a
+  precedence-feasible priority order, each one at the latest of its predecessors' ends and
+  either the earliest free core of each type it needs (one core) or every core's free time
+  (intra-op, alone on the chip). Each run is a concrete schedule (:func:`schedule_of` rebuilds
+  one architecture's start times, modes and core ids; tests check them with the independent
+  :func:`phaze.schedule.listsched.verify`). Several priority rules × mode rules are run
+  (:data:`RUNS`) and the shortest kept per architecture.
+* **lower bound** — the space bound's per-layer bound (:func:`phaze.schedule.space.layer_bounds`:
+  articulation segments, critical path, energy with antichain widths, exclusion, forced-mode
+  energy), the scalar bounds of :mod:`phaze.schedule.bounds` written over an architecture axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from phaze.schedule import bounds
+from phaze.schedule.instance import Instance
+from phaze.schedule.listsched import Schedule
+from phaze.schedule.space import LayerPlan, layer_bounds
+from phaze.schedule.tables import OpGraph
+
+#: (priority rule, mode rule) of each SGS run. Priority rules (each key is nondecreasing along
+#: every edge, ties broken by the topological index, so the sorted order is precedence-feasible):
+#: ``tail`` the longest path from the operator to the end first (critical path first), ``head``
+#: the earliest start first, ``desc`` the most descendants first. Mode rules: ``single`` every
+#: operator on one core, ``fast`` each at its faster mode, ``slack`` only operators on a path
+#: within 5 % of the critical one at their faster mode (listsched's slack rule), ``adaptive`` the
+#: mode that finishes first when the operator is placed (the multi-mode rule of
+#: :func:`phaze.schedule.listsched.adaptive_sgs`).
+RUNS = tuple(
+    (prio, mode)
+    for mode in ("adaptive", "single", "fast", "slack")
+    for prio in ("tail", "head", "desc")
+)
+#: the slack threshold of the ``slack`` mode rule (one of listsched's `initial_modes` values)
+SLACK = 0.05
+
+
+@dataclass(frozen=True)
+class LayerArrays:
+    """A layer graph's structure as index arrays: predecessors and successors padded with
+    ``n`` (a column that is always 0), the core types each operator holds, descendant counts,
+    and per core type the antichain width of its operators (no schedule runs more of them at
+    once, so no more cores are kept)."""
+
+    plan: LayerPlan
+    n: int
+    preds: np.ndarray  # (n, P) int
+    succs: np.ndarray  # (n, S) int
+    uses_tc: np.ndarray  # (n,) bool
+    uses_vc: np.ndarray  # (n,) bool
+    ndesc: np.ndarray  # (n,) float
+    width_tc: int
+    width_vc: int
+    instance: Instance  # the structure (unit latencies, one core of each type)
+
+
+def _padded(lists, n: int) -> np.ndarray:
+    width = max((len(x) for x in lists), default=0) or 1
+    out = np.full((len(lists), width), n, dtype=np.int64)
+    for i, x in enumerate(lists):
+        out[i, : len(x)] = x
+    return out
+
+
+def layer_arrays(graph: OpGraph, plan: LayerPlan) -> LayerArrays:
+    """The arrays of one layer graph (``plan``: its :func:`phaze.schedule.space.layer_plan`)."""
+    n = len(graph.ids)
+    inst = Instance(1, 1, graph.core, (1.0,) * n, (1.0,) * n, graph.edges, tuple(graph.ids))
+    widths = {}
+    for c in ("tc", "vc"):
+        mine = [i for i in range(n) if inst.uses(i, c)]
+        widths[c] = max(1, bounds.antichain_width(inst, mine)) if mine else 1
+    return LayerArrays(
+        plan,
+        n,
+        _padded(inst.preds, n),
+        _padded(inst.succs, n),
+        np.array([inst.uses(i, "tc") for i in range(n)], dtype=bool),
+        np.array([inst.uses(i, "vc") for i in range(n)], dtype=bool),
+        np.array([float(d.bit_count()) for d in inst.descendants]),
+        widths["tc"],
+        widths["vc"],
+        inst,
+    )
+
+
+def _heads(lay: LayerArrays, dur: np.ndarray) -> np.ndarray:
+    A = dur.shape[0]
+    h = np.zeros((A, lay.n + 1))
+    ext = np.concatenate([dur, np.zeros((A, 1))], axis=1)
+    for j in range(lay.n):
+        p = lay.preds[j]
+        h[:, j] = (h[:, p] + ext[:, p]).max(axis=1)
+    return h[:, : lay.n]
+
+
+def _tails(lay: LayerArrays, dur: np.ndarray) -> np.ndarray:
+    """Longest path from each operator's start to the end (the operator included)."""
+    A = dur.shape[0]
+    t = np.zeros((A, lay.n + 1))
+    for i in reversed(range(lay.n)):
+        t[:, i] = dur[:, i] + t[:, lay.succs[i]].max(axis=1)
+    return t[:, : lay.n]
+
+
+def _order(key: np.ndarray) -> np.ndarray:
+    """Operators by ascending ``key`` per architecture, ties by topological index (stable)."""
+    return np.argsort(key, axis=1, kind="stable")
+
+
+def _modes(lay: LayerArrays, l1: np.ndarray, la: np.ndarray, rule: str) -> np.ndarray | None:
+    fast = la < l1
+    if rule == "single":
+        return np.zeros_like(fast)
+    if rule == "fast":
+        return fast
+    if rule == "adaptive":
+        return None
+    q = np.minimum(l1, la)
+    path = _heads(lay, q) + _tails(lay, q)
+    cp = path.max(axis=1, keepdims=True)
+    return fast & (cp - path <= SLACK * cp)
+
+
+def _priority(lay: LayerArrays, dur: np.ndarray, rule: str) -> np.ndarray:
+    if rule == "tail":
+        return _order(-_tails(lay, dur))
+    if rule == "head":
+        return _order(_heads(lay, dur))
+    return _order(np.broadcast_to(-lay.ndesc, dur.shape))
+
+
+def sgs(
+    lay: LayerArrays,
+    l1: np.ndarray,
+    la: np.ndarray,
+    n_tc: np.ndarray,
+    n_vc: np.ndarray,
+    order: np.ndarray,
+    y: np.ndarray | None,
+    record: bool = False,
+):
+    """One serial SGS run for every architecture (rows): ``l1`` / ``la`` (archs × n) the layer's
+    latencies, ``order`` (archs × n) a precedence-feasible order per architecture, ``y`` the
+    intra-op flags (None: each operator's mode chosen as it is placed, the one that ends first).
+    Returns the makespans, and with ``record`` also (start, intra-op flag, tc core, vc core) per
+    (architecture, operator) (core -1: none; an intra-op operator holds every core of its types).
+
+    Why it is feasible: an operator starts no earlier than its predecessors' ends; a one-core
+    operator takes a core whose free time is at most its start and moves that time to its end,
+    so the operators of one core never overlap; an intra-op operator starts at the latest free
+    time of every core (no placed operator runs after it) and moves every core's free time to
+    its end (no operator placed later starts before it ends)."""
+    A, n = l1.shape
+    rows = np.arange(A)
+    ct = max(1, min(lay.width_tc, int(np.max(n_tc))))
+    cv = max(1, min(lay.width_vc, int(np.max(n_vc))))
+    free_tc = np.where(np.arange(ct)[None, :] < np.asarray(n_tc)[:, None], 0.0, np.inf)
+    free_vc = np.where(np.arange(cv)[None, :] < np.asarray(n_vc)[:, None], 0.0, np.inf)
+    end = np.zeros((A, n + 1))
+    horizon = np.zeros(A)
+    if record:
+        start = np.zeros((A, n))
+        intra_of = np.zeros((A, n), dtype=bool)
+        core_tc = np.full((A, n), -1, dtype=np.int64)
+        core_vc = np.full((A, n), -1, dtype=np.int64)
+    for k in range(n):
+        op = order[:, k]
+        est = end[rows[:, None], lay.preds[op]].max(axis=1)
+        ut, uv = lay.uses_tc[op], lay.uses_vc[op]
+        s1 = np.maximum(
+            est,
+            np.maximum(
+                np.where(ut, free_tc.min(axis=1), 0.0), np.where(uv, free_vc.min(axis=1), 0.0)
+            ),
+        )
+        p1, pa = l1[rows, op], la[rows, op]
+        sa = np.maximum(est, horizon)
+        intra = (sa + pa < s1 + p1) if y is None else y[rows, op]
+        p = np.where(intra, pa, p1)
+        s = np.where(intra, sa, s1)
+        busy = p > 0.0
+        s = np.where(busy, s, est)
+        f = s + p
+        one = busy & ~intra
+        sel = one & ut
+        if sel.any():
+            cand = np.where(free_tc <= s[:, None], free_tc, -np.inf)
+            c = cand.argmax(axis=1)
+            free_tc[rows[sel], c[sel]] = f[sel]
+            if record:
+                core_tc[rows[sel], op[sel]] = c[sel]
+        sel = one & uv
+        if sel.any():
+            cand = np.where(free_vc <= s[:, None], free_vc, -np.inf)
+            c = cand.argmax(axis=1)
+            free_vc[rows[sel], c[sel]] = f[sel]
+            if record:
+                core_vc[rows[sel], op[sel]] = c[sel]
+        sel = busy & intra
+        if sel.any():
+            free_tc[sel] = np.maximum(free_tc[sel], f[sel, None])
+            free_vc[sel] = np.maximum(free_vc[sel], f[sel, None])
+        horizon = np.where(busy, np.maximum(horizon, f), horizon)
+        end[rows, op] = f
+        if record:
+            start[rows, op] = s
+            intra_of[rows, op] = intra
+    makespan = end[:, :n].max(axis=1) if n else np.zeros(A)
+    if record:
+        return makespan, (start, intra_of, core_tc, core_vc)
+    return makespan
+
+
+def _run(lay, l1, la, n_tc, n_vc, prio: str, mode: str, record: bool = False):
+    y = _modes(lay, l1, la, mode)
+    dur = np.minimum(l1, la) if y is None else np.where(y, la, l1)
+    return sgs(lay, l1, la, n_tc, n_vc, _priority(lay, dur, prio), y, record)
+
+
+def achieved(
+    lay: LayerArrays, l1: np.ndarray, la: np.ndarray, n_tc: np.ndarray, n_vc: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(makespan, index of the run in :data:`RUNS` that reached it) per architecture: the
+    shortest of the runs. ``l1`` / ``la``: (archs × n) latencies of this layer's operators."""
+    A = l1.shape[0]
+    best = np.full(A, np.inf)
+    which = np.zeros(A, dtype=np.int64)
+    for r, (prio, mode) in enumerate(RUNS):
+        ms = _run(lay, l1, la, n_tc, n_vc, prio, mode)
+        better = ms < best
+        best = np.where(better, ms, best)
+        which = np.where(better, r, which)
+    return best, which
+
+
+def schedule_of(
+    lay: LayerArrays, l1: np.ndarray, la: np.ndarray, n_tc: int, n_vc: int, run: int
+) -> tuple[Instance, Schedule]:
+    """One architecture's schedule of run ``run`` (its start times, modes and core ids) and its
+    instance: what :func:`phaze.schedule.listsched.verify` checks. ``l1`` / ``la``: (n,)."""
+    prio, mode = RUNS[run]
+    _, (start, intra, ctc, cvc) = _run(
+        lay, l1[None, :], la[None, :], np.array([n_tc]), np.array([n_vc]), prio, mode, True
+    )
+    inst = Instance(
+        int(n_tc),
+        int(n_vc),
+        lay.instance.core,
+        tuple(float(x) for x in l1),
+        tuple(float(x) for x in la),
+        lay.instance.edges,
+        lay.instance.ids,
+    )
+    cores = []
+    for i in range(lay.n):
+        if intra[0, i]:
+            cores.append(
+                (
+                    tuple(range(n_tc)) if lay.uses_tc[i] else (),
+                    tuple(range(n_vc)) if lay.uses_vc[i] else (),
+                )
+            )
+        else:
+            cores.append(
+                (
+                    (int(ctc[0, i]),) if ctc[0, i] >= 0 else (),
+                    (int(cvc[0, i]),) if cvc[0, i] >= 0 else (),
+                )
+            )
+    sched = Schedule([float(x) for x in start[0]], [int(x) for x in intra[0]], cores)
+    return inst, sched
+
+
+def layer_values(
+    lay: LayerArrays,
+    l1_all: np.ndarray,
+    la_all: np.ndarray,
+    n_tc: np.ndarray,
+    n_vc: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """The array tier's values of one layer for every architecture: ``makespan_s`` (a feasible
+    schedule's), ``lower_bound_s`` (proven), ``run`` (the :data:`RUNS` index that reached the
+    makespan). ``l1_all`` / ``la_all``: the (archs × ops) latency arrays of the whole ops table."""
+    cols = lay.plan.columns
+    l1, la = l1_all[:, cols], la_all[:, cols]
+    ms, run = achieved(lay, l1, la, n_tc, n_vc)
+    lower, serial = layer_bounds(lay.plan, l1_all, la_all, n_tc, n_vc)
+    return {"makespan_s": ms, "lower_bound_s": lower, "serial_s": serial, "run": run}

@@ -1,0 +1,89 @@
+"""The array tier's layer values (phaze.schedule.arrays) on random small instances: its bound is
+never above the optimum (brute force), its makespan never below it, and every makespan is that
+of a schedule the independent checker (phaze.schedule.listsched.verify) accepts; the block's
+values are those of a loop over its architectures one at a time."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from phaze.schedule import arrays
+from phaze.schedule.listsched import verify
+from phaze.schedule.space import layer_plan
+from phaze.schedule.tables import OpGraph
+from tests.test_schedule import _bf, random_instance
+from tests.test_schedule_space import _instance, _scalar_lower, _space
+
+
+def _layer(inst):
+    graph = OpGraph("sig", "bwd", list(range(inst.n)), inst.core, inst.edges)
+    plan = layer_plan(graph, {("sig", "bwd", i): i for i in range(inst.n)})
+    return arrays.layer_arrays(graph, plan)
+
+
+def _block(seed: int, n_max: int, archs: int):
+    rng = random.Random(seed)
+    inst = random_instance(rng, n_max=n_max)
+    _, l1, la, n_tc, n_vc = _space(rng, inst, archs)
+    return inst, _layer(inst), l1, la, n_tc, n_vc
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_bound_below_the_optimum_below_a_verified_achieved_schedule(seed):
+    """Mutation checks (tried, each fails here): the bound scaled by 1.01 rises above the
+    optimum on some seed; a one-core operator that takes its core without moving the core's free
+    time makes the checker reject a schedule."""
+    inst, lay, l1, la, n_tc, n_vc = _block(7000 + seed, 6, 4)
+    got = arrays.layer_values(lay, l1, la, n_tc, n_vc)
+    for a in range(len(l1)):
+        one = _instance(inst, l1[a], la[a], n_tc[a], n_vc[a])
+        opt = _bf(one)
+        assert got["lower_bound_s"][a] <= opt * (1 + 1e-12)
+        assert opt <= got["makespan_s"][a] * (1 + 1e-12)
+        check, sched = arrays.schedule_of(
+            lay, l1[a], la[a], int(n_tc[a]), int(n_vc[a]), int(got["run"][a])
+        )
+        assert verify(check, sched, 1e-12) == []
+        assert sched.makespan(check) == pytest.approx(got["makespan_s"][a], rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_every_run_is_a_feasible_schedule(seed):
+    """Each priority × mode rule, not only the best one, gives a schedule the checker accepts
+    whose makespan is the one the block reports."""
+    _, lay, l1, la, n_tc, n_vc = _block(8000 + seed, 9, 3)
+    for r in range(len(arrays.RUNS)):
+        ms = arrays._run(lay, l1, la, n_tc, n_vc, *arrays.RUNS[r])
+        for a in range(len(l1)):
+            check, sched = arrays.schedule_of(lay, l1[a], la[a], int(n_tc[a]), int(n_vc[a]), r)
+            assert verify(check, sched, 1e-12) == [], arrays.RUNS[r]
+            assert sched.makespan(check) == pytest.approx(ms[a], rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_block_equals_a_loop_over_its_architectures(seed):
+    """Mutation check (tried, fails here): the SGS reading each architecture's core counts from
+    its neighbour in the block (``np.roll(n_tc, 1)``: a row dropped and the rest shifted)."""
+    _, lay, l1, la, n_tc, n_vc = _block(9000 + seed, 12, 8)
+    got = arrays.layer_values(lay, l1, la, n_tc, n_vc)
+    for a in range(len(l1)):
+        one = arrays.layer_values(
+            lay, l1[a : a + 1], la[a : a + 1], n_tc[a : a + 1], n_vc[a : a + 1]
+        )
+        assert one["makespan_s"][0] == got["makespan_s"][a]
+        assert one["run"][0] == got["run"][a]
+        # the bound's sums run over another number of rows: equal up to rounding
+        assert one["lower_bound_s"][0] == pytest.approx(got["lower_bound_s"][a], rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_bound_is_the_scalar_bounds_architecture_by_architecture(seed):
+    """The bound is the scheduler's cheap bounds of each architecture's own instance, not a
+    weaker value. Mutation check (tried, fails here): the bound scaled by 0.99."""
+    inst, lay, l1, la, n_tc, n_vc = _block(9500 + seed, 9, 5)
+    got = arrays.layer_values(lay, l1, la, n_tc, n_vc)
+    for a in range(len(l1)):
+        one = _instance(inst, l1[a], la[a], n_tc[a], n_vc[a])
+        assert got["lower_bound_s"][a] == pytest.approx(_scalar_lower(one), rel=1e-12)
