@@ -20,7 +20,7 @@ operators, :func:`phaze.estimate.stage.latency_arrays`) and the core counts diff
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -230,20 +230,42 @@ def _run(lay, l1, la, n_tc, n_vc, prio: str, mode: str, record: bool = False):
     return sgs(lay, l1, la, n_tc, n_vc, _priority(lay, dur, prio), y, record)
 
 
+def _justify(lay, l1, la, n_tc, n_vc, intra, end, record: bool = False):
+    """Double justification (listsched's `justify`) of schedules with intra-op flags ``intra``
+    and operator ends ``end`` (archs × n): an SGS on the reversed graph in order of latest end
+    (ties: later index first), then the forward SGS in order of the reversed schedule's latest
+    end (ties: topological index). Both orders are precedence-feasible: an operator never ends
+    after a successor does."""
+    idx = np.broadcast_to(np.arange(lay.n), end.shape)
+    rev = replace(lay, preds=lay.succs, succs=lay.preds)
+    back = np.lexsort((-idx, -end), axis=-1)
+    _, (rstart, _, _, _) = sgs(rev, l1, la, n_tc, n_vc, back, intra, record=True)
+    rend = rstart + np.where(intra, la, l1)
+    fwd = np.lexsort((idx, -rend), axis=-1)
+    return sgs(lay, l1, la, n_tc, n_vc, fwd, intra, record)
+
+
 def achieved(
     lay: LayerArrays, l1: np.ndarray, la: np.ndarray, n_tc: np.ndarray, n_vc: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(makespan, index of the run in :data:`RUNS` that reached it) per architecture: the
-    shortest of the runs. ``l1`` / ``la``: (archs × n) latencies of this layer's operators."""
+    """(makespan, run) per architecture: the shortest of the runs of :data:`RUNS` and of the
+    best run double-justified (run index + ``len(RUNS)``; kept where shorter). ``l1`` / ``la``:
+    (archs × n) latencies of this layer's operators."""
     A = l1.shape[0]
     best = np.full(A, np.inf)
     which = np.zeros(A, dtype=np.int64)
+    best_intra = np.zeros(l1.shape, dtype=bool)
+    best_end = np.zeros(l1.shape)
     for r, (prio, mode) in enumerate(RUNS):
-        ms = _run(lay, l1, la, n_tc, n_vc, prio, mode)
+        ms, (start, intra, _, _) = _run(lay, l1, la, n_tc, n_vc, prio, mode, record=True)
         better = ms < best
         best = np.where(better, ms, best)
         which = np.where(better, r, which)
-    return best, which
+        best_intra[better] = intra[better]
+        best_end[better] = (start + np.where(intra, la, l1))[better]
+    ms = _justify(lay, l1, la, n_tc, n_vc, best_intra, best_end)
+    better = ms < best
+    return np.where(better, ms, best), np.where(better, which + len(RUNS), which)
 
 
 def schedule_of(
@@ -251,10 +273,12 @@ def schedule_of(
 ) -> tuple[Instance, Schedule]:
     """One architecture's schedule of run ``run`` (its start times, modes and core ids) and its
     instance: what :func:`phaze.schedule.listsched.verify` checks. ``l1`` / ``la``: (n,)."""
-    prio, mode = RUNS[run]
-    _, (start, intra, ctc, cvc) = _run(
-        lay, l1[None, :], la[None, :], np.array([n_tc]), np.array([n_vc]), prio, mode, True
-    )
+    one = (l1[None, :], la[None, :], np.array([n_tc]), np.array([n_vc]))
+    prio, mode = RUNS[run % len(RUNS)]
+    _, (start, intra, ctc, cvc) = _run(lay, *one, prio, mode, True)
+    if run >= len(RUNS):
+        end = start + np.where(intra, one[1], one[0])
+        _, (start, intra, ctc, cvc) = _justify(lay, *one, intra, end, record=True)
     inst = Instance(
         int(n_tc),
         int(n_vc),
