@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from phaze.place.arrays import achieved_times, step_times
+from phaze.place.arrays import achieved_times, step_times, upper_times
 from phaze.place.bound import SpaceChain, time_lower_bounds
 from phaze.place.megatron import optimize
 from phaze.step.model import iteration_time, price
@@ -91,3 +91,26 @@ def test_step_times_of_one_split_equal_the_step_model():
         for a, ch in enumerate(exact):
             own = terms.retimed(ch[key])
             assert t[a] == pytest.approx(iteration_time(own, stages, cfg.schedule), rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_tightened_bound_is_the_exact_searchs_time_and_never_above_it(seed):
+    """Solved exactly for every architecture (achieved time +inf), the bound equals the exact
+    search on the same lower bounds and windows; solved nowhere, it is the relaxed bound.
+    Mutation check (tried, fails here): walking the configurations in reverse job order instead
+    of by their bounds (the walk then stops before the best configuration)."""
+    chains, net, consts, devices, global_batch, hbm, axes = draw(seed)
+    rng = np.random.default_rng(seed + 17)
+    space, exact = _space(chains, rng, 4)
+    args = (space, net, consts, devices, global_batch, [hbm], axes)
+    relaxed = time_lower_bounds(*args)
+    none = upper_times(*args, np.zeros((1, 4)))
+    assert np.array_equal(none, relaxed)
+    got = upper_times(*args, np.full((1, 4), np.inf))[0]
+    for a, ch in enumerate(exact):
+        want = optimize(ch, net, consts, devices, global_batch, hbm, axes)
+        if want.strategy is None:
+            assert math.isinf(got[a])
+            continue
+        assert got[a] == pytest.approx(want.time_s, rel=1e-9)
+        assert got[a] >= relaxed[0, a] * (1 - 1e-12)

@@ -29,13 +29,17 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from phaze.network import Network
-from phaze.place.bound import SpaceChain, _jobs
+from phaze.place.bound import SpaceChain, _jobs, config_time_bound
 from phaze.place.megatron import Axes, solve_split
 from phaze.step.layers import ChainCost
 from phaze.step.model import StageTerms, StepConstants
 
 #: quantiles of the block time whose architectures' exact splits are tried for every one
 REPRESENTATIVES = (0.0, 0.5, 1.0)
+#: `upper_times` solves the placement bound exactly where the achieved time exceeds the relaxed
+#: bound by more than this fraction: a tenth of the paper config's certificate gap (1 %), below
+#: which a tighter bound hardly changes what the search can certify
+TIGHTEN_ABOVE = 1e-3
 
 
 @dataclass
@@ -173,3 +177,66 @@ def achieved_times(
                 for a in idx[better]:
                     splits[h][a] = stages
     return Achieved(best, which, splits, configs, all_terms)
+
+
+def upper_times(
+    chains: dict[tuple, SpaceChain],
+    net: Network,
+    consts: StepConstants,
+    devices: int,
+    global_batch: int,
+    hbm_capacity_bytes: list[float],
+    axes: Axes,
+    achieved_s: np.ndarray,
+    tighten_above: float = TIGHTEN_ABOVE,
+) -> np.ndarray:
+    """Per HBM capacity and architecture, a lower bound on the step time of every placement on
+    layer times at or above ``chains``' ``lower`` (windows at most its ``window``): the relaxed
+    bound of `phaze.place.bound.time_lower_bounds` (the same configurations, pruning and values),
+    then, where the achieved time ``achieved_s`` (H, A) exceeds it by more than
+    ``tighten_above``, the exact one: the configurations in ascending order of their own bound
+    (relaxed where computed, else the cheap one), each solved exactly on the architecture's
+    chain (`phaze.place.megatron.solve_split`, the exact search's split), until the next
+    configuration's bound is not below the best exact time — every configuration left is then
+    no faster, so that time is the minimum over all of them."""
+    A = next(iter(chains.values())).n_archs
+    H = len(hbm_capacity_bytes)
+    jobs = _jobs(chains, net, consts, devices, global_batch, hbm_capacity_bytes, axes)
+    lb = np.full((len(jobs), H, A), np.inf)
+    best = np.full((H, A), np.inf)
+    for c, (cfg, terms, allowed, hs, chain, cheap) in enumerate(jobs):
+        lb[c, hs] = cheap
+        idx = np.flatnonzero((cheap[None, :] < best[hs]).any(axis=0))
+        if not len(idx):
+            continue
+        sub = chain.take(idx) if len(idx) < A else chain
+        sched = cfg.schedule
+        t = config_time_bound(
+            terms, allowed, sched.chunks, sched.microbatches, sub, cfg.recompute, cfg.ddp
+        )
+        for h in hs:
+            lb[c, h, idx] = np.maximum(cheap[idx], t)
+            best[h, idx] = np.minimum(best[h, idx], t)
+    fits = {}
+    for h in range(H):
+        loose = np.isfinite(best[h]) & (achieved_s[h] > best[h] * (1 + tighten_above))
+        for a in np.flatnonzero(loose):
+            exact = np.inf
+            for c in np.argsort(lb[:, h, a], kind="stable"):
+                if lb[c, h, a] >= exact:
+                    break
+                cfg, terms, allowed, _, chain, _ = jobs[c]
+                if c not in fits:
+                    K = allowed.shape[1] - 1
+                    v = cfg.schedule.chunks
+                    lattice = np.broadcast_to((np.arange(K + 1) * v).astype(float), allowed.shape)
+                    fits[c] = (lattice, allowed)
+                own = terms.retimed(arch_chain(cfg.placed.chain, chain, a))
+                t, _ = solve_split(
+                    own, cfg.schedule, cfg.placed.chain.blocks, hbm_capacity_bytes[h], fits[c]
+                )
+                if t is not None:
+                    exact = min(exact, t)
+            if np.isfinite(exact):
+                best[h, a] = max(best[h, a], exact)
+    return best

@@ -6,7 +6,8 @@ Per tensor-parallel width traced and block of architectures: the operators' late
 (:func:`phaze.estimate.stage.latency_arrays`), each layer's achieved makespan and lower bound
 (:mod:`phaze.schedule.arrays`), then per cluster size the placement on both: the relaxed
 placement on the lower bounds with the achieved makespans as DDP windows
-(:func:`phaze.place.bound.time_lower_bounds`, a proven bound) and a concrete configuration and
+(:func:`phaze.place.arrays.upper_times`: relaxed, solved exactly where the interval is wide; a
+proven bound) and a concrete configuration and
 split timed by the step model on the achieved makespans (:mod:`phaze.place.arrays`).
 """
 
@@ -22,8 +23,7 @@ from phaze.estimate.model import achievable_hbm_Bps
 from phaze.estimate.stage import latency_arrays
 from phaze.io.atomic import atomic_path
 from phaze.io.tables import read_table, write_table
-from phaze.place.arrays import achieved_times
-from phaze.place.bound import time_lower_bounds
+from phaze.place.arrays import achieved_times, upper_times
 from phaze.place.columns import empty_columns
 from phaze.place.inputs import trace_shapes
 from phaze.place.megatron import Axes
@@ -177,11 +177,11 @@ def tier_tables(args, config: dict) -> tuple[list[pd.DataFrame], list[pd.DataFra
                 placed_net, _label = network_for(settings, preset, config["costmodel"], devices)
                 net = step_network(placed_net, bw, lat, devices)
                 axes = Axes.from_config(place)
-                upper = time_lower_bounds(
-                    ubc, net, consts, devices, settings.global_batch, hbm_all, axes
-                )
                 got = achieved_times(
                     loc, net, consts, devices, settings.global_batch, hbm_all, axes
+                )
+                upper = upper_times(
+                    ubc, net, consts, devices, settings.global_batch, hbm_all, axes, got.time_s
                 )
                 for h, hbm in enumerate(hbm_all):
                     row = {**base, "hbm_capacity_bytes": int(hbm)}
