@@ -154,6 +154,7 @@ def achieved_times(
         K = allowed.shape[1] - 1
         lattice = np.broadcast_to((np.arange(K + 1) * v).astype(float), allowed.shape)
         fit = (lattice, allowed)
+        parts = terms.untimed_tail(lattice)  # what no layer time changes: once per configuration
         low = chain.lower
         size = low["block_fwd"][idx] + low["block_bwd"][idx]
         order = idx[np.argsort(size, kind="stable")]
@@ -165,7 +166,7 @@ def achieved_times(
         sub = chain.take(idx)
         for r in reps:
             own = terms.retimed(arch_chain(cfg.placed.chain, chain, r))
-            t_rep, stages = solve_split(own, sched, L, hbm_capacity_bytes[hs[0]], fit)
+            t_rep, stages = solve_split(own, sched, L, hbm_capacity_bytes[hs[0]], fit, parts)
             if t_rep is None or stages in tried:
                 continue
             tried.add(stages)
@@ -230,10 +231,10 @@ def upper_times(
                     K = allowed.shape[1] - 1
                     v = cfg.schedule.chunks
                     lattice = np.broadcast_to((np.arange(K + 1) * v).astype(float), allowed.shape)
-                    fits[c] = (lattice, allowed)
+                    fits[c] = ((lattice, allowed), terms.untimed_tail(lattice))
                 own = terms.retimed(arch_chain(cfg.placed.chain, chain, a))
                 t, _ = solve_split(
-                    own, cfg.schedule, cfg.placed.chain.blocks, hbm_capacity_bytes[h], fits[c]
+                    own, cfg.schedule, cfg.placed.chain.blocks, hbm_capacity_bytes[h], *fits[c]
                 )
                 if t is not None:
                     exact = min(exact, t)
