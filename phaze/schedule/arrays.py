@@ -15,7 +15,10 @@ operators, :func:`phaze.estimate.stage.latency_arrays`) and the core counts diff
   (:data:`RUNS`) and the shortest kept per architecture.
 * **lower bound** — the space bound's per-layer bound (:func:`phaze.schedule.space.layer_bounds`:
   articulation segments, critical path, energy with antichain widths, exclusion, forced-mode
-  energy), the scalar bounds of :mod:`phaze.schedule.bounds` written over an architecture axis.
+  energy), its exclusion and forced-mode energy bounds also on the scheduler's energy heads and
+  tails (:func:`phaze.schedule.bounds.energy_heads_tails`, larger than critical-path ones): the
+  scalar bounds of :mod:`phaze.schedule.bounds` written over an architecture axis
+  (:func:`layer_lower`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import numpy as np
 from phaze.schedule import bounds
 from phaze.schedule.instance import Instance
 from phaze.schedule.listsched import Schedule
-from phaze.schedule.space import LayerPlan, layer_bounds
+from phaze.schedule.space import LayerPlan, Segment, _exclusion, _forced_energy, layer_bounds
 from phaze.schedule.tables import OpGraph
 
 #: (priority rule, mode rule) of each SGS run. Priority rules (each key is nondecreasing along
@@ -323,6 +326,75 @@ def _schedule(lay, l1, la, n_tc, n_vc, start, intra, ctc, cvc) -> tuple[Instance
     return inst, Schedule([float(x) for x in start], [int(x) for x in intra], cores)
 
 
+def _energy_heads(seg: Segment, qs: np.ndarray, weights: list, reverse: bool) -> np.ndarray:
+    """:func:`phaze.schedule.bounds.energy_heads_tails` of one segment for every architecture
+    (rows): an operator starts no earlier than the energy of its ancestors, nor than
+    r_j + q_j + the energy of the operators between j and it, for every ancestor j (the energy of
+    a set: the largest over core types of its operators' least core-time). ``reverse``: tails
+    (the same on the reversed graph)."""
+    m = len(seg.members)
+    anc = [0] * m
+    for j in range(m):
+        for i in seg.preds[j]:
+            anc[j] |= anc[i] | (1 << i)
+    desc = [0] * m
+    for j in reversed(range(m)):
+        for i in seg.preds[j]:
+            desc[i] |= desc[j] | (1 << j)
+    before, after = (desc, anc) if reverse else (anc, desc)
+    order = list(reversed(range(m))) if reverse else list(range(m))
+    bits = lambda x: [k for k in range(m) if (x >> k) & 1]
+    # every set the bound sums over, as columns of one 0/1 matrix: each op's `before` set, then
+    # the ops between each (j, i) pair
+    sets, where = [], {}
+    for i in order:
+        where[(i, None)] = len(sets)
+        sets.append(before[i])
+        for j in bits(before[i]):
+            where[(i, j)] = len(sets)
+            sets.append(after[j] & before[i])
+    M = np.zeros((m, len(sets)))
+    for c, x in enumerate(sets):
+        M[bits(x), c] = 1.0
+    E = np.max([w @ M for w in weights], axis=0) if weights else np.zeros((len(qs), len(sets)))
+    r = np.zeros_like(qs)
+    for i in order:
+        v = E[:, where[(i, None)]]
+        for j in bits(before[i]):
+            v = np.maximum(v, r[:, j] + qs[:, j] + E[:, where[(i, j)]])
+        r[:, i] = v
+    return r
+
+
+def layer_lower(plan: LayerPlan, l1_all, la_all, n_tc, n_vc) -> np.ndarray:
+    """The space bound's per-layer lower bound (:func:`phaze.schedule.space.layer_bounds`) with
+    the exclusion and forced-mode energy bounds on energy heads and tails (never below the
+    critical-path heads and tails, so never below the space bound), for every architecture."""
+    space_lower, serial = layer_bounds(plan, l1_all, la_all, n_tc, n_vc)
+    L1, LA = l1_all[:, plan.columns], la_all[:, plan.columns]
+    q = np.minimum(L1, LA)
+    lower = q[:, list(plan.articulation)].sum(axis=1) if plan.articulation else np.zeros(len(q))
+    cores = {"tc": np.asarray(n_tc, dtype=float), "vc": np.asarray(n_vc, dtype=float)}
+    for seg in plan.segments:
+        idx = list(seg.members)
+        qs, l1, la = q[:, idx], L1[:, idx], LA[:, idx]
+        weights = []
+        for c, (mine, width) in seg.uses.items():
+            k = np.minimum(cores[c], float(width))
+            w = np.zeros_like(qs)
+            w[:, list(mine)] = np.minimum(la[:, list(mine)], l1[:, list(mine)] / k[:, None])
+            weights.append(w)
+        head = _energy_heads(seg, qs, weights, False)
+        tail = _energy_heads(seg, qs, weights, True)
+        best = (head + qs).max(axis=1)
+        for w in weights:
+            np.maximum(best, w.sum(axis=1), out=best)
+        np.maximum(best, _exclusion(head, tail, l1, la, weights), out=best)
+        np.maximum(best, _forced_energy(head, tail, l1, la, weights, qs.sum(axis=1)), out=best)
+        lower = lower + best
+    return np.maximum(lower, space_lower), serial
+
+
 def layer_values(
     lay: LayerArrays,
     l1_all: np.ndarray,
@@ -335,6 +407,6 @@ def layer_values(
     ``l1_all`` / ``la_all``: the (archs × ops) latency arrays of the whole ops table."""
     cols = lay.plan.columns
     l1, la = l1_all[:, cols], la_all[:, cols]
-    lower, serial = layer_bounds(lay.plan, l1_all, la_all, n_tc, n_vc)
+    lower, serial = layer_lower(lay.plan, l1_all, la_all, n_tc, n_vc)
     ms, _ = achieved(lay, l1, la, n_tc, n_vc)
     return {"makespan_s": ms, "lower_bound_s": lower, "serial_s": serial}
