@@ -38,18 +38,19 @@ from phaze.schedule.tables import OpGraph
 #: ``tail`` the longest path from the operator to the end first (critical path first), ``head``
 #: the earliest start first, ``desc`` the most descendants first, ``first`` at every step the
 #: operator that can start first given the cores' free times, ties critical path first (the
-#: parallel scheme's choice, made inside the serial one). Mode rules: ``slack`` only
-#: operators on a path within 5 % of the critical one at their faster mode (listsched's slack
-#: rule), ``adaptive`` the mode that finishes first when the operator is placed (the multi-mode
-#: rule of :func:`phaze.schedule.listsched.adaptive_sgs`; ``adaptive0.02`` / ``adaptive-0.02``:
-#: intra-op only if it ends more than 2 % earlier, listsched's bias). The runs kept are those
-#: that alone gave the shortest schedule of some layer of bert-large or llama2-7b on 300 random
-#: architectures of the paper grid (t = 1, 8); each operator at its faster mode, all on one
-#: core, the -2 % bias and the other combinations never did (or by at most 0.5 %).
+#: parallel scheme's choice, made inside the serial one). Mode rules: ``slack`` only operators
+#: on a path within 5 % of the critical one at their faster mode (listsched's slack rule),
+#: ``single`` every operator on one core, ``adaptive`` the mode that finishes first when the
+#: operator is placed (the multi-mode rule of :func:`phaze.schedule.listsched.adaptive_sgs`;
+#: ``adaptive0.02``: intra-op only if it ends more than 2 % earlier, listsched's bias). The runs
+#: kept are those that alone gave the shortest schedule of some layer of bert-large or llama2-7b
+#: on random architectures of the paper grid; each operator at its faster mode, the -2 % bias
+#: and the other combinations never did (or by at most 0.5 %).
 RUNS = (
     ("first", "adaptive"),
     ("first", "adaptive0.02"),
     ("first", "slack"),
+    ("first", "single"),
     ("head", "adaptive"),
     ("head", "adaptive0.02"),
     ("desc", "adaptive"),
@@ -137,6 +138,8 @@ def _modes(lay: LayerArrays, l1: np.ndarray, la: np.ndarray, rule: str) -> np.nd
     fast = la < l1
     if rule.startswith("adaptive"):
         return None
+    if rule == "single":
+        return np.zeros_like(fast)
     theta = float(rule[len("slack") :] or SLACK)
     q = np.minimum(l1, la)
     path = _heads(lay, q) + _tails(lay, q)
