@@ -8,6 +8,9 @@
 * ``prune``     round r's placements → which of its components the round's ILP solve takes (one
                 chunk table per model × microbatch); ``--solve deep``: with the ILP tier in, which of
                 them get the deeper ILP
+* ``tier``      the traces of one model and microbatch → the array tier: each architecture's
+                achieved and bound throughput (the round's lo / ub placement tables) for a
+                block of architectures at once
 * ``blind``     the whole space's t = 1 single-accelerator latencies → the placement-blind arch
 * ``manifest``  the workflow's manifest of a select, prune or summarize step (its job builds it)
 * ``batch``     several ``phaze`` commands in one process (the workflow's placement jobs)
@@ -80,28 +83,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a proven throughput upper bound of every architecture of the space (the space "
         "bound), for one model and microbatch, every HBM size and cluster size",
     )
-    p.add_argument("--model", required=True, help="model key (as in the trace directories)")
-    p.add_argument("--microbatch", type=int, required=True)
-    p.add_argument("--tp", type=int, nargs="+", required=True, help="tensor-parallel widths")
-    p.add_argument(
-        "--ep",
-        type=int,
-        nargs="+",
-        help="expert-parallel size of each trace dir (a mixture-of-experts model; default 1 each)",
-    )
-    p.add_argument(
-        "--etp",
-        type=int,
-        nargs="+",
-        help="the experts' tensor-parallel size of each trace dir: its tp, or 1 for whole "
-        "experts (default: its tp each)",
-    )
-    p.add_argument(
-        "--trace-dirs", nargs="+", required=True, help="one trace directory per width of --tp"
-    )
-    p.add_argument("--space", required=True, help="space.parquet")
+    _trace_arguments(p)
     add_config_argument(p)
     p.add_argument("--out", required=True, help="bounds table (parquet)")
+
+    p = sub.add_parser(
+        "tier",
+        help="the array tier: the lo (achieved) and ub (bound) placement tables of a block of "
+        "architectures, for one model and microbatch",
+    )
+    _trace_arguments(p)
+    p.add_argument("--archs", help="comma-separated architecture ids (default: the whole space)")
+    add_config_argument(p)
+    p.add_argument("--ub", nargs="+", required=True, help="ub table per HBM size of the config")
+    p.add_argument("--lo", nargs="+", required=True, help="lo table per HBM size of the config")
+    p.add_argument("--layers", help="optional: each (arch, tp, layer, pass)'s makespan and bound")
 
     p = sub.add_parser("blind", help="placement-blind baseline: min single-accelerator latency")
     p.add_argument("--model", required=True)
@@ -157,6 +153,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_build_manifest_argument(p)
     add_config_argument(p)
     p.add_argument("--out-dir", required=True)
+
+
+def _trace_arguments(p: argparse.ArgumentParser) -> None:
+    """The traces of one model and microbatch and the space (``bounds``, ``tier``)."""
+    p.add_argument("--model", required=True, help="model key (as in the trace directories)")
+    p.add_argument("--microbatch", type=int, required=True)
+    p.add_argument("--tp", type=int, nargs="+", required=True, help="tensor-parallel widths")
+    p.add_argument(
+        "--ep",
+        type=int,
+        nargs="+",
+        help="expert-parallel size of each trace dir (a mixture-of-experts model; default 1 each)",
+    )
+    p.add_argument(
+        "--etp",
+        type=int,
+        nargs="+",
+        help="the experts' tensor-parallel size of each trace dir: its tp, or 1 for whole "
+        "experts (default: its tp each)",
+    )
+    p.add_argument(
+        "--trace-dirs", nargs="+", required=True, help="one trace directory per width of --tp"
+    )
+    p.add_argument("--space", required=True, help="space.parquet")
 
 
 def add_build_manifest_argument(p: argparse.ArgumentParser) -> None:

@@ -17,6 +17,7 @@ from phaze.config import load_config
 from phaze.errors import PhazeError
 from phaze.io import read_table, write_json_atomic, write_table
 from phaze.io.manifest import write_manifest
+from phaze.search.array_tier import run as run_tier
 from phaze.search.baselines import placement_blind_choice, space_single_accelerator_latency
 from phaze.search.dominance import edges_of, scope_edges
 from phaze.search.files import check_components, check_memory, load_manifest, load_place, load_space
@@ -258,6 +259,12 @@ def bounds(args: argparse.Namespace) -> int:
         f"phaze search bounds: {args.model} b{args.microbatch}: {df['arch'].nunique()} archs, "
         f"largest bound {top:.6g} seq/s -> {args.out}"
     )
+    return 0
+
+
+def tier(args: argparse.Namespace) -> int:
+    """The array tier of one model and microbatch (phaze.search.array_tier)."""
+    run_tier(args, _config(args))
     return 0
 
 
