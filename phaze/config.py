@@ -25,8 +25,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import json
-import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -37,6 +35,7 @@ from phaze.arch.presets import PRESET_DIR, list_presets
 from phaze.errors import PhazeError
 from phaze.network import NETWORK_FORMS
 from phaze.paths import REPO_ROOT
+from phaze.schema import non_finite, read_document
 
 SCHEMA_PATH = REPO_ROOT / "config" / "schema.yaml"
 DEFAULT_CONFIG = REPO_ROOT / "config" / "config.yaml"
@@ -97,24 +96,6 @@ def _renamed_key(node, where: str = "") -> str | None:
             found = _renamed_key(value, path)
             if found:
                 return found
-    return None
-
-
-def _non_finite(node, where: str = "") -> str | None:
-    """The first NaN or infinite number in a nested config, as ``a/b/0``; None if none."""
-    if isinstance(node, float) and not math.isfinite(node):
-        return where or "<top>"
-    items = (
-        node.items()
-        if isinstance(node, dict)
-        else enumerate(node)
-        if isinstance(node, list)
-        else ()
-    )
-    for key, value in items:
-        found = _non_finite(value, f"{where}/{key}" if where else str(key))
-        if found:
-            return found
     return None
 
 
@@ -187,7 +168,7 @@ def validate_config(config: dict) -> dict:
             "[none, selective, full] (false was none, true full)"
         )
     _check_network_form((config.get("place") or {}).get("network"))
-    bad = _non_finite(config)
+    bad = non_finite(config)
     if bad:
         raise PhazeError(f"config invalid at {bad}: NaN and infinite numbers are not allowed")
     errors = sorted(_Validator(_schema()).iter_errors(config), key=lambda e: list(e.path))
@@ -214,17 +195,7 @@ def load_config(path: str | Path | None = None) -> dict:
     path = Path(path) if path is not None else DEFAULT_CONFIG
     if not path.is_file():
         raise PhazeError(f"config file not found: {path}")
-    is_json = path.suffix == ".json"
-    try:
-        with open(path) as fh:
-            # JSON through json: YAML 1.1 reads `1e-06` (no dot) as a string.
-            config = (json.load(fh) if is_json else yaml.safe_load(fh)) or {}
-    except json.JSONDecodeError as exc:
-        raise PhazeError(f"config file {path} is not valid JSON: {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise PhazeError(
-            f"config file {path} is not valid YAML: {' '.join(str(exc).split())}"
-        ) from exc
+    config = read_document(path, "config file") or {}
     if not isinstance(config, dict):
         raise PhazeError(f"config file {path} must hold a mapping at the top level")
     return validate_config(config)

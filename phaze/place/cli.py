@@ -29,7 +29,7 @@ from phaze.errors import PhazeError
 from phaze.io import read_table, write_json_atomic, write_table
 from phaze.io.atomic import write_text_atomic
 from phaze.io.tables import check_values
-from phaze.place.inputs import trace_shapes
+from phaze.place.inputs import check_trace_flags, trace_record, trace_shapes
 from phaze.place.settings import PlaceSettings, hbm_capacity_bytes_of
 from phaze.place.tables import place_architectures
 from phaze.place.upstream import dumps_result, export_instance, load_instance, solve_instance
@@ -158,6 +158,7 @@ def _run_tables(args) -> int:
         return pd.concat([read_table(f, schema) for f in files], ignore_index=True)
 
     latencies = args.latencies or [None] * len(args.tp)
+    records: dict = {}  # trace dir -> what it was made with (model, microbatch, seq, ...)
     # keyed by (tp, ep, etp) (phaze.place.inputs.trace_key)
     for (t, e, x), trace_dir, sched, lat in zip(traces, args.trace_dirs, args.schedules, latencies):
         if t < 1:
@@ -177,6 +178,8 @@ def _run_tables(args) -> int:
             )
         k = (t, e, x)
         layers_by_t[k] = layers
+        records[trace_dir] = trace_record(trace_dir, layers)
+        check_trace_flags(records, {"model": args.model, "microbatch": args.microbatch})
         schedules = tables(sched, "schedule", "schedule", t)
         check_values(schedules, "schedule", f"schedules for tp={t} ({sched})")
         schedules_by_t[k] = schedules

@@ -17,6 +17,7 @@ from phaze.config import load_config
 from phaze.errors import PhazeError
 from phaze.io import read_table, write_json_atomic, write_table
 from phaze.io.manifest import write_manifest
+from phaze.place.inputs import check_trace_flags, trace_record, trace_shapes
 from phaze.search.baselines import placement_blind_choice, space_single_accelerator_latency
 from phaze.search.dominance import edges_of, scope_edges
 from phaze.search.files import check_components, check_memory, load_manifest, load_place, load_space
@@ -250,6 +251,21 @@ def bounds(args: argparse.Namespace) -> int:
     config = _config(args)
     if len(args.tp) != len(args.trace_dirs):
         raise PhazeError("--tp and --trace-dirs need one trace directory per width")
+    shapes = trace_shapes(args.tp, args.ep, args.etp)
+    records = {
+        d: trace_record(d, read_table(Path(d) / "layers.parquet", "layers", nonempty=True))
+        for d in args.trace_dirs
+    }
+    check_trace_flags(
+        records,
+        {
+            "model": args.model,
+            "microbatch": int(args.microbatch),
+            "tp": [t for t, _, _ in shapes],
+            "ep": [e for _, e, _ in shapes],
+            "etp": [x for _, _, x in shapes],
+        },
+    )
     df = bounds_table(args, config)
     write_table(df, args.out, "bounds")
     top = df["throughput_upper_seq_s"].max()
@@ -265,6 +281,7 @@ def blind(args: argparse.Namespace) -> int:
     trace = Path(args.trace)
     ops = read_table(trace / "ops.parquet", "ops", nonempty=True)
     layers = read_table(trace / "layers.parquet", "layers")
+    check_trace_flags({args.trace: trace_record(trace, layers)}, {"model": args.model, "tp": 1})
     space = read_table(args.space, "space", nonempty=True)
     per_arch = space_single_accelerator_latency(
         ops, layers, space, config["costmodel"], config["place"]
