@@ -25,13 +25,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import math
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import jsonschema
 import yaml
 
-from phaze.arch.presets import PRESET_DIR, list_presets
+from phaze.arch.presets import list_presets, load_preset
 from phaze.errors import PhazeError
 from phaze.network import NETWORK_FORMS
 from phaze.paths import REPO_ROOT
@@ -115,15 +117,62 @@ def _check_consistency(config: dict) -> None:
                 f"config invalid at place.expert.{model}: etp {e['etp']} must be its tp "
                 f"({e['tp']}) or 1"
             )
+    check_grid_size(config["arch"])
     named = [("arch.presets", p) for p in config["arch"]["presets"]] + [
         ("arch.area_budget.reference_preset", config["arch"]["area_budget"]["reference_preset"]),
         ("search.baseline_preset", config["search"]["baseline_preset"]),
     ]
+    known = list_presets()
     for where, name in named:
-        if not (PRESET_DIR / f"{name}.yaml").is_file():
-            raise PhazeError(
-                f"config invalid at {where}: unknown preset {name!r}; known: {list_presets()}"
-            )
+        if name not in known:
+            raise PhazeError(f"config invalid at {where}: unknown preset {name!r}; known: {known}")
+        load_preset(name)  # checked against config/preset_schema.yaml: a dry run stops on it
+
+
+#: peak memory of `phaze arch` per grid point, bytes: 239 MB for a grid of 10^5 points and 773
+#: MB for 10^6 (/usr/bin/time -f %M, `phaze arch` on 40 x 40 x 25 x 25 and 20 x 20 x 25 x 10
+#: grids), 593 B per point, rounded up
+ARCH_BYTES_PER_POINT = 600
+
+
+def grid_points(arch: dict) -> int:
+    """The number of points of the architecture grid of config section ``arch`` (before the area
+    filter): the product of its axes' lengths."""
+    axes = ["n_tc", "n_vc", "tc_width", "tc_depth", "glb_mib", "freq_hz"]
+    lengths = [len(set(arch[a])) for a in axes]
+    if arch["vc_width"] != "tc_width":
+        lengths.append(len(set(arch["vc_width"])))
+    return math.prod(lengths)
+
+
+def machine_memory_bytes() -> int | None:
+    """This machine's memory, or the process's cgroup v2 limit where smaller; None if unknown."""
+    found = []
+    try:
+        found.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    try:
+        text = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if text.isdigit():
+            found.append(int(text))
+    except OSError:
+        pass
+    return min(found) if found else None
+
+
+def check_grid_size(arch: dict, memory_bytes: int | None = None) -> None:
+    """Refuse a grid whose enumeration cannot fit this machine's memory (one line with the count,
+    the need and the memory), before any job: `snakemake -n` and `phaze arch` stop on it."""
+    points = grid_points(arch)
+    memory_bytes = machine_memory_bytes() if memory_bytes is None else memory_bytes
+    need = points * ARCH_BYTES_PER_POINT
+    if memory_bytes is not None and need > memory_bytes:
+        raise PhazeError(
+            f"config invalid at arch: the grid has {points:,} points (the product of the axes' "
+            f"lengths), about {need / 1e9:.3g} GB at {ARCH_BYTES_PER_POINT} B each to enumerate, "
+            f"and this machine has {memory_bytes / 1e9:.3g} GB: use shorter axes"
+        )
 
 
 def _check_network_form(network) -> None:
@@ -199,6 +248,15 @@ def load_config(path: str | Path | None = None) -> dict:
     if not isinstance(config, dict):
         raise PhazeError(f"config file {path} must hold a mapping at the top level")
     return validate_config(config)
+
+
+def check_config_files(paths: Iterable[str | Path]) -> None:
+    """The config files a workflow run merged (Snakemake's ``--configfile`` list) read again the
+    strict way: a syntax error or a key written twice (which Snakemake's reader lets the last
+    one win) is a PhazeError naming the file."""
+    for path in paths:
+        if Path(path).is_file():
+            read_document(path, "config file")
 
 
 _CONVERSIONS = {"float": float, "int": int, "bool": bool}

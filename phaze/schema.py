@@ -19,9 +19,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
-    loader.flatten_mapping(node)  # merge keys (<<: *anchor) may be overridden, as YAML intends
     seen: dict = {}
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # keys merged in (<<: *anchor) may be overridden, as YAML intends
         key = loader.construct_object(key_node, deep=deep)
         try:
             hash(key)
@@ -33,6 +34,7 @@ def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool
                 f"{key_node.start_mark.line + 1}); write it once"
             )
         seen[key] = key_node.start_mark.line
+    loader.flatten_mapping(node)
     return loader.construct_mapping(node, deep=deep)
 
 

@@ -19,6 +19,7 @@ import json
 from phaze.errors import PhazeError
 from phaze.fidelity.evaluate import optimize_strategy
 from phaze.fidelity.evaluate_cli import add_run_arguments, load_run
+from phaze.io.checks import count, finite
 from phaze.step.megatron_args import megatron_arguments
 
 
@@ -26,24 +27,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser)
     parser.add_argument(
         "--hbm-gib",
-        type=float,
+        type=finite,
         help="memory per device, GiB (default: the preset's gpu.hbm_capacity_bytes)",
     )
     parser.add_argument(
         "--microbatch",
-        type=int,
+        type=count,
         nargs="+",
         help="microbatch sizes to search (default: config trace.microbatch)",
     )
     parser.add_argument(
         "--tp",
-        type=int,
+        type=count,
         nargs="+",
         help="tensor-parallel widths to search (default: config trace.tp)",
     )
     parser.add_argument(
         "--ep",
-        type=int,
+        type=count,
         nargs="+",
         help="expert-parallel sizes to search (a mixture-of-experts model; default: every "
         "divisor of its experts; a dense model: 1)",

@@ -28,6 +28,8 @@ from phaze.config import add_config_argument, load_config
 from phaze.errors import PhazeError
 from phaze.io import read_table, write_json_atomic, write_table
 from phaze.io.atomic import write_text_atomic
+from phaze.io.checks import count, finite
+from phaze.io.select import arch_ids
 from phaze.io.tables import check_values
 from phaze.place.inputs import check_trace_flags, trace_record, trace_shapes
 from phaze.place.settings import PlaceSettings, hbm_capacity_bytes_of
@@ -39,17 +41,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instance", help="solve an upstream-format placement instance (JSON)")
     parser.add_argument("--model", help="model name (recorded in the output)")
     parser.add_argument(
-        "--tp", type=int, nargs="+", help="tensor-parallel widths, one per trace dir"
+        "--tp", type=count, nargs="+", help="tensor-parallel widths, one per trace dir"
     )
     parser.add_argument(
         "--ep",
-        type=int,
+        type=count,
         nargs="+",
         help="expert-parallel size of each trace dir (a mixture-of-experts model; default 1 each)",
     )
     parser.add_argument(
         "--etp",
-        type=int,
+        type=count,
         nargs="+",
         help="the experts' tensor-parallel size of each trace dir: its tp, or 1 for whole "
         "experts (default: its tp each)",
@@ -66,8 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--archs", help="comma-separated arch ids to place (default: all scheduled)"
     )
-    parser.add_argument("--hbm-gib", type=float, help="HBM capacity per device, GiB")
-    parser.add_argument("--microbatch", type=int, help="microbatch size (sequences)")
+    parser.add_argument("--hbm-gib", type=finite, help="HBM capacity per device, GiB")
+    parser.add_argument("--microbatch", type=count, help="microbatch size (sequences)")
     parser.add_argument(
         "--latencies",
         nargs="+",
@@ -82,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="schedule column used as layer latency (lower_bound_s gives a throughput upper bound)",
     )
     parser.add_argument(
-        "--devices", type=int, nargs="+", help="cluster sizes (default: config place.devices)"
+        "--devices", type=count, nargs="+", help="cluster sizes (default: config place.devices)"
     )
     add_config_argument(parser)
     parser.add_argument(
@@ -135,6 +137,7 @@ def _run_tables(args) -> int:
             f"--latencies ({len(args.latencies)}) needs one entry per tp ({len(args.tp)})"
         )
     traces = trace_shapes(args.tp, args.ep, args.etp)
+    wanted = arch_ids(args.archs)
     if not math.isfinite(args.hbm_gib) or args.hbm_gib <= 0:
         raise PhazeError(f"--hbm-gib must be a finite number > 0, got {args.hbm_gib}")
     if args.microbatch < 1:
@@ -148,6 +151,9 @@ def _run_tables(args) -> int:
     devices_list = args.devices or list(pc["devices"])
     if any(d < 1 for d in devices_list):
         raise PhazeError(f"cluster sizes must be >= 1, got {devices_list}")
+    twice = sorted({d for d in devices_list if devices_list.count(d) > 1})
+    if twice:
+        raise PhazeError(f"--devices lists {twice[0]} twice (each cluster size is one row)")
 
     layers_by_t, schedules_by_t, ops_by_t, latencies_by_t = {}, {}, {}, {}
 
@@ -187,8 +193,7 @@ def _run_tables(args) -> int:
             latencies_by_t[k] = tables(lat, "latency", "latency", t)
             ops_by_t[k] = read_table(Path(trace_dir) / "ops.parquet", "ops")
     space = read_table(args.space, "space")
-    if args.archs:
-        wanted = [a for a in args.archs.split(",") if a]
+    if wanted is not None:
         unknown = sorted(set(wanted) - set(space["arch"]))
         if unknown:
             raise PhazeError(f"arch ids not in {args.space}: {unknown[:5]}")

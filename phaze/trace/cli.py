@@ -7,6 +7,7 @@ from pathlib import Path
 
 from phaze.config import add_config_argument, load_config
 from phaze.errors import PhazeError
+from phaze.io.checks import MAX_COUNT, count
 from phaze.trace.models import get_model_spec
 from phaze.trace.write import write_trace
 
@@ -17,24 +18,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         help="registry name (see phaze/trace/models.py) or path to a HF config.json",
     )
-    parser.add_argument("--microbatch", type=int, required=True, help="microbatch size b")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel width tp (1, 2, 4, 8)")
+    parser.add_argument("--microbatch", type=count, required=True, help="microbatch size b")
+    parser.add_argument("--tp", type=count, default=1, help="tensor-parallel width tp (1, 2, 4, 8)")
     parser.add_argument(
         "--ep",
-        type=int,
+        type=count,
         default=1,
         help="expert-parallel size ep (a mixture-of-experts model: the rank holds E/ep experts)",
     )
     parser.add_argument(
         "--etp",
-        type=int,
+        type=count,
         help="the experts' tensor-parallel size: tp (the default) or 1 (a mixture-of-experts "
         "model: whole experts on the rank's sequence-parallel shard, Megatron's "
         "--expert-tensor-parallel-size 1)",
     )
     parser.add_argument(
         "--seq",
-        type=int,
+        type=count,
         help="sequence length (default: config trace.seq[model], else the model's)",
     )
     add_config_argument(parser)
@@ -59,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         spec.moe.check_imbalance(trace_cfg["moe_imbalance"], spec.name)
     seq = args.seq or trace_cfg["seq"].get(args.model) or spec.seq
     spec.check_etp(args.etp, args.tp, seq)
+    _check_tensor_sizes(spec, args.microbatch, seq)
 
     from phaze.trace.tracer import trace_model  # deferred: pulls torch (after the checks above)
 
@@ -80,3 +82,17 @@ def run(args: argparse.Namespace) -> int:
 def _check_positive(value: int, what: str) -> None:
     if value < 1:
         raise PhazeError(f"{what} must be >= 1 (got {value})")
+
+
+def _check_tensor_sizes(spec, microbatch: int, seq: int) -> None:
+    """Refuse a microbatch and sequence length whose largest tensor cannot be addressed: torch
+    sizes a tensor's storage in bytes as a 64-bit integer, and the largest of a block and its
+    head is about b·s·max(vocab, ffn·experts, hidden, heads·s) elements of at most 8 bytes."""
+    experts = spec.moe.experts if spec.moe is not None else 1
+    width = max(spec.vocab, spec.ffn * experts, spec.hidden, spec.heads * seq)
+    if microbatch * seq * width * 8 > MAX_COUNT:
+        raise PhazeError(
+            f"--microbatch {microbatch} x --seq {seq} is too large to trace: {spec.name}'s "
+            f"largest tensor would hold about {microbatch * seq * width:.3g} elements, beyond "
+            "the 2^63 - 1 bytes a tensor's storage can have"
+        )
