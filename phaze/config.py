@@ -35,9 +35,8 @@ import yaml
 
 from phaze.arch.presets import list_presets, load_preset
 from phaze.errors import PhazeError
-from phaze.network import NETWORK_FORMS
 from phaze.paths import REPO_ROOT
-from phaze.schema import non_finite, read_document
+from phaze.schema import check_network_form, non_finite, read_document
 
 SCHEMA_PATH = REPO_ROOT / "config" / "schema.yaml"
 DEFAULT_CONFIG = REPO_ROOT / "config" / "config.yaml"
@@ -175,26 +174,6 @@ def check_grid_size(arch: dict, memory_bytes: int | None = None) -> None:
         )
 
 
-def _check_network_form(network) -> None:
-    """place.network is one form or the other: a one-line error naming the topology or the keys
-    of the other form (the schema would report a missing key of the form it guessed)."""
-    if not isinstance(network, dict):
-        return
-    topology = network.get("topology", "two_level")
-    if topology not in NETWORK_FORMS:
-        raise PhazeError(
-            f"config invalid at place/network/topology: unknown topology {topology!r} "
-            f"(known: {', '.join(NETWORK_FORMS)})"
-        )
-    others = set().union(*(keys for t, keys in NETWORK_FORMS.items() if t != topology))
-    mixed = sorted(others & set(network))
-    if mixed:
-        raise PhazeError(
-            f"config invalid at place/network: topology {topology!r} takes "
-            f"{', '.join(sorted(NETWORK_FORMS[topology]))}, not {', '.join(mixed)}"
-        )
-
-
 def validate_config(config: dict) -> dict:
     """Validate in place (filling defaults) and return the config."""
     old = _renamed_key(config)
@@ -216,7 +195,9 @@ def validate_config(config: dict) -> dict:
             "config place.recompute lists recompute modes now, not on/off: write e.g. "
             "[none, selective, full] (false was none, true full)"
         )
-    _check_network_form((config.get("place") or {}).get("network"))
+    check_network_form(
+        (config.get("place") or {}).get("network"), "config invalid at place/network"
+    )
     bad = non_finite(config)
     if bad:
         raise PhazeError(f"config invalid at {bad}: NaN and infinite numbers are not allowed")

@@ -12,6 +12,7 @@ import jsonschema
 import yaml
 
 from phaze.errors import PhazeError
+from phaze.network import NETWORK_FORMS
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -99,3 +100,24 @@ def first_error(validator: jsonschema.protocols.Validator, document) -> str | No
     e = errors[0]
     where = "/".join(str(p) for p in e.absolute_path) or "<top>"
     return f"{where}: {e.message}"
+
+
+def check_network_form(network, where: str) -> None:
+    """A network section (config place.network, a preset's network) is one form or the other: a
+    one-line error naming the topology or the keys of the other form (the schema would report a
+    missing key of the form it guessed). ``where`` starts the message, e.g. ``config invalid at
+    place/network``."""
+    if not isinstance(network, dict):
+        return
+    topology = network.get("topology", "two_level")
+    if not isinstance(topology, str) or topology not in NETWORK_FORMS:
+        raise PhazeError(
+            f"{where}/topology: unknown topology {topology!r} (known: {', '.join(NETWORK_FORMS)})"
+        )
+    others = set().union(*(keys for t, keys in NETWORK_FORMS.items() if t != topology))
+    mixed = sorted(others & set(network))
+    if mixed:
+        raise PhazeError(
+            f"{where}: topology {topology!r} takes "
+            f"{', '.join(sorted(NETWORK_FORMS[topology]))}, not {', '.join(mixed)}"
+        )

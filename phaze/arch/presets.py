@@ -21,7 +21,7 @@ from referencing.jsonschema import DRAFT202012
 from phaze.arch.area import peak_flops
 from phaze.errors import PhazeError
 from phaze.paths import REPO_ROOT
-from phaze.schema import first_error, non_finite, read_document
+from phaze.schema import check_network_form, first_error, non_finite, read_document
 
 PRESET_DIR = REPO_ROOT / "config" / "presets"
 PRESET_SCHEMA = REPO_ROOT / "config" / "preset_schema.yaml"
@@ -59,6 +59,7 @@ def check_preset(data, path) -> dict:
         raise PhazeError(
             f"preset {path} invalid at {bad}: NaN and infinite numbers are not allowed"
         )
+    check_network_form(data.get("network"), f"preset {path} invalid at network")
     error = first_error(_validator(), data)
     if error:
         raise PhazeError(f"preset {path} invalid at {error}")

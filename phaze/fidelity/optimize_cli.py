@@ -20,6 +20,7 @@ from phaze.errors import PhazeError
 from phaze.fidelity.evaluate import optimize_strategy
 from phaze.fidelity.evaluate_cli import add_run_arguments, load_run
 from phaze.io.checks import count, finite
+from phaze.place.settings import MAX_HBM_GIB
 from phaze.step.megatron_args import megatron_arguments
 
 
@@ -63,8 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     spec, preset, config, seq = load_run(args)
     if args.hbm_gib is not None:
-        if not args.hbm_gib > 0:
-            raise PhazeError(f"--hbm-gib must be > 0, got {args.hbm_gib}")
+        if not 0 < args.hbm_gib <= MAX_HBM_GIB:
+            raise PhazeError(
+                f"--hbm-gib must be > 0 and <= {MAX_HBM_GIB} (1 PiB), got {args.hbm_gib}"
+            )
         hbm = args.hbm_gib * 2**30
     else:
         hbm = (preset.get("gpu") or {}).get("hbm_capacity_bytes")

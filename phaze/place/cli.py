@@ -32,7 +32,7 @@ from phaze.io.checks import count, finite
 from phaze.io.select import arch_ids
 from phaze.io.tables import check_values
 from phaze.place.inputs import check_trace_flags, trace_record, trace_shapes
-from phaze.place.settings import PlaceSettings, hbm_capacity_bytes_of
+from phaze.place.settings import MAX_HBM_GIB, PlaceSettings, hbm_capacity_bytes_of
 from phaze.place.tables import place_architectures
 from phaze.place.upstream import dumps_result, export_instance, load_instance, solve_instance
 
@@ -138,8 +138,11 @@ def _run_tables(args) -> int:
         )
     traces = trace_shapes(args.tp, args.ep, args.etp)
     wanted = arch_ids(args.archs)
-    if not math.isfinite(args.hbm_gib) or args.hbm_gib <= 0:
-        raise PhazeError(f"--hbm-gib must be a finite number > 0, got {args.hbm_gib}")
+    if not math.isfinite(args.hbm_gib) or not 0 < args.hbm_gib <= MAX_HBM_GIB:
+        raise PhazeError(
+            f"--hbm-gib must be a finite number > 0 and <= {MAX_HBM_GIB} (1 PiB), "
+            f"got {args.hbm_gib}"
+        )
     if args.microbatch < 1:
         raise PhazeError(f"--microbatch must be >= 1, got {args.microbatch}")
 

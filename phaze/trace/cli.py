@@ -7,8 +7,9 @@ from pathlib import Path
 
 from phaze.config import add_config_argument, load_config
 from phaze.errors import PhazeError
-from phaze.io.checks import MAX_COUNT, count
+from phaze.io.checks import count
 from phaze.trace.models import get_model_spec
+from phaze.trace.sizes import check_tensor_sizes
 from phaze.trace.write import write_trace
 
 
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         spec.moe.check_imbalance(trace_cfg["moe_imbalance"], spec.name)
     seq = args.seq or trace_cfg["seq"].get(args.model) or spec.seq
     spec.check_etp(args.etp, args.tp, seq)
-    _check_tensor_sizes(spec, args.microbatch, seq)
+    check_tensor_sizes(spec, args.microbatch, seq)
 
     from phaze.trace.tracer import trace_model  # deferred: pulls torch (after the checks above)
 
@@ -82,17 +83,3 @@ def run(args: argparse.Namespace) -> int:
 def _check_positive(value: int, what: str) -> None:
     if value < 1:
         raise PhazeError(f"{what} must be >= 1 (got {value})")
-
-
-def _check_tensor_sizes(spec, microbatch: int, seq: int) -> None:
-    """Refuse a microbatch and sequence length whose largest tensor cannot be addressed: torch
-    sizes a tensor's storage in bytes as a 64-bit integer, and the largest of a block and its
-    head is about b·s·max(vocab, ffn·experts, hidden, heads·s) elements of at most 8 bytes."""
-    experts = spec.moe.experts if spec.moe is not None else 1
-    width = max(spec.vocab, spec.ffn * experts, spec.hidden, spec.heads * seq)
-    if microbatch * seq * width * 8 > MAX_COUNT:
-        raise PhazeError(
-            f"--microbatch {microbatch} x --seq {seq} is too large to trace: {spec.name}'s "
-            f"largest tensor would hold about {microbatch * seq * width:.3g} elements, beyond "
-            "the 2^63 - 1 bytes a tensor's storage can have"
-        )
