@@ -322,3 +322,30 @@ def test_traces_that_disagree_with_each_other_are_refused(place_inputs, capsys):
     layers.to_parquet(Path(args["trace"][1]) / "layers.parquet", index=False)
     assert _place(tmp_path, args) == 2
     assert "the traces disagree" in one_error_line(capsys, "place")
+
+
+# --- the workflow's dry run ----------------------------------------------------------------------
+@pytest.mark.slow  # three `snakemake -n` starts: ~20 s, ~55 s on 2 busy cores
+def test_the_dry_run_stops_on_each_with_one_line(tmp_path, copy_checkout, snakemake):
+    """A grid no machine holds (1000^4 points, 600 TB to enumerate), a model whose config.json is invalid (two lines
+    before: the library's message had a line break) and a key written twice."""
+    work = copy_checkout(tmp_path / "w")
+    cfg = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
+    axis = list(range(1, 1001))
+    grid = {**cfg, "arch": {**cfg["arch"], "n_tc": axis, "n_vc": axis, "tc_width": axis}}
+    grid["arch"]["tc_depth"] = axis
+    (work / "grid.yaml").write_text(yaml.safe_dump(grid))
+    hf = json.loads((DATA / "tiny-gpt2" / "config.json").read_text())
+    (work / "m").mkdir()
+    (work / "m" / "config.json").write_text(json.dumps({**hf, "n_layer": 2.5}))
+    (work / "model.yaml").write_text(yaml.safe_dump({**cfg, "models": ["m/config.json"]}))
+    (work / "twice.yaml").write_text(yaml.safe_dump(cfg) + "models: [bert-large]\n")
+    for name, needle in (
+        ("grid.yaml", "the grid has 1,000,000,000,000 points"),
+        ("model.yaml", "Field 'n_layer' expected int"),
+        ("twice.yaml", "key 'models' is written twice"),
+    ):
+        dry = snakemake(work, "-n", "--configfile", name, timeout=300)
+        lines = (dry.stdout + dry.stderr).strip().splitlines()
+        assert dry.returncode != 0 and len(lines) == 1, (name, lines)
+        assert lines[0].startswith("phaze: error: ") and needle in lines[0], (name, lines)
