@@ -128,9 +128,8 @@ def _check_consistency(config: dict) -> None:
         load_preset(name)  # checked against config/preset_schema.yaml: a dry run stops on it
 
 
-#: peak memory of `phaze arch` per grid point, bytes: 239 MB for a grid of 10^5 points and 773
-#: MB for 10^6 (/usr/bin/time -f %M, `phaze arch` on 40 x 40 x 25 x 25 and 20 x 20 x 25 x 10
-#: grids), 593 B per point, rounded up
+#: peak memory of `phaze arch` per grid point, bytes: 242 MB for a grid of 10^5 points and 766
+#: MB for 10^6, 582-593 B per point (benchmarks/README.md, Arch), rounded up
 ARCH_BYTES_PER_POINT = 600
 
 
