@@ -25,7 +25,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 sys.path.insert(0, workflow.basedir)
 
-from phaze.config import validate_config  # noqa: E402
+from phaze.cli import one_line  # noqa: E402
+from phaze.config import check_config_files, validate_config  # noqa: E402
 from phaze.errors import PhazeError  # noqa: E402
 from phaze.report.closing import closing_note  # noqa: E402
 from phaze.workflow import Sweep, code_version, snapshot_config  # noqa: E402
@@ -33,10 +34,11 @@ from phaze.workflow import Sweep, code_version, snapshot_config  # noqa: E402
 # The same validator (and schema defaults) as every `python -m phaze <stage> --config`; a bad
 # config stops here, one line, before any job (also under --dry-run).
 try:
+    check_config_files(workflow.overwrite_configfiles or ["config/config.yaml"])
     validate_config(config)
     W = Sweep(config, checkpoints)
 except PhazeError as exc:
-    sys.exit(f"phaze: error: {exc}")
+    sys.exit(f"phaze: error: {one_line(exc)}")
 # This run's config snapshot, results/.config/<content hash>.json, written once; its jobs read it
 # as $PHAZE_CONFIG, so another invocation (a dry run, another --configfile) cannot change it.
 os.environ["PHAZE_CONFIG"] = snapshot_config(config, W.config_json)

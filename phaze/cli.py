@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
 from phaze.errors import PhazeError
+from phaze.io.atomic import check_writable_dir
 
 # subcommand -> (module, one-line help)
 STAGES: dict[str, tuple[str, str]] = {
@@ -40,6 +42,17 @@ def one_line(text: str) -> str:
     return "; ".join(parts).replace(":; ", ": ")
 
 
+def check_outputs(args: argparse.Namespace) -> None:
+    """Every output path of a command (``--out``, ``--out-dir``, ``--export-instance``) where it
+    can be written, before the stage works: a read-only place is one line at once, not after the
+    work (``phaze.io.atomic.check_writable_dir``)."""
+    for name in ("out", "out_dir", "export_instance"):
+        value = getattr(args, name, None)
+        if isinstance(value, str) and value:
+            path = Path(value)
+            check_writable_dir(path if path.is_dir() or name == "out_dir" else path.parent)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="phaze", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="stage", metavar="STAGE")
@@ -60,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help (0) or a usage error (2, its one line already printed)
         return exc.code if isinstance(exc.code, int) else 2
     try:
+        check_outputs(args)
         return int(args._run(args) or 0)
     except PhazeError as exc:
         print(f"phaze {args.stage}: error: {one_line(exc)}", file=sys.stderr)

@@ -25,18 +25,18 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import json
 import math
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import jsonschema
 import yaml
 
-from phaze.arch.presets import PRESET_DIR, list_presets
+from phaze.arch.presets import list_presets, load_preset
 from phaze.errors import PhazeError
-from phaze.network import NETWORK_FORMS
 from phaze.paths import REPO_ROOT
+from phaze.schema import check_network_form, non_finite, read_document
 
 SCHEMA_PATH = REPO_ROOT / "config" / "schema.yaml"
 DEFAULT_CONFIG = REPO_ROOT / "config" / "config.yaml"
@@ -100,24 +100,6 @@ def _renamed_key(node, where: str = "") -> str | None:
     return None
 
 
-def _non_finite(node, where: str = "") -> str | None:
-    """The first NaN or infinite number in a nested config, as ``a/b/0``; None if none."""
-    if isinstance(node, float) and not math.isfinite(node):
-        return where or "<top>"
-    items = (
-        node.items()
-        if isinstance(node, dict)
-        else enumerate(node)
-        if isinstance(node, list)
-        else ()
-    )
-    for key, value in items:
-        found = _non_finite(value, f"{where}/{key}" if where else str(key))
-        if found:
-            return found
-    return None
-
-
 def _check_consistency(config: dict) -> None:
     """What the schema cannot say: the global batch splits into every microbatch size, an expert
     placement's etp is its tp or 1, and every preset named exists (checked when the config is read, so a dry run fails, not a job later)."""
@@ -134,34 +116,60 @@ def _check_consistency(config: dict) -> None:
                 f"config invalid at place.expert.{model}: etp {e['etp']} must be its tp "
                 f"({e['tp']}) or 1"
             )
+    check_grid_size(config["arch"])
     named = [("arch.presets", p) for p in config["arch"]["presets"]] + [
         ("arch.area_budget.reference_preset", config["arch"]["area_budget"]["reference_preset"]),
         ("search.baseline_preset", config["search"]["baseline_preset"]),
     ]
+    known = list_presets()
     for where, name in named:
-        if not (PRESET_DIR / f"{name}.yaml").is_file():
-            raise PhazeError(
-                f"config invalid at {where}: unknown preset {name!r}; known: {list_presets()}"
-            )
+        if name not in known:
+            raise PhazeError(f"config invalid at {where}: unknown preset {name!r}; known: {known}")
+        load_preset(name)  # checked against config/preset_schema.yaml: a dry run stops on it
 
 
-def _check_network_form(network) -> None:
-    """place.network is one form or the other: a one-line error naming the topology or the keys
-    of the other form (the schema would report a missing key of the form it guessed)."""
-    if not isinstance(network, dict):
-        return
-    topology = network.get("topology", "two_level")
-    if topology not in NETWORK_FORMS:
+#: peak memory of `phaze arch` per grid point, bytes: 242 MB for a grid of 10^5 points and 766
+#: MB for 10^6, 582-593 B per point (benchmarks/README.md, Arch), rounded up
+ARCH_BYTES_PER_POINT = 600
+
+
+def grid_points(arch: dict) -> int:
+    """The number of points of the architecture grid of config section ``arch`` (before the area
+    filter): the product of its axes' lengths."""
+    axes = ["n_tc", "n_vc", "tc_width", "tc_depth", "glb_mib", "freq_hz"]
+    lengths = [len(set(arch[a])) for a in axes]
+    if arch["vc_width"] != "tc_width":
+        lengths.append(len(set(arch["vc_width"])))
+    return math.prod(lengths)
+
+
+def machine_memory_bytes() -> int | None:
+    """This machine's memory, or the process's cgroup v2 limit where smaller; None if unknown."""
+    found = []
+    try:
+        found.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    try:
+        text = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if text.isdigit():
+            found.append(int(text))
+    except OSError:
+        pass
+    return min(found) if found else None
+
+
+def check_grid_size(arch: dict, memory_bytes: int | None = None) -> None:
+    """Refuse a grid whose enumeration cannot fit this machine's memory (one line with the count,
+    the need and the memory), before any job: `snakemake -n` and `phaze arch` stop on it."""
+    points = grid_points(arch)
+    memory_bytes = machine_memory_bytes() if memory_bytes is None else memory_bytes
+    need = points * ARCH_BYTES_PER_POINT
+    if memory_bytes is not None and need > memory_bytes:
         raise PhazeError(
-            f"config invalid at place/network/topology: unknown topology {topology!r} "
-            f"(known: {', '.join(NETWORK_FORMS)})"
-        )
-    others = set().union(*(keys for t, keys in NETWORK_FORMS.items() if t != topology))
-    mixed = sorted(others & set(network))
-    if mixed:
-        raise PhazeError(
-            f"config invalid at place/network: topology {topology!r} takes "
-            f"{', '.join(sorted(NETWORK_FORMS[topology]))}, not {', '.join(mixed)}"
+            f"config invalid at arch: the grid has {points:,} points (the product of the axes' "
+            f"lengths), about {need / 1e9:.3g} GB at {ARCH_BYTES_PER_POINT} B each to enumerate, "
+            f"and this machine has {memory_bytes / 1e9:.3g} GB: use shorter axes"
         )
 
 
@@ -186,8 +194,10 @@ def validate_config(config: dict) -> dict:
             "config place.recompute lists recompute modes now, not on/off: write e.g. "
             "[none, selective, full] (false was none, true full)"
         )
-    _check_network_form((config.get("place") or {}).get("network"))
-    bad = _non_finite(config)
+    check_network_form(
+        (config.get("place") or {}).get("network"), "config invalid at place/network"
+    )
+    bad = non_finite(config)
     if bad:
         raise PhazeError(f"config invalid at {bad}: NaN and infinite numbers are not allowed")
     errors = sorted(_Validator(_schema()).iter_errors(config), key=lambda e: list(e.path))
@@ -214,20 +224,19 @@ def load_config(path: str | Path | None = None) -> dict:
     path = Path(path) if path is not None else DEFAULT_CONFIG
     if not path.is_file():
         raise PhazeError(f"config file not found: {path}")
-    is_json = path.suffix == ".json"
-    try:
-        with open(path) as fh:
-            # JSON through json: YAML 1.1 reads `1e-06` (no dot) as a string.
-            config = (json.load(fh) if is_json else yaml.safe_load(fh)) or {}
-    except json.JSONDecodeError as exc:
-        raise PhazeError(f"config file {path} is not valid JSON: {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise PhazeError(
-            f"config file {path} is not valid YAML: {' '.join(str(exc).split())}"
-        ) from exc
+    config = read_document(path, "config file") or {}
     if not isinstance(config, dict):
         raise PhazeError(f"config file {path} must hold a mapping at the top level")
     return validate_config(config)
+
+
+def check_config_files(paths: Iterable[str | Path]) -> None:
+    """The config files a workflow run merged (Snakemake's ``--configfile`` list) read again the
+    strict way: a syntax error or a key written twice (which Snakemake's reader lets the last
+    one win) is a PhazeError naming the file."""
+    for path in paths:
+        if Path(path).is_file():
+            read_document(path, "config file")
 
 
 _CONVERSIONS = {"float": float, "int": int, "bool": bool}

@@ -3,7 +3,9 @@
 A preset file has an ``arch:`` section (the space-table parameters n_tc, n_vc, tc_width, tc_depth,
 vc_width, glb_bytes, freq_hz), an optional ``costmodel:`` section (overrides of the config's
 costmodel constants for this architecture, e.g. its own ``hbm_bandwidth_Bps``) and ``sources:``
-(where each number comes from). Other top-level sections are for other stages and are ignored here.
+(where each number comes from); ``network:`` and ``gpu:`` are read by place, evaluate and
+optimize. Every preset is checked against config/preset_schema.yaml when it is read (types,
+units, ranges; no NaN or infinity; no key written twice), whichever stage reads it.
 """
 
 from __future__ import annotations
@@ -11,13 +13,19 @@ from __future__ import annotations
 import copy
 from functools import cache
 
+import jsonschema
 import yaml
+from referencing import Registry
+from referencing.jsonschema import DRAFT202012
 
 from phaze.arch.area import peak_flops
 from phaze.errors import PhazeError
 from phaze.paths import REPO_ROOT
+from phaze.schema import check_network_form, first_error, non_finite, read_document
 
 PRESET_DIR = REPO_ROOT / "config" / "presets"
+PRESET_SCHEMA = REPO_ROOT / "config" / "preset_schema.yaml"
+CONFIG_SCHEMA = REPO_ROOT / "config" / "schema.yaml"
 ARCH_KEYS = ("n_tc", "n_vc", "tc_width", "tc_depth", "vc_width", "glb_bytes", "freq_hz")
 _INT_KEYS = ARCH_KEYS[:-1]
 
@@ -27,34 +35,46 @@ def list_presets() -> list[str]:
 
 
 @cache
+def _validator() -> jsonschema.protocols.Validator:
+    """The preset schema (config/preset_schema.yaml), its costmodel and network sections referring
+    to the workflow config's schema (config/schema.yaml)."""
+    preset_schema = yaml.safe_load(PRESET_SCHEMA.read_text())
+    config_schema = yaml.safe_load(CONFIG_SCHEMA.read_text())
+    registry = Registry().with_resource(
+        "urn:phaze:config-schema", DRAFT202012.create_resource(config_schema)
+    )
+    return jsonschema.Draft202012Validator(preset_schema, registry=registry)
+
+
+def check_preset(data, path) -> dict:
+    """``data`` (a preset file's document) checked against the preset schema: a PhazeError with
+    one line naming the file and the key, else ``data``."""
+    if not isinstance(data, dict):
+        raise PhazeError(f"preset {path} must hold a mapping at the top level")
+    gpu = data.get("gpu")
+    if isinstance(gpu, dict) and "hbm_bytes" in gpu:
+        raise PhazeError(f"preset {path}: gpu.hbm_bytes was renamed: write gpu.hbm_capacity_bytes")
+    bad = non_finite(data)
+    if bad:
+        raise PhazeError(
+            f"preset {path} invalid at {bad}: NaN and infinite numbers are not allowed"
+        )
+    check_network_form(data.get("network"), f"preset {path} invalid at network")
+    error = first_error(_validator(), data)
+    if error:
+        raise PhazeError(f"preset {path} invalid at {error}")
+    return data
+
+
+@cache
 def _load(name: str) -> dict:
     path = PRESET_DIR / f"{name}.yaml"
     if not path.exists():
         raise PhazeError(f"unknown preset {name!r} (no {path}); known: {list_presets()}")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise PhazeError(f"preset {path} is not valid YAML: {exc}") from exc
-    arch = data.get("arch")
-    if not isinstance(arch, dict):
-        raise PhazeError(f"preset {path} needs an `arch:` mapping")
-    missing = [k for k in ARCH_KEYS if k not in arch]
-    if missing:
-        raise PhazeError(f"preset {path} arch section is missing {missing}")
-    for key in ARCH_KEYS:
-        value = arch[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise PhazeError(f"preset {path}: arch.{key} must be a positive number, got {value!r}")
-        if key in _INT_KEYS and int(value) != value:
-            raise PhazeError(f"preset {path}: arch.{key} must be an integer, got {value!r}")
-    gpu = data.get("gpu")
-    if isinstance(gpu, dict) and "hbm_bytes" in gpu:
-        raise PhazeError(f"preset {path}: gpu.hbm_bytes was renamed: write gpu.hbm_capacity_bytes")
-    costmodel = data.get("costmodel") or {}
-    if not isinstance(costmodel, dict):
-        raise PhazeError(f"preset {path}: `costmodel:` must be a mapping")
+    data = check_preset(read_document(path, "preset") or {}, path)
+    arch = data["arch"]
     data["arch"] = {k: (int(arch[k]) if k in _INT_KEYS else float(arch[k])) for k in ARCH_KEYS}
-    data["costmodel"] = costmodel
+    data["costmodel"] = data.get("costmodel") or {}
     data.setdefault("sources", {})
     return data
 

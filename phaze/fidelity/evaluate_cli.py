@@ -15,26 +15,9 @@ from phaze.arch.presets import load_preset
 from phaze.config import add_config_argument, load_config
 from phaze.errors import PhazeError
 from phaze.fidelity.evaluate import evaluate_strategy, preset_network
+from phaze.io.checks import count
 from phaze.step.strategy import Strategy
 from phaze.trace.models import get_model_spec
-
-#: the largest count the step model represents: ranks and batch sizes are 64-bit integers
-MAX_COUNT = 2**63 - 1
-
-
-def count(text: str) -> int:
-    """An integer argument the step model can represent (argparse type: a bad one is a usage
-    error, one line, exit 2)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value > MAX_COUNT:
-        raise argparse.ArgumentTypeError(
-            f"{text} is too large to represent (at most 2^63 - 1 = {MAX_COUNT}: ranks and "
-            "batch sizes are 64-bit integers)"
-        )
-    return value
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,31 +32,31 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--devices", type=count, required=True, help="number of devices N")
     parser.add_argument("--global-batch", type=count, required=True, help="sequences per iteration")
-    parser.add_argument("--seq", type=int, help="sequence length (default: the model's)")
+    parser.add_argument("--seq", type=count, help="sequence length (default: the model's)")
     add_config_argument(parser)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser)
-    parser.add_argument("--tp", type=int, required=True, help="tensor-parallel width tp")
-    parser.add_argument("--pp", type=int, required=True, help="pipeline stages p")
+    parser.add_argument("--tp", type=count, required=True, help="tensor-parallel width tp")
+    parser.add_argument("--pp", type=count, required=True, help="pipeline stages p")
     parser.add_argument(
         "--ep",
-        type=int,
+        type=count,
         default=1,
         help="expert-parallel size (a mixture-of-experts model; must divide its experts and dp, "
         "tp·dp with --etp 1)",
     )
     parser.add_argument(
         "--etp",
-        type=int,
+        type=count,
         help="the experts' tensor-parallel size: tp (the default) or 1 (whole experts on each "
         "rank, Megatron's --expert-tensor-parallel-size 1)",
     )
-    parser.add_argument("--microbatch", type=int, required=True, help="microbatch size b")
+    parser.add_argument("--microbatch", type=count, required=True, help="microbatch size b")
     parser.add_argument(
         "--interleave",
-        type=int,
+        type=count,
         default=1,
         help="model chunks per device V (interleaved 1F1B when > 1)",
     )

@@ -19,6 +19,8 @@ import json
 from phaze.errors import PhazeError
 from phaze.fidelity.evaluate import optimize_strategy
 from phaze.fidelity.evaluate_cli import add_run_arguments, load_run
+from phaze.io.checks import count, finite
+from phaze.place.settings import MAX_HBM_GIB
 from phaze.step.megatron_args import megatron_arguments
 from phaze.units import GIB
 
@@ -27,24 +29,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser)
     parser.add_argument(
         "--hbm-gib",
-        type=float,
+        type=finite,
         help="memory per device, GiB (default: the preset's gpu.hbm_capacity_bytes)",
     )
     parser.add_argument(
         "--microbatch",
-        type=int,
+        type=count,
         nargs="+",
         help="microbatch sizes to search (default: config trace.microbatch)",
     )
     parser.add_argument(
         "--tp",
-        type=int,
+        type=count,
         nargs="+",
         help="tensor-parallel widths to search (default: config trace.tp)",
     )
     parser.add_argument(
         "--ep",
-        type=int,
+        type=count,
         nargs="+",
         help="expert-parallel sizes to search (a mixture-of-experts model; default: every "
         "divisor of its experts; a dense model: 1)",
@@ -63,8 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     spec, preset, config, seq = load_run(args)
     if args.hbm_gib is not None:
-        if not args.hbm_gib > 0:
-            raise PhazeError(f"--hbm-gib must be > 0, got {args.hbm_gib}")
+        if not 0 < args.hbm_gib <= MAX_HBM_GIB:
+            raise PhazeError(
+                f"--hbm-gib must be > 0 and <= {MAX_HBM_GIB} (1 PiB), got {args.hbm_gib}"
+            )
         hbm = args.hbm_gib * GIB
     else:
         hbm = (preset.get("gpu") or {}).get("hbm_capacity_bytes")

@@ -83,8 +83,17 @@ RUN_COLUMNS = (
 def _csv_rows(path: Path) -> list[dict]:
     if not path.is_file():
         raise PhazeError(f"reference table not found: {path}")
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
-    rows = list(csv.DictReader(lines))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise PhazeError(f"reference table {path} is not a text file (not UTF-8)") from None
+    except OSError as exc:
+        raise PhazeError(f"cannot read the reference table {path}: {exc.strerror}") from exc
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    try:
+        rows = list(csv.DictReader(lines))
+    except csv.Error as exc:
+        raise PhazeError(f"reference table {path} is not a CSV table: {exc}") from None
     if not rows:
         raise PhazeError(f"{path}: no data rows")
     return rows

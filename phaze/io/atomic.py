@@ -34,6 +34,36 @@ def ensure_dir(path: str | os.PathLike) -> Path:
     return path
 
 
+def check_writable_dir(path: str | os.PathLike) -> Path:
+    """PhazeError unless the output directory ``path`` can be created and written (a file in the
+    way, no permission, a read-only file system), found by trying: a temporary file in it, or
+    the first missing directory created and removed again. Nothing is left behind, so a stage
+    can ask before its work rather than fail after it."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise PhazeError(f"cannot write the output directory {path}: it is a file")
+    missing = path
+    while not missing.parent.exists() and missing.parent != missing:
+        missing = missing.parent
+    try:
+        if missing.exists():
+            fd, tmp = tempfile.mkstemp(prefix=".phaze-probe.", dir=missing)
+            os.close(fd)
+            os.unlink(tmp)
+        else:
+            if not missing.parent.is_dir():
+                raise PhazeError(
+                    f"cannot create the output directory {path}: {missing.parent} is a file"
+                )
+            missing.mkdir()
+            missing.rmdir()
+    except OSError as exc:
+        raise PhazeError(
+            f"cannot write the output directory {path}: {exc.strerror or exc}"
+        ) from exc
+    return path
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path in the target's directory; rename it onto ``target`` on success,

@@ -4,6 +4,7 @@ count must be a whole number (``2.0`` is, ``2.5`` is not)."""
 
 from __future__ import annotations
 
+import argparse
 import math
 
 from phaze.errors import PhazeError
@@ -60,4 +61,35 @@ def sequence(value, what: str) -> list:
 def _of_type(value, what: str, kind: type, name: str):
     if not isinstance(value, kind):
         raise PhazeError(f"{what} must be {name}, got {_type_name(value)}")
+    return value
+
+
+# --- command-line numbers (argparse types: a bad one is a usage error, one line, exit 2) --------
+#: the largest count the models represent: ranks, batch sizes and sizes are 64-bit integers
+MAX_COUNT = 2**63 - 1
+
+
+def count(text: str) -> int:
+    """An integer argument within the 64-bit range the stages compute in; its sign and range are
+    the stage's to check (a message naming the flag)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if abs(value) > MAX_COUNT:
+        raise argparse.ArgumentTypeError(
+            f"{text} is too large to represent (at most 2^63 - 1 = {MAX_COUNT}: ranks, batch "
+            "sizes and sizes are 64-bit integers)"
+        )
+    return value
+
+
+def finite(text: str) -> float:
+    """A finite real argument (not nan, inf, or beyond the float64 range such as 1e400)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     return value

@@ -28,9 +28,11 @@ from phaze.config import add_config_argument, load_config
 from phaze.errors import PhazeError
 from phaze.io import read_table, write_json_atomic, write_table
 from phaze.io.atomic import write_text_atomic
+from phaze.io.checks import count, finite
+from phaze.io.select import arch_ids
 from phaze.io.tables import check_values
-from phaze.place.inputs import trace_shapes
-from phaze.place.settings import PlaceSettings, hbm_capacity_bytes_of
+from phaze.place.inputs import check_trace_flags, trace_record, trace_shapes
+from phaze.place.settings import MAX_HBM_GIB, PlaceSettings, hbm_capacity_bytes_of
 from phaze.place.tables import place_architectures
 from phaze.place.upstream import dumps_result, export_instance, load_instance, solve_instance
 
@@ -39,17 +41,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instance", help="solve an upstream-format placement instance (JSON)")
     parser.add_argument("--model", help="model name (recorded in the output)")
     parser.add_argument(
-        "--tp", type=int, nargs="+", help="tensor-parallel widths, one per trace dir"
+        "--tp", type=count, nargs="+", help="tensor-parallel widths, one per trace dir"
     )
     parser.add_argument(
         "--ep",
-        type=int,
+        type=count,
         nargs="+",
         help="expert-parallel size of each trace dir (a mixture-of-experts model; default 1 each)",
     )
     parser.add_argument(
         "--etp",
-        type=int,
+        type=count,
         nargs="+",
         help="the experts' tensor-parallel size of each trace dir: its tp, or 1 for whole "
         "experts (default: its tp each)",
@@ -66,8 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--archs", help="comma-separated arch ids to place (default: all scheduled)"
     )
-    parser.add_argument("--hbm-gib", type=float, help="HBM capacity per device, GiB")
-    parser.add_argument("--microbatch", type=int, help="microbatch size (sequences)")
+    parser.add_argument("--hbm-gib", type=finite, help="HBM capacity per device, GiB")
+    parser.add_argument("--microbatch", type=count, help="microbatch size (sequences)")
     parser.add_argument(
         "--latencies",
         nargs="+",
@@ -82,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="schedule column used as layer latency (lower_bound_s gives a throughput upper bound)",
     )
     parser.add_argument(
-        "--devices", type=int, nargs="+", help="cluster sizes (default: config place.devices)"
+        "--devices", type=count, nargs="+", help="cluster sizes (default: config place.devices)"
     )
     add_config_argument(parser)
     parser.add_argument(
@@ -135,8 +137,12 @@ def _run_tables(args) -> int:
             f"--latencies ({len(args.latencies)}) needs one entry per tp ({len(args.tp)})"
         )
     traces = trace_shapes(args.tp, args.ep, args.etp)
-    if not math.isfinite(args.hbm_gib) or args.hbm_gib <= 0:
-        raise PhazeError(f"--hbm-gib must be a finite number > 0, got {args.hbm_gib}")
+    wanted = arch_ids(args.archs)
+    if not math.isfinite(args.hbm_gib) or not 0 < args.hbm_gib <= MAX_HBM_GIB:
+        raise PhazeError(
+            f"--hbm-gib must be a finite number > 0 and <= {MAX_HBM_GIB} (1 PiB), "
+            f"got {args.hbm_gib}"
+        )
     if args.microbatch < 1:
         raise PhazeError(f"--microbatch must be >= 1, got {args.microbatch}")
 
@@ -148,6 +154,9 @@ def _run_tables(args) -> int:
     devices_list = args.devices or list(pc["devices"])
     if any(d < 1 for d in devices_list):
         raise PhazeError(f"cluster sizes must be >= 1, got {devices_list}")
+    twice = sorted({d for d in devices_list if devices_list.count(d) > 1})
+    if twice:
+        raise PhazeError(f"--devices lists {twice[0]} twice (each cluster size is one row)")
 
     layers_by_t, schedules_by_t, ops_by_t, latencies_by_t = {}, {}, {}, {}
 
@@ -158,6 +167,7 @@ def _run_tables(args) -> int:
         return pd.concat([read_table(f, schema) for f in files], ignore_index=True)
 
     latencies = args.latencies or [None] * len(args.tp)
+    records: dict = {}  # trace dir -> what it was made with (model, microbatch, seq, ...)
     # keyed by (tp, ep, etp) (phaze.place.inputs.trace_key)
     for (t, e, x), trace_dir, sched, lat in zip(traces, args.trace_dirs, args.schedules, latencies):
         if t < 1:
@@ -177,6 +187,8 @@ def _run_tables(args) -> int:
             )
         k = (t, e, x)
         layers_by_t[k] = layers
+        records[trace_dir] = trace_record(trace_dir, layers)
+        check_trace_flags(records, {"model": args.model, "microbatch": args.microbatch})
         schedules = tables(sched, "schedule", "schedule", t)
         check_values(schedules, "schedule", f"schedules for tp={t} ({sched})")
         schedules_by_t[k] = schedules
@@ -184,8 +196,7 @@ def _run_tables(args) -> int:
             latencies_by_t[k] = tables(lat, "latency", "latency", t)
             ops_by_t[k] = read_table(Path(trace_dir) / "ops.parquet", "ops")
     space = read_table(args.space, "space")
-    if args.archs:
-        wanted = [a for a in args.archs.split(",") if a]
+    if wanted is not None:
         unknown = sorted(set(wanted) - set(space["arch"]))
         if unknown:
             raise PhazeError(f"arch ids not in {args.space}: {unknown[:5]}")

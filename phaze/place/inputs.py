@@ -5,12 +5,23 @@ recomputation its operators and their latencies. Both placement objectives read 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from phaze.errors import PhazeError
+
+# what a trace was made with: flag -> (layers column, trace.json key)
+_RECORDED = {
+    "model": ("model", "model"),
+    "microbatch": ("microbatch", "microbatch"),
+    "seq": ("seq_len", "seq_len"),
+    "tp": ("tp", "tp"),
+    "ep": ("ep", "ep"),
+}
 
 
 def trace_key(k) -> tuple[int, int, int]:
@@ -38,6 +49,68 @@ def trace_shapes(tps, eps, etps) -> list[tuple[int, int, int]]:
     if len(set(shapes)) != len(shapes):
         raise PhazeError(f"--tp/--ep/--etp list a trace twice: {shapes}")
     return shapes
+
+
+def trace_record(trace_dir, layers: pd.DataFrame) -> dict:
+    """What the trace in ``trace_dir`` was made with — model, microbatch, seq, tp, ep, etp — from
+    its layers table's columns and its ``trace.json`` (where present; None = not recorded). The
+    two records and the layers' rows must agree with each other."""
+    trace_dir = Path(trace_dir)
+    record: dict = {}
+    for flag, (column, _) in _RECORDED.items():
+        if column in layers.columns:
+            values = sorted(set(layers[column].tolist()), key=str)
+            if len(values) > 1:
+                raise PhazeError(f"{trace_dir}: its layers mix {column} {values}")
+            record[flag] = values[0] if values else None
+    if "etp1" in layers.columns and record.get("tp") is not None:
+        whole = set(layers["etp1"].tolist())
+        if len(whole) == 1:
+            record["etp"] = 1 if whole == {True} else record["tp"]
+    meta_path = trace_dir / "trace.json"
+    if meta_path.is_file():
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise PhazeError(f"{meta_path} is not valid JSON: {exc}") from None
+        if not isinstance(meta, dict):
+            raise PhazeError(f"{meta_path} must hold a JSON object")
+        for flag, (column, key) in _RECORDED.items():
+            if meta.get(key) is None:
+                continue
+            if record.get(flag) is not None and record[flag] != meta[key]:
+                raise PhazeError(
+                    f"{trace_dir}: trace.json says {key} {meta[key]!r} but its layers table "
+                    f"says {record[flag]!r}"
+                )
+            record[flag] = meta[key]
+    return record
+
+
+def check_trace_flags(records: dict, flags: dict) -> None:
+    """Every trace directory's record (``trace_record``, keyed by directory) against the flags of
+    the command line that restate it (``{flag: value or None}``; a list gives one value per
+    directory, in order), and the directories against each other (one model, microbatch and
+    sequence length): a PhazeError naming both values at the first disagreement."""
+    dirs = list(records)
+    for flag, value in flags.items():
+        if value is None:
+            continue
+        values = list(value) if isinstance(value, (list, tuple)) else [value] * len(dirs)
+        for d, v in zip(dirs, values):
+            recorded = records[d].get(flag)
+            if recorded is not None and recorded != v:
+                raise PhazeError(
+                    f"--{flag} {v} but {d} is a trace of {_RECORDED[flag][0] if flag in _RECORDED else flag} "
+                    f"{recorded} (trace.json and its layers table)"
+                )
+    for flag in ("model", "microbatch", "seq"):
+        seen = {records[d][flag]: d for d in dirs if records[d].get(flag) is not None}
+        if len(seen) > 1:
+            (a, da), (b, db) = list(seen.items())[:2]
+            raise PhazeError(
+                f"the traces disagree: {da} is a trace of {_RECORDED[flag][0]} {a!r}, {db} of {b!r}"
+            )
 
 
 def trace_label(k) -> str:

@@ -21,6 +21,11 @@ from phaze.units import GIB
 STATE_BYTES_PER_PARAM = {"sgd": 4.0, "adam": 16.0}
 
 
+#: the largest HBM capacity per device, GiB: 1 PiB, the preset schema's bound of
+#: gpu.hbm_capacity_bytes (config/preset_schema.yaml), far below the int64 bytes of the tables
+MAX_HBM_GIB = 2**20
+
+
 def hbm_capacity_bytes_of(gib: float) -> int:
     """An HBM capacity in GiB (config ``place.hbm_gib``, ``--hbm-gib``) in bytes, as every
     placement table and the space bounds key it."""

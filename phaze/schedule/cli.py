@@ -11,6 +11,7 @@ import time
 from phaze.config import add_config_argument, load_config
 from phaze.errors import PhazeError
 from phaze.io.atomic import write_text_atomic
+from phaze.io.checks import count
 from phaze.schedule.solve import Options, Scheduler, peak_cores
 from phaze.schedule.stage import schedule_tables
 from phaze.schedule.tables import instance_from_json
@@ -26,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # the architecture selection of phaze.io.select, with --space optional for --instance
     parser.add_argument("--space", help="architecture space (space.parquet): n_tc, n_vc")
     parser.add_argument("--chunks", help="chunk table (columns arch, chunk); default: one chunk")
-    parser.add_argument("--chunk", type=int, help="chunk index to work on (needs --chunks)")
+    parser.add_argument("--chunk", type=count, help="chunk index to work on (needs --chunks)")
     parser.add_argument("--archs", help="comma-separated arch ids (alternative to --chunk)")
     parser.add_argument(
         "--tier",

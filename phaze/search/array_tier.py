@@ -22,6 +22,7 @@ from phaze.errors import PhazeError
 from phaze.estimate.model import achievable_hbm_Bps
 from phaze.estimate.stage import latency_arrays
 from phaze.io.atomic import atomic_path
+from phaze.io.select import arch_ids
 from phaze.io.tables import read_table, write_table
 from phaze.place.arrays import achieved_times, upper_times
 from phaze.place.columns import empty_columns
@@ -117,8 +118,8 @@ def tier_tables(args, config: dict) -> tuple[list[pd.DataFrame], list[pd.DataFra
         raise PhazeError("the array tier places under place.model megatron only")
     shapes = trace_shapes(args.tp, args.ep, args.etp)
     space = read_table(args.space, "space", nonempty=True).reset_index(drop=True)
-    if args.archs:
-        want = [a for a in args.archs.split(",") if a]
+    want = arch_ids(args.archs)
+    if want is not None:
         known = set(space["arch"])
         missing = [a for a in want if a not in known]
         if missing:

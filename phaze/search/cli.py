@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 
 from phaze.config import add_config_argument
+from phaze.io.checks import count
 from phaze.search import commands
 
 
@@ -40,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--plan", required=True, help="chunks.parquet")
-        p.add_argument("--round", type=int, required=True)
+        p.add_argument("--round", type=count, required=True)
         p.add_argument(
             "--manifest",
             required=True,
@@ -127,7 +128,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "config and the search checkpoints' outputs under results/ (the step's job builds it)",
     )
     p.add_argument("--step", required=True, choices=("select", "prune", "summary"))
-    p.add_argument("--round", type=int, help="the round (select, prune)")
+    p.add_argument("--round", type=count, help="the round (select, prune)")
     p.add_argument(
         "--solve", choices=("ilp", "deep", "certify"), default="ilp", help="prune's ILP solve"
     )
@@ -158,17 +159,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _trace_arguments(p: argparse.ArgumentParser) -> None:
     """The traces of one model and microbatch and the space (``bounds``, ``tier``)."""
     p.add_argument("--model", required=True, help="model key (as in the trace directories)")
-    p.add_argument("--microbatch", type=int, required=True)
-    p.add_argument("--tp", type=int, nargs="+", required=True, help="tensor-parallel widths")
+    p.add_argument("--microbatch", type=count, required=True)
+    p.add_argument("--tp", type=count, nargs="+", required=True, help="tensor-parallel widths")
     p.add_argument(
         "--ep",
-        type=int,
+        type=count,
         nargs="+",
         help="expert-parallel size of each trace dir (a mixture-of-experts model; default 1 each)",
     )
     p.add_argument(
         "--etp",
-        type=int,
+        type=count,
         nargs="+",
         help="the experts' tensor-parallel size of each trace dir: its tp, or 1 for whole "
         "experts (default: its tp each)",

@@ -17,6 +17,7 @@ from phaze.config import load_config
 from phaze.errors import PhazeError
 from phaze.io import read_table, write_json_atomic, write_table
 from phaze.io.manifest import write_manifest
+from phaze.place.inputs import check_trace_flags, trace_record, trace_shapes
 from phaze.search.array_tier import run as run_tier
 from phaze.search.baselines import placement_blind_choice, space_single_accelerator_latency
 from phaze.search.dominance import edges_of, scope_edges
@@ -250,8 +251,7 @@ def prune(args: argparse.Namespace) -> int:
 def bounds(args: argparse.Namespace) -> int:
     """The space bound of one model and microbatch: every architecture, HBM size, cluster size."""
     config = _config(args)
-    if len(args.tp) != len(args.trace_dirs):
-        raise PhazeError("--tp and --trace-dirs need one trace directory per width")
+    _check_traces(args)
     df = bounds_table(args, config)
     write_table(df, args.out, "bounds")
     top = df["throughput_upper_seq_s"].max()
@@ -262,9 +262,33 @@ def bounds(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_traces(args: argparse.Namespace) -> None:
+    """The trace directories of ``bounds`` and ``tier`` were made with the model, microbatch and
+    shard shapes the flags state (one line naming both values otherwise)."""
+    if len(args.tp) != len(args.trace_dirs):
+        raise PhazeError("--tp and --trace-dirs need one trace directory per width")
+    shapes = trace_shapes(args.tp, args.ep, args.etp)
+    records = {
+        d: trace_record(d, read_table(Path(d) / "layers.parquet", "layers", nonempty=True))
+        for d in args.trace_dirs
+    }
+    check_trace_flags(
+        records,
+        {
+            "model": args.model,
+            "microbatch": int(args.microbatch),
+            "tp": [t for t, _, _ in shapes],
+            "ep": [e for _, e, _ in shapes],
+            "etp": [x for _, _, x in shapes],
+        },
+    )
+
+
 def tier(args: argparse.Namespace) -> int:
     """The array tier of one model and microbatch (phaze.search.array_tier)."""
-    run_tier(args, _config(args))
+    config = _config(args)
+    _check_traces(args)
+    run_tier(args, config)
     return 0
 
 
@@ -273,6 +297,7 @@ def blind(args: argparse.Namespace) -> int:
     trace = Path(args.trace)
     ops = read_table(trace / "ops.parquet", "ops", nonempty=True)
     layers = read_table(trace / "layers.parquet", "layers")
+    check_trace_flags({args.trace: trace_record(trace, layers)}, {"model": args.model, "tp": 1})
     space = read_table(args.space, "space", nonempty=True)
     per_arch = space_single_accelerator_latency(
         ops, layers, space, config["costmodel"], config["place"]

@@ -7,7 +7,9 @@ from pathlib import Path
 
 from phaze.config import add_config_argument, load_config
 from phaze.errors import PhazeError
+from phaze.io.checks import count
 from phaze.trace.models import get_model_spec
+from phaze.trace.sizes import check_tensor_sizes
 from phaze.trace.write import write_trace
 
 
@@ -17,24 +19,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         help="registry name (see phaze/trace/models.py) or path to a HF config.json",
     )
-    parser.add_argument("--microbatch", type=int, required=True, help="microbatch size b")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel width tp (1, 2, 4, 8)")
+    parser.add_argument("--microbatch", type=count, required=True, help="microbatch size b")
+    parser.add_argument("--tp", type=count, default=1, help="tensor-parallel width tp (1, 2, 4, 8)")
     parser.add_argument(
         "--ep",
-        type=int,
+        type=count,
         default=1,
         help="expert-parallel size ep (a mixture-of-experts model: the rank holds E/ep experts)",
     )
     parser.add_argument(
         "--etp",
-        type=int,
+        type=count,
         help="the experts' tensor-parallel size: tp (the default) or 1 (a mixture-of-experts "
         "model: whole experts on the rank's sequence-parallel shard, Megatron's "
         "--expert-tensor-parallel-size 1)",
     )
     parser.add_argument(
         "--seq",
-        type=int,
+        type=count,
         help="sequence length (default: config trace.seq[model], else the model's)",
     )
     add_config_argument(parser)
@@ -59,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         spec.moe.check_imbalance(trace_cfg["moe_imbalance"], spec.name)
     seq = args.seq or trace_cfg["seq"].get(args.model) or spec.seq
     spec.check_etp(args.etp, args.tp, seq)
+    check_tensor_sizes(spec, args.microbatch, seq)
 
     from phaze.trace.tracer import trace_model  # deferred: pulls torch (after the checks above)
 

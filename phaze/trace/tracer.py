@@ -17,6 +17,7 @@ from phaze.trace.capture import Capture, capture
 from phaze.trace.graph import op_graph_rows, signature, to_frames
 from phaze.trace.models import ModelSpec
 from phaze.trace.moe import rank_tokens_per_expert
+from phaze.trace.sizes import check_tensor_sizes
 
 
 @dataclass
@@ -82,6 +83,7 @@ def trace_model(
     spec.check_tp(tp)
     spec.check_ep(ep)
     spec.check_etp(etp, tp, seq)
+    check_tensor_sizes(spec, microbatch, seq)
     etp = tp if etp is None else etp
     if spec.moe is not None:
         spec.moe.check_imbalance(moe_imbalance, spec.name)
