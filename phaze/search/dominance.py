@@ -219,12 +219,18 @@ def close_bounds(wide: pd.DataFrame, edges: pd.DataFrame, hi: np.ndarray) -> np.
     raise AssertionError("dominance closure did not converge (a cycle of strict steps)")
 
 
-def check_closed(wide: pd.DataFrame, hi: np.ndarray, ach: np.ndarray) -> None:
+def check_closed(
+    wide: pd.DataFrame, hi: np.ndarray, ach: np.ndarray, among: np.ndarray | None = None
+) -> None:
     """A closed upper bound below the same component's achieved value disproves a dominance step
     (its latencies were checked, so a modelling term outside them depends on the architecture):
-    an error naming the component, never a silently wrong certificate."""
+    an error naming the component, never a silently wrong certificate. ``among``: a mask of the
+    rows to check (default all)."""
     with np.errstate(invalid="ignore"):
-        bad = np.flatnonzero(hi < ach * (1 - CHECK_RTOL))
+        below = hi < ach * (1 - CHECK_RTOL)
+    if among is not None:
+        below &= among
+    bad = np.flatnonzero(below)
     if len(bad):
         r = wide.iloc[bad[0]]
         raise PhazeError(

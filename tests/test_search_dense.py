@@ -1,0 +1,133 @@
+"""The round state on integer codes against the string-keyed tables it replaced: a small
+reference implementation of each replaced function, compared on random spaces."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from search_sim import place_rows, space_rows, truth_table, with_dominance
+
+from phaze.search.dominance import check_closed, close_bounds, edges_of
+from phaze.search.scores import ACHIEVABLE, COMPONENT_KEY, LEVEL, TIERS, UPPER, components
+
+
+def reference_components(place, final="ilp", space=None, edges=None) -> pd.DataFrame:
+    """The components table as one string-keyed outer merge of the placements' pivot and the
+    space bounds (the implementation :func:`phaze.search.scores.components` replaced), without
+    its per-tier columns."""
+    df = place[COMPONENT_KEY + ["tier", "throughput_seq_s"]].copy()
+    if "feasible" in place.columns:
+        df.loc[~place["feasible"].astype(bool).to_numpy(), "throughput_seq_s"] = np.nan
+    g = df.groupby(COMPONENT_KEY + ["tier"], sort=False)["throughput_seq_s"]
+    wide = g.max().unstack("tier").reindex(columns=list(TIERS))
+    present = g.size().unstack("tier").reindex(index=wide.index, columns=list(TIERS)).notna()
+    level = np.zeros(len(wide), dtype=np.int64)
+    for tier in TIERS:
+        level = np.maximum(level, np.where(present[tier].to_numpy(), LEVEL[tier], 0))
+    wide.columns.name = None
+    wide = wide.reset_index()
+    wide["level"] = level
+    for tier in UPPER:
+        wide[f"_has_{tier}"] = present[tier].to_numpy()
+    if space is not None and len(space):
+        sb = space[COMPONENT_KEY + ["throughput_upper_seq_s"]].rename(
+            columns={"throughput_upper_seq_s": "_space"}
+        )
+        sb["_in_space"] = True
+        wide = sb.merge(wide, on=COMPONENT_KEY, how="outer")
+        in_space = wide.pop("_in_space").fillna(False).astype(bool).to_numpy()
+        wide["space"] = np.fmin(wide["space"], wide.pop("_space"))
+        wide["level"] = wide["level"].fillna(0).astype(np.int64)
+        for tier in UPPER:
+            wide[f"_has_{tier}"] = wide[f"_has_{tier}"].fillna(False).astype(bool)
+        wide["_has_space"] |= in_space
+    has = np.column_stack([wide[f"_has_{t}"].to_numpy(bool) for t in UPPER])
+    upper = wide[list(UPPER)].to_numpy(dtype=float)
+    infeasible = (has & np.isnan(upper)).any(axis=1)
+    hi = np.where(has & ~np.isnan(upper), upper, np.inf).min(axis=1)
+    hi = np.where(infeasible, np.nan, hi)
+    certified = wide["_has_certify_ub"].to_numpy(bool)
+    wide = wide.drop(columns=[f"_has_{t}" for t in UPPER])
+    wide["ach"] = wide[list(ACHIEVABLE)].max(axis=1, skipna=True)
+    own = hi
+    if edges is not None and len(edges):
+        hi = close_bounds(wide, edges, own)
+        lowered = hi < own
+        check_closed(wide[lowered], hi[lowered], wide["ach"].to_numpy(float)[lowered])
+    wide["hi"] = hi
+    with np.errstate(invalid="ignore"):
+        wide["led"] = hi < own
+    wide["has_ilp"] = wide["level"] >= LEVEL["ilp"]
+    wide["has_deep"] = wide["level"] >= LEVEL["deep"]
+    wide["has_certify"] = certified
+    wide["exact"] = (
+        wide[final].notna()
+        | (wide["hi"] <= wide["ach"]).fillna(False)
+        | wide["hi"].isna()
+        | (wide["level"] >= LEVEL[final])
+    )
+    return wide.drop(columns=list(TIERS))
+
+
+def _random_place(rng, truth: pd.DataFrame) -> pd.DataFrame:
+    """Placements of random components at random tiers (a tier's rows may repeat)."""
+    parts = [place_rows(truth.iloc[:0], "lo")]
+    for tiers in (["ub", "lo"], ["ilp", "ilp_ub"], ["deep", "deep_ub"], ["certify_ub"]):
+        pick = truth[rng.random(len(truth)) < 0.3]
+        parts += [place_rows(pick, t) for t in tiers]
+    place = pd.concat(parts, ignore_index=True)
+    return place.sample(frac=1.0, random_state=int(rng.integers(2**31)))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**31),
+    n_hbm=st.sampled_from([1, 2]),
+    final=st.sampled_from(["ilp", "deep"]),
+    drop=st.sampled_from([0.0, 0.2]),
+)
+def test_components_equal_the_string_keyed_table(seed, n_hbm, final, drop):
+    """Same rows in the same order and the same values as the outer merge it replaced, on
+    random spaces: shuffled space rows, dominance steps, placements at every tier, components the
+    space bounds lack. Mutations: a component's space row taken one code off (``at + 1``), the
+    output rows left in the space's order — each fails."""
+    rng = np.random.default_rng(seed)
+    truth = with_dominance(truth_table(rng, 5, n_hbm), rng)
+    space = space_rows(truth).sample(frac=1.0, random_state=seed % 1000)
+    space = space[rng.random(len(space)) >= drop].reset_index(drop=True)
+    place = _random_place(rng, truth)
+    edges = edges_of(space)
+    got = components(place, final, space, edges)
+    want = reference_components(place, final, space, edges)
+    pd.testing.assert_frame_equal(got, want)
+    # without the space bounds: the placements' rows alone
+    got = components(place, final)
+    want = reference_components(place, final)
+    pd.testing.assert_frame_equal(got, want)
+
+
+@pytest.mark.parametrize("final", ["ilp", "deep"])
+def test_components_of_the_space_alone_are_level_zero(final):
+    """No placement yet (round 0): every component is the space bound's, closed by dominance."""
+    rng = np.random.default_rng(3)
+    truth = with_dominance(truth_table(rng, 6, 2), rng)
+    space = space_rows(truth)
+    got = components(place_rows(truth.iloc[:0], "lo"), final, space, edges_of(space))
+    want = reference_components(place_rows(truth.iloc[:0], "lo"), final, space, edges_of(space))
+    pd.testing.assert_frame_equal(got, want)
+    assert (got["level"] == 0).all() and got["ach"].isna().all() and got["led"].any()
+
+
+def test_components_keep_the_space_types_when_nothing_is_placed():
+    """An empty placements table with untyped columns (a round step's before any placement):
+    the keys keep the space bounds' types, as the merge kept them."""
+    rng = np.random.default_rng(4)
+    truth = truth_table(rng, 4)
+    space = space_rows(truth)
+    place = pd.DataFrame(columns=COMPONENT_KEY + ["tier", "throughput_seq_s"])
+    got = components(place, "ilp", space)
+    pd.testing.assert_frame_equal(got, reference_components(place, "ilp", space))
+    assert got["arch"].dtype == space["arch"].dtype and got["devices"].dtype == np.int64
