@@ -11,7 +11,19 @@ from hypothesis import strategies as st
 from search_sim import place_rows, space_rows, truth_table, with_dominance
 
 from phaze.search.dominance import check_closed, close_bounds, edges_of
-from phaze.search.scores import ACHIEVABLE, COMPONENT_KEY, LEVEL, TIERS, UPPER, components
+from phaze.search.scores import (
+    ACHIEVABLE,
+    COMMON_SCORES,
+    COMPONENT_KEY,
+    LEVEL,
+    SEARCH_KEY,
+    TIERS,
+    UPPER,
+    VALUE_COLUMNS,
+    all_scores,
+    common_scores,
+    components,
+)
 
 
 def reference_components(place, final="ilp", space=None, edges=None) -> pd.DataFrame:
@@ -131,3 +143,27 @@ def test_components_keep_the_space_types_when_nothing_is_placed():
     got = components(place, "ilp", space)
     pd.testing.assert_frame_equal(got, reference_components(place, "ilp", space))
     assert got["arch"].dtype == space["arch"].dtype and got["devices"].dtype == np.int64
+
+
+def reference_scores(comp: pd.DataFrame, models) -> pd.DataFrame:
+    """The walk's scores as the per-model rows' copy and the common rows concatenated, then
+    their columns taken (the implementation :func:`all_scores` replaced)."""
+    pm = comp[[c for c in SEARCH_KEY if c in comp.columns] + ["arch", *VALUE_COLUMNS]].copy()
+    pm.insert(0, "strategy", "phaze-per-model")
+    pm.insert(1, "common_score", "")
+    common = common_scores(comp, models, COMMON_SCORES)
+    return pd.concat([pm, common], ignore_index=True)[SEARCH_KEY + ["arch", *VALUE_COLUMNS]]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_scores_equal_the_concatenated_table(seed):
+    """The walk's scores, column by column, equal the concatenation they replaced (rows, order,
+    values and types), with placements and without. Mutation: the per-model rows' constant
+    ``common_score`` set to ``"*"`` fails."""
+    rng = np.random.default_rng(seed)
+    truth = with_dominance(truth_table(rng, 5, 2), rng)
+    space = space_rows(truth)
+    models = sorted(truth["model"].unique())
+    for place in (_random_place(rng, truth), place_rows(truth.iloc[:0], "lo")):
+        comp = components(place, "ilp", space, edges_of(space))
+        pd.testing.assert_frame_equal(all_scores(comp, models), reference_scores(comp, models))

@@ -331,14 +331,6 @@ SEARCH_KEY = ["strategy", "common_score", "model", "hbm_capacity_bytes", "microb
 VALUE_COLUMNS = ["hi", "ach", "exact", "has_ilp", "has_deep", "level", "led"]
 
 
-def per_model_scores(comp: pd.DataFrame) -> pd.DataFrame:
-    """The walk's Phaze-Per-Model searches: one per (model, HBM, microbatch, devices)."""
-    out = comp[[c for c in SEARCH_KEY if c in comp.columns] + ["arch", *VALUE_COLUMNS]].copy()
-    out.insert(0, "strategy", "phaze-per-model")
-    out.insert(1, "common_score", "")
-    return out
-
-
 def model_values(comp: pd.DataFrame) -> pd.DataFrame:
     """Per (model, HBM, devices, arch): the best over microbatch — ``hi`` / ``ach`` the largest
     (NaN-aware), ``exact`` when every microbatch is, ``level`` the least refined microbatch,
@@ -451,8 +443,15 @@ def all_scores(
 ) -> pd.DataFrame:
     """Every walk search's score per arch (``SEARCH_KEY`` + arch + values)."""
     common = common_scores(comp, models, kinds, values=values)
-    scores = pd.concat([per_model_scores(comp), common], ignore_index=True)
-    return scores[SEARCH_KEY + ["arch", *VALUE_COLUMNS]]
+    # column by column: the per-model rows are the components' own, copied once (the scores hold
+    # every component of the space)
+    n = len(comp)
+    const = {"strategy": "phaze-per-model", "common_score": ""}
+    cols = {}
+    for c in SEARCH_KEY + ["arch", *VALUE_COLUMNS]:
+        mine = pd.Series(const[c], index=pd.RangeIndex(n)) if c in const else comp[c]
+        cols[c] = pd.concat([mine, common[c]], ignore_index=True)
+    return pd.DataFrame(cols)
 
 
 def upper_bound(upper_bounds: np.ndarray) -> float:
