@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from search_sim import place_rows, space_rows, truth_table, with_dominance
 
-from phaze.search.dominance import check_closed, close_bounds, edges_of
+from phaze.search.dominance import _codes, _combine, check_closed, close_bounds, edges_of
 from phaze.search.scores import (
     ACHIEVABLE,
     COMMON_SCORES,
@@ -167,3 +167,72 @@ def test_scores_equal_the_concatenated_table(seed):
     for place in (_random_place(rng, truth), place_rows(truth.iloc[:0], "lo")):
         comp = components(place, "ilp", space, edges_of(space))
         pd.testing.assert_frame_equal(all_scores(comp, models), reference_scores(comp, models))
+
+
+def _ref_lookup(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Position in ``keys`` (unique) of each of ``wanted``; −1 where absent."""
+    if len(keys) == 0:
+        return np.full(len(wanted), -1, dtype=np.int64)
+    order = np.argsort(keys, kind="stable")
+    pos = np.minimum(np.searchsorted(keys[order], wanted), len(keys) - 1)
+    return np.where(keys[order][pos] == wanted, order[pos], -1)
+
+
+def reference_close_bounds(wide: pd.DataFrame, edges: pd.DataFrame, hi: np.ndarray) -> np.ndarray:
+    """The dominance closure on the list of (row, dominating row) pairs (the implementation
+    :func:`close_bounds` replaced)."""
+    if edges.empty or wide.empty:
+        return hi
+    model, e_model = _codes(wide["model"], edges["model"])
+    arch, e_arch, e_up = _codes(wide["arch"], edges["arch"], edges["up"])
+    mb, e_mb = _codes(wide["microbatch"].astype("int64"), edges["microbatch"].astype("int64"))
+    hbm, dev = (_codes(wide[c])[0] for c in ("hbm_capacity_bytes", "devices"))
+    # the edges of each row: those of its (model, microbatch, arch)
+    both = _combine(np.r_[model, e_model], np.r_[mb, e_mb], np.r_[arch, e_arch])
+    step, e_step = both[: len(wide)], both[len(wide) :]
+    order = np.argsort(e_step, kind="stable")
+    first = np.searchsorted(e_step[order], step, side="left")
+    count = np.searchsorted(e_step[order], step, side="right") - first
+    rx = np.repeat(np.arange(len(wide)), count)
+    ei = order[np.repeat(first - np.cumsum(count) + count, count) + np.arange(count.sum())]
+    # the dominating row: same (model, HBM, microbatch, devices), arch = the edge's ``up``
+    n_arch = int(arch.max(initial=-1)) + 2  # the codes of wide's archs, and one for others
+    group = _combine(model, hbm, mb, dev)
+    ry = _ref_lookup(group * n_arch + arch, group[rx] * n_arch + e_up[ei])
+    rx, ry = rx[ry >= 0], ry[ry >= 0]
+    if len(rx) == 0:
+        return hi
+    starts = np.flatnonzero(np.r_[True, rx[1:] != rx[:-1]])
+    ux = rx[starts]
+    # a chain passes through an arch where nothing fits (its NaN lends nothing, as +inf)
+    own_nan = np.isnan(hi)
+    h = np.where(own_nan, np.inf, hi.astype(float))
+    for _ in range(len(wide) + 1):
+        new = h.copy()
+        new[ux] = np.minimum(h[ux], np.minimum.reduceat(h[ry], starts))
+        if np.array_equal(new, h):
+            return np.where(own_nan, np.nan, h)
+        h = new
+    raise AssertionError("dominance closure did not converge (a cycle of strict steps)")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**31), n_hbm=st.sampled_from([1, 2]), p_edge=st.sampled_from([0.2, 0.6])
+)
+def test_closure_equals_the_pairs_closure(seed, n_hbm, p_edge):
+    """The dense closure (cell × architecture) gives the pairs' closure bit for bit on random
+    spaces: shuffled rows, NaN bounds, steps to archs no row has, a component missing.
+    Mutations: a step's arch taken one code off (``e_arch + 1``), the cells keyed without the
+    HBM size — each fails."""
+    rng = np.random.default_rng(seed)
+    truth = with_dominance(truth_table(rng, 6, n_hbm), rng, p_edge)
+    space = space_rows(truth).sample(frac=1.0, random_state=seed % 1000)
+    space = space.iloc[1:].reset_index(drop=True)
+    edges = edges_of(space)
+    extra = edges.iloc[:2].assign(up="nowhere")
+    edges = pd.concat([edges, extra], ignore_index=True)
+    hi = space["throughput_upper_seq_s"].to_numpy(float)
+    got = close_bounds(space, edges, hi)
+    want = reference_close_bounds(space, edges, hi)
+    np.testing.assert_array_equal(got, want)
