@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from search_sim import place_rows, space_rows, truth_table, with_dominance
 
@@ -220,11 +220,13 @@ def reference_close_bounds(wide: pd.DataFrame, edges: pd.DataFrame, hi: np.ndarr
 @given(
     seed=st.integers(0, 2**31), n_hbm=st.sampled_from([1, 2]), p_edge=st.sampled_from([0.2, 0.6])
 )
+@example(seed=429207, n_hbm=2, p_edge=0.2)  # a chain through the missing component
 def test_closure_equals_the_pairs_closure(seed, n_hbm, p_edge):
     """The dense closure (cell × architecture) gives the pairs' closure bit for bit on random
-    spaces: shuffled rows, NaN bounds, steps to archs no row has, a component missing.
-    Mutations: a step's arch taken one code off (``e_arch + 1``), the cells keyed without the
-    HBM size — each fails."""
+    spaces: shuffled rows, NaN bounds, steps to archs no row has, a component missing (a chain
+    does not pass through it). Mutations: a step's arch taken one code off (``e_arch + 1``),
+    the cells keyed without the HBM size, a missing component lowered like a present one — each
+    fails."""
     rng = np.random.default_rng(seed)
     truth = with_dominance(truth_table(rng, 6, n_hbm), rng, p_edge)
     space = space_rows(truth).sample(frac=1.0, random_state=seed % 1000)

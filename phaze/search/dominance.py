@@ -194,10 +194,12 @@ def close_bounds(wide: pd.DataFrame, edges: pd.DataFrame, hi: np.ndarray) -> np.
     cells, first, cell = np.unique(key, return_index=True, return_inverse=True)
     del key
     own_nan = np.isnan(hi)
-    # a chain passes through an arch where nothing fits (its NaN lends nothing, as +inf), and
-    # through none a cell lacks
+    # a chain passes through an arch where nothing fits (its NaN lends nothing, as +inf)
     h = np.full((len(cells), n_arch), np.inf)
     h[cell, arch] = np.where(own_nan, np.inf, hi.astype(float))
+    # a chain passes only through components that exist (as the rows' own steps do)
+    present = np.zeros((len(cells), n_arch), dtype=bool)
+    present[cell, arch] = True
     cell_model, cell_mb = model[first], mb[first]
     known = (e_arch < n_arch) & (e_up < n_arch)
     e_model, e_mb, e_arch, e_up = e_model[known], e_mb[known], e_arch[known], e_up[known]
@@ -210,10 +212,11 @@ def close_bounds(wide: pd.DataFrame, edges: pd.DataFrame, hi: np.ndarray) -> np.
         x, y = e_arch[mine][order], e_up[mine][order]
         starts = np.flatnonzero(np.r_[True, x[1:] != x[:-1]])
         ux = x[starts]
-        sub = h[cs]
+        sub, here = h[cs], present[cs][:, ux]
         for _ in range(n_arch + 1):
             new = sub.copy()
-            new[:, ux] = np.minimum(sub[:, ux], np.minimum.reduceat(sub[:, y], starts, axis=1))
+            low = np.minimum(sub[:, ux], np.minimum.reduceat(sub[:, y], starts, axis=1))
+            new[:, ux] = np.where(here, low, np.inf)
             if np.array_equal(new, sub):
                 break
             sub = new
