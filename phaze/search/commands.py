@@ -20,12 +20,18 @@ from phaze.io.manifest import write_manifest
 from phaze.place.inputs import check_trace_flags, trace_record, trace_shapes
 from phaze.search.array_tier import run as run_tier
 from phaze.search.baselines import placement_blind_choice, space_single_accelerator_latency
-from phaze.search.dominance import edges_of, scope_edges
-from phaze.search.files import check_components, check_memory, load_manifest, load_place, load_space
+from phaze.search.dominance import scope_edges
+from phaze.search.files import (
+    check_components,
+    check_memory,
+    load_manifest,
+    load_place,
+    load_space_steps,
+)
 from phaze.search.plan import make_plan, n_rounds
 from phaze.search.progress import jobs_cpu_seconds, progress_line, round_progress
 from phaze.search.rounds import COMPONENT_COLUMNS, select, solve_selection, walk_prior_states
-from phaze.search.scores import COMPONENT_KEY, LEVEL, SearchSettings, components
+from phaze.search.scores import LEVEL, SearchSettings, components
 from phaze.search.space_bounds import bounds_table
 from phaze.search.summary import summarize as build_summary
 from phaze.units import GIB
@@ -80,12 +86,8 @@ class RoundInputs:
         if not doc["space"]:
             raise PhazeError(f"round {args.round}: no space bounds in {args.manifest}")
         check_memory(doc["space"], f"search round {args.round}")
-        space = load_space(doc["space"])
-        self.edges = edges_of(space)
-        # the steps' text is in the edges now: the space bounds keep the columns components()
-        # reads
-        self.space = space[COMPONENT_KEY + ["throughput_upper_seq_s"]]
-        del space
+        # the steps' text goes to the edges: the space bounds keep the columns components() reads
+        self.space, self.edges = load_space_steps(doc["space"])
         self.models = sorted(self.space["model"].astype(str).unique())
         self.place = load_place(doc["place"])
         rounds = {e["path"]: e["round"] for e in doc["place"]}
@@ -374,7 +376,7 @@ def summarize(args: argparse.Namespace) -> int:
     last = max(e["round"] for e in doc["place"])
     check_memory(doc["space"], "search summary")
     place = load_place(doc["place"])
-    bounds = load_space(doc["space"])
+    bounds, edges = load_space_steps(doc["space"])
     blind_place = load_place(doc["blind_place"])
     blind = (
         pd.concat([read_table(e["path"]) for e in doc["blind"]], ignore_index=True)
@@ -399,6 +401,7 @@ def summarize(args: argparse.Namespace) -> int:
         completed,
         cfg["baseline_preset"],
         cfg["upstream_baseline_preset"],
+        edges,
     )
     d = Path(args.out_dir)
     for name in ("best", "comparison", "explored", "front", "certified"):

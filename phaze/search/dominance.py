@@ -168,63 +168,78 @@ def _combine(*codes: np.ndarray) -> np.ndarray:
     return key
 
 
-def _lookup(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """Position in ``keys`` (unique) of each of ``wanted``; −1 where absent."""
-    if len(keys) == 0:
-        return np.full(len(wanted), -1, dtype=np.int64)
-    order = np.argsort(keys, kind="stable")
-    pos = np.minimum(np.searchsorted(keys[order], wanted), len(keys) - 1)
-    return np.where(keys[order][pos] == wanted, order[pos], -1)
+def _inverse(col) -> np.ndarray:
+    """Codes 0..k−1 of a numeric column's values, in value order."""
+    return np.unique(np.asarray(col), return_inverse=True)[1].astype(np.int64)
 
 
 def close_bounds(wide: pd.DataFrame, edges: pd.DataFrame, hi: np.ndarray) -> np.ndarray:
-    """``hi`` (per row of ``wide``, keyed by model, hbm_capacity_bytes, microbatch, devices, arch) lowered
-    to the smallest bound of every architecture that dominates the row's, through chains of
-    steps. A NaN (nothing fits) stays NaN and lends nothing to the archs below it.
+    """``hi`` (per row of ``wide``, keyed by model, hbm_capacity_bytes, microbatch, devices, arch)
+    lowered to the smallest bound of every architecture that dominates the row's, through chains
+    of steps. A NaN (nothing fits) stays NaN and lends nothing to the archs below it.
 
-    The pairs (row, dominating row) are found on integer codes (the rows may be every
-    component of the space: no join on the text columns)."""
+    Dense: the bounds in one (cell × architecture) array, a cell being a (model, HBM,
+    microbatch, devices) of the rows (every component of the space: no join on the text
+    columns, no list of (row, dominating row) pairs); each (model, microbatch)'s steps lower its
+    cells' columns together until nothing changes."""
     if edges.empty or wide.empty:
         return hi
     model, e_model = _codes(wide["model"], edges["model"])
     arch, e_arch, e_up = _codes(wide["arch"], edges["arch"], edges["up"])
-    mb, e_mb = _codes(wide["microbatch"].astype("int64"), edges["microbatch"].astype("int64"))
-    hbm, dev = (_codes(wide[c])[0] for c in ("hbm_capacity_bytes", "devices"))
-    # the edges of each row: those of its (model, microbatch, arch)
-    both = _combine(np.r_[model, e_model], np.r_[mb, e_mb], np.r_[arch, e_arch])
-    step, e_step = both[: len(wide)], both[len(wide) :]
-    order = np.argsort(e_step, kind="stable")
-    first = np.searchsorted(e_step[order], step, side="left")
-    count = np.searchsorted(e_step[order], step, side="right") - first
-    rx = np.repeat(np.arange(len(wide)), count)
-    ei = order[np.repeat(first - np.cumsum(count) + count, count) + np.arange(count.sum())]
-    # the dominating row: same (model, HBM, microbatch, devices), arch = the edge's ``up``
-    n_arch = int(arch.max(initial=-1)) + 2  # the codes of wide's archs, and one for others
-    group = _combine(model, hbm, mb, dev)
-    ry = _lookup(group * n_arch + arch, group[rx] * n_arch + e_up[ei])
-    rx, ry = rx[ry >= 0], ry[ry >= 0]
-    if len(rx) == 0:
-        return hi
-    starts = np.flatnonzero(np.r_[True, rx[1:] != rx[:-1]])
-    ux = rx[starts]
-    # a chain passes through an arch where nothing fits (its NaN lends nothing, as +inf)
+    n_arch = int(arch.max()) + 1  # an edge's arch or up that no row has gets code n_arch
+    mb = wide["microbatch"].to_numpy().astype(np.int64)
+    e_mb = edges["microbatch"].to_numpy().astype(np.int64)
+    key = _combine(model, _inverse(wide["hbm_capacity_bytes"]), _inverse(mb))
+    key = _combine(key, _inverse(wide["devices"]))
+    cells, first, cell = np.unique(key, return_index=True, return_inverse=True)
+    del key
     own_nan = np.isnan(hi)
-    h = np.where(own_nan, np.inf, hi.astype(float))
-    for _ in range(len(wide) + 1):
-        new = h.copy()
-        new[ux] = np.minimum(h[ux], np.minimum.reduceat(h[ry], starts))
-        if np.array_equal(new, h):
-            return np.where(own_nan, np.nan, h)
-        h = new
-    raise AssertionError("dominance closure did not converge (a cycle of strict steps)")
+    # a chain passes through an arch where nothing fits (its NaN lends nothing, as +inf)
+    h = np.full((len(cells), n_arch), np.inf)
+    h[cell, arch] = np.where(own_nan, np.inf, hi.astype(float))
+    # a chain passes only through components that exist (as the rows' own steps do)
+    present = np.zeros((len(cells), n_arch), dtype=bool)
+    present[cell, arch] = True
+    cell_model, cell_mb = model[first], mb[first]
+    known = (e_arch < n_arch) & (e_up < n_arch)
+    e_model, e_mb, e_arch, e_up = e_model[known], e_mb[known], e_arch[known], e_up[known]
+    for m, b in set(zip(e_model.tolist(), e_mb.tolist())):
+        mine = (e_model == m) & (e_mb == b)
+        cs = np.flatnonzero((cell_model == m) & (cell_mb == b))
+        if not len(cs):
+            continue
+        order = np.argsort(e_arch[mine], kind="stable")
+        x, y = e_arch[mine][order], e_up[mine][order]
+        starts = np.flatnonzero(np.r_[True, x[1:] != x[:-1]])
+        ux = x[starts]
+        sub, here = h[cs], present[cs][:, ux]
+        for _ in range(n_arch + 1):
+            new = sub.copy()
+            low = np.minimum(sub[:, ux], np.minimum.reduceat(sub[:, y], starts, axis=1))
+            new[:, ux] = np.where(here, low, np.inf)
+            if np.array_equal(new, sub):
+                break
+            sub = new
+        else:
+            raise AssertionError("dominance closure did not converge (a cycle of strict steps)")
+        h[cs] = sub
+    out = h[cell, arch]
+    out[own_nan] = np.nan
+    return out
 
 
-def check_closed(wide: pd.DataFrame, hi: np.ndarray, ach: np.ndarray) -> None:
+def check_closed(
+    wide: pd.DataFrame, hi: np.ndarray, ach: np.ndarray, among: np.ndarray | None = None
+) -> None:
     """A closed upper bound below the same component's achieved value disproves a dominance step
     (its latencies were checked, so a modelling term outside them depends on the architecture):
-    an error naming the component, never a silently wrong certificate."""
+    an error naming the component, never a silently wrong certificate. ``among``: a mask of the
+    rows to check (default all)."""
     with np.errstate(invalid="ignore"):
-        bad = np.flatnonzero(hi < ach * (1 - CHECK_RTOL))
+        below = hi < ach * (1 - CHECK_RTOL)
+    if among is not None:
+        below &= among
+    bad = np.flatnonzero(below)
     if len(bad):
         r = wide.iloc[bad[0]]
         raise PhazeError(

@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 from phaze.errors import PhazeError
 from phaze.io.manifest import read_manifest
 from phaze.io.tables import read_table
-from phaze.search.scores import TIERS
+from phaze.search.dominance import edges_of
+from phaze.search.scores import COMPONENT_KEY, TIERS
 
 #: placement tiers (phaze.search.scores): ub = on lower bounds, lo = on list schedules, ilp = on
 #: the ILP's makespans, ilp_ub = on the ILP's proven lower bounds, deep / deep_ub = the same on
@@ -57,31 +58,40 @@ def load_place(entries: list[dict]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def load_space(entries: list[dict]) -> pd.DataFrame:
-    """The space bounds (``phaze search bounds``) of every (model, microbatch) listed."""
-    frames = []
-    for e in entries:
-        df = read_table(e["path"], "bounds")
-        bad = (df["model"] != e["model"]) | (df["microbatch"] != e["microbatch"])
-        if bad.any():
-            raise PhazeError(
-                f"{e['path']}: rows of another model or microbatch than the manifest says "
-                f"({e['model']}, {e['microbatch']})"
-            )
-        frames.append(df)
-    if not frames:
-        return pd.DataFrame(
-            columns=[
-                "arch",
-                "model",
-                "microbatch",
-                "hbm_capacity_bytes",
-                "devices",
-                "throughput_upper_seq_s",
-                "dominated_by",
-            ]
+def _space_file(e: dict) -> pd.DataFrame:
+    df = read_table(e["path"], "bounds")
+    bad = (df["model"] != e["model"]) | (df["microbatch"] != e["microbatch"])
+    if bad.any():
+        raise PhazeError(
+            f"{e['path']}: rows of another model or microbatch than the manifest says "
+            f"({e['model']}, {e['microbatch']})"
         )
-    return pd.concat(frames, ignore_index=True)
+    return df
+
+
+#: the space bounds' columns a round step keeps (the dominance steps' text goes to the edges)
+SPACE_COLUMNS = [*COMPONENT_KEY, "throughput_upper_seq_s"]
+
+
+def load_space_steps(entries: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(space bounds, dominance steps): the space bounds (``phaze search bounds``) of every
+    (model, microbatch) listed without their ``dominated_by`` text, and that text's steps (:func:`phaze.search.dominance.edges_of`) — a file at a time, so the
+    text of every component (the same per architecture at every HBM and cluster size) is never
+    held at once."""
+    frames, steps = [], []
+    for e in entries:
+        df = _space_file(e)
+        steps.append(df[STEP_COLUMNS].drop_duplicates(STEP_COLUMNS[:3]))
+        frames.append(df[SPACE_COLUMNS])
+        del df
+    if not frames:
+        return pd.DataFrame(columns=SPACE_COLUMNS), edges_of(pd.DataFrame())
+    space = pd.concat(frames, ignore_index=True)
+    del frames
+    return space, edges_of(pd.concat(steps, ignore_index=True))
+
+
+STEP_COLUMNS = ["model", "microbatch", "arch", "dominated_by"]
 
 
 #: peak resident bytes of a round step per component of the space: `search select` on round 0

@@ -261,6 +261,23 @@ def _model_best(comp: pd.DataFrame, keys: pd.MultiIndex) -> np.ndarray:
     return np.where(np.isnan(ref), -np.inf, ref)
 
 
+def _model_arch_maxima(comp: pd.DataFrame, settings: SearchSettings):
+    """Per ``MODEL_ARCH`` group of ``comp`` (index): the largest ``hi`` of its live components
+    (:func:`_live`; NaN where none) and the model's best achievable value on the arch (−inf where
+    none is known: a common search's reference for that model's components). One grouping of
+    every component, no copy of them."""
+    grouper = comp.groupby(MODEL_ARCH, sort=False, observed=True)
+    gid = grouper.ngroup().to_numpy()
+    keys = grouper.size().index
+    hi = comp["hi"].to_numpy(float)
+    live = refinable(comp, settings) & ~np.isnan(hi)
+    top = np.full(len(keys), np.nan)
+    np.fmax.at(top, gid[live], hi[live])
+    best = np.full(len(keys), np.nan)
+    np.fmax.at(best, gid, comp["ach"].to_numpy(float))
+    return pd.Series(top, index=keys), np.where(np.isnan(best), -np.inf, best)
+
+
 def can_refine(comp: pd.DataFrame, detail: pd.DataFrame, settings: SearchSettings) -> np.ndarray:
     """Per row of ``detail``: whether :func:`open_components` would list a component for it,
     from per-group maxima instead of the (search, component) pairs (which number several
@@ -272,10 +289,9 @@ def can_refine(comp: pd.DataFrame, detail: pd.DataFrame, settings: SearchSetting
     same comparisons, on the maxima."""
     can = np.zeros(len(detail), dtype=bool)
     above = (detail["above_gap"] | detail["above_front"]).to_numpy(bool)
-    live = _live(comp, settings)
-    if not above.any() or live.empty:
+    if not above.any() or not len(comp):
         return can
-    top = live.groupby(MODEL_ARCH, sort=False, observed=True)["hi"].max()
+    top, ref = _model_arch_maxima(comp, settings)
     pm = above & (detail["strategy"] == PER_MODEL).to_numpy(bool)
     if pm.any():
         rows = detail[pm]
@@ -286,7 +302,6 @@ def can_refine(comp: pd.DataFrame, detail: pd.DataFrame, settings: SearchSetting
     if cm.any():
         rows = detail[cm]
         factor = _common_factor(rows, settings)
-        ref = _model_best(comp, top.index)
         akey = ["hbm_capacity_bytes", "devices", "arch"]
         at = top.index.droplevel("model")
         out = np.zeros(len(rows), dtype=bool)

@@ -43,6 +43,8 @@ def _walk_components(needs: pd.DataFrame, comp: pd.DataFrame) -> pd.DataFrame:
     search its own (model, microbatch); Phaze-Common every model and microbatch of the arch."""
     if needs.empty:
         return pd.DataFrame(columns=COMPONENT_COLUMNS)
+    # the needs' archs first: at round 0 every component is live
+    comp = comp[comp["arch"].isin(needs["arch"].unique()).to_numpy(bool)]
     live = comp[~comp["exact"].to_numpy(bool)]
     pm = needs[needs["strategy"] != COMMON]
     parts = [

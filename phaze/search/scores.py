@@ -47,6 +47,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from phaze.config import from_section, schema_defaults
 from phaze.errors import PhazeError
@@ -173,69 +175,160 @@ def components(
     g = df.groupby(COMPONENT_KEY + ["tier"], sort=False)["throughput_seq_s"]
     wide = g.max().unstack("tier").reindex(columns=list(TIERS))
     present = g.size().unstack("tier").reindex(index=wide.index, columns=list(TIERS)).notna()
+    del df, g
     level = np.zeros(len(wide), dtype=np.int64)
     for tier in TIERS:
         level = np.maximum(level, np.where(present[tier].to_numpy(), LEVEL[tier], 0))
     wide.columns.name = None
     wide = wide.reset_index()
-    wide["level"] = level
-    for tier in UPPER:
-        wide[f"_has_{tier}"] = present[tier].to_numpy()
+    has = {t: present[t].to_numpy() for t in UPPER}
     if space is not None and len(space):
-        sb = space[COMPONENT_KEY + ["throughput_upper_seq_s"]].rename(
-            columns={"throughput_upper_seq_s": "_space"}
-        )
-        sb["_in_space"] = True
-        wide = sb.merge(wide, on=COMPONENT_KEY, how="outer")
-        in_space = wide.pop("_in_space").fillna(False).astype(bool).to_numpy()
-        wide["space"] = np.fmin(wide["space"], wide.pop("_space"))
-        wide["level"] = wide["level"].fillna(0).astype(np.int64)
-        for tier in UPPER:
-            wide[f"_has_{tier}"] = wide[f"_has_{tier}"].fillna(False).astype(bool)
-        wide["_has_space"] |= in_space
+        # the placements' components on the space bounds' rows: the space bound joins their
+        # own, and a component the space bounds lack is added (every row's values are computed
+        # on the placements' rows, then spread over the space's: the space may hold every
+        # component of the space, and most have no placement)
+        at, rows, extra = _on_space(space, wide)
+        sb = np.full(len(wide), np.nan)
+        sb[at >= 0] = space["throughput_upper_seq_s"].to_numpy(float)[at[at >= 0]]
+        wide["space"] = np.fmin(wide["space"].to_numpy(float), sb)
+        has["space"] = has["space"] | (at >= 0)
+    vals = _values(wide, has, level, final)
+    if space is None or not len(space):
+        out = wide[COMPONENT_KEY].copy()
+        for name, v in vals.items():
+            out[name] = v
+    else:
+        out = _spread(space, wide, at, rows, extra, vals)
+    del wide
+    own = out["hi"].to_numpy(float)
+    hi = own
+    if edges is not None and len(edges):
+        hi = close_bounds(out, edges, own)
+        with np.errstate(invalid="ignore"):
+            lowered = hi < own
+        check_closed(out, hi, out["ach"].to_numpy(float), among=lowered)
+    level = out["level"].to_numpy()
+    exact = out.pop("_exact").to_numpy(bool)
+    certified = out.pop("has_certify").to_numpy(bool)
+    out["hi"] = hi
+    with np.errstate(invalid="ignore"):
+        out["led"] = hi < own
+    out["has_ilp"] = level >= LEVEL["ilp"]
+    out["has_deep"] = level >= LEVEL["deep"]
+    out["has_certify"] = certified
+    # exactly known: a final-tier value, bounds that meet, or infeasible (NaN upper bound)
+    with np.errstate(invalid="ignore"):
+        out["exact"] = exact | (hi <= out["ach"].to_numpy(float)) | np.isnan(hi)
+    return out
+
+
+def _values(wide: pd.DataFrame, has: dict, level: np.ndarray, final: str) -> dict:
+    """Per row of the placements' wide table: ``level``, ``ach``, the component's own ``hi``,
+    whether the certify solve has run (``has_certify``) and the part of ``exact`` that does not
+    depend on the dominance closure (``_exact``: a final-tier value, or the final level)."""
     # memory does not depend on latencies, so "nothing fits" (NaN) at one upper-bound tier holds
     # at every tier: hi is NaN then; the smallest bound otherwise; +inf with no bound at all
-    has = np.column_stack([wide[f"_has_{t}"].to_numpy(bool) for t in UPPER])
-    upper = wide[list(UPPER)].to_numpy(dtype=float)
-    infeasible = (has & np.isnan(upper)).any(axis=1)
-    hi = np.where(has & ~np.isnan(upper), upper, np.inf).min(axis=1)
+    hi = np.full(len(wide), np.inf)
+    infeasible = np.zeros(len(wide), dtype=bool)
+    for t in UPPER:
+        v = wide[t].to_numpy(float)
+        nan = np.isnan(v)
+        infeasible |= has[t] & nan
+        hi = np.where(has[t] & ~nan, np.minimum(hi, np.where(nan, np.inf, v)), hi)
     hi = np.where(infeasible, np.nan, hi)
-    certified = wide["_has_certify_ub"].to_numpy(bool)  # the certify solve has been run
-    wide = wide.drop(columns=[f"_has_{t}" for t in UPPER])
-    wide["ach"] = wide[list(ACHIEVABLE)].max(axis=1, skipna=True)
-    own = hi
-    if edges is not None and len(edges):
-        hi = close_bounds(wide, edges, own)
-        lowered = hi < own
-        check_closed(wide[lowered], hi[lowered], wide["ach"].to_numpy(float)[lowered])
-    wide["hi"] = hi
-    with np.errstate(invalid="ignore"):
-        wide["led"] = hi < own
-    wide["has_ilp"] = wide["level"] >= LEVEL["ilp"]
-    wide["has_deep"] = wide["level"] >= LEVEL["deep"]
-    wide["has_certify"] = certified
-    # exactly known: a final-tier value, bounds that meet, or infeasible (NaN upper bound)
-    wide["exact"] = (
-        wide[final].notna()
-        | (wide["hi"] <= wide["ach"]).fillna(False)
-        | wide["hi"].isna()
-        | (wide["level"] >= LEVEL[final])
-    )
-    return wide
+    ach = np.full(len(wide), np.nan)
+    for t in ACHIEVABLE:
+        ach = np.fmax(ach, wide[t].to_numpy(float))
+    return {
+        "level": level,
+        "ach": ach,
+        "hi": hi,
+        "has_certify": has["certify_ub"],
+        "_exact": wide[final].notna().to_numpy() | (level >= LEVEL[final]),
+    }
+
+
+def _sorted_codes(big: pd.Series, small: pd.Series) -> tuple[np.ndarray, np.ndarray, int]:
+    """Codes of ``big``'s and ``small``'s values in the sorted order of their union (code order =
+    value order), and the number of values. Hashed in Arrow: ``big`` may hold every component."""
+    a = pa.array(big.reset_index(drop=True))
+    values = set(pc.unique(a).to_pylist()) | set(small.tolist())
+    keys = pa.array(sorted(values), type=a.type)
+    codes = [
+        pc.index_in(a, value_set=keys).to_numpy(zero_copy_only=False).astype(np.int64),
+        pc.index_in(pa.array(small.reset_index(drop=True), type=a.type), value_set=keys)
+        .to_numpy(zero_copy_only=False)
+        .astype(np.int64),
+    ]
+    return codes[0], codes[1], len(keys)
+
+
+def _on_space(space: pd.DataFrame, wide: pd.DataFrame):
+    """Where the placements' rows (``wide``) are among the space bounds' rows, as (``at``: the
+    space row of each wide row, −1 where the space lacks it; ``rows``: the output's rows in
+    ``COMPONENT_KEY`` order as positions in space rows followed by the wide rows the space
+    lacks; ``extra``: those wide rows)."""
+    key = np.zeros(len(space), dtype=np.int64)
+    wkey = np.zeros(len(wide), dtype=np.int64)
+    for c in COMPONENT_KEY:
+        big, small, n = _sorted_codes(space[c], wide[c])
+        key = key * n + big
+        wkey = wkey * n + small
+        del big, small
+    at = _lookup_keys(key, wkey)
+    extra = np.flatnonzero(at < 0)
+    rows = np.argsort(np.r_[key, wkey[extra]], kind="stable")
+    return at, rows, extra
+
+
+def _lookup_keys(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Position in ``keys`` of each of ``wanted``; −1 where absent."""
+    if len(keys) == 0:
+        return np.full(len(wanted), -1, dtype=np.int64)
+    order = np.argsort(keys, kind="stable")
+    pos = np.minimum(np.searchsorted(keys[order], wanted), len(keys) - 1)
+    return np.where(keys[order][pos] == wanted, order[pos], -1)
+
+
+def _spread(space, wide, at, rows, extra, vals) -> pd.DataFrame:
+    """The components table over the space bounds' rows and the placements' rows they lack
+    (``rows``: :func:`_on_space`), each with its values: the placements' where it has any, the
+    space bound alone (level 0) elsewhere."""
+    n = len(space)
+    cols = {}
+    for c in COMPONENT_KEY:
+        both = space[c].reset_index(drop=True)
+        if len(extra):  # in the space's types (an empty placements table has untyped columns)
+            both = pd.concat([both, wide[c].iloc[extra].astype(both.dtype)], ignore_index=True)
+        cols[c] = both.take(rows).reset_index(drop=True)
+        del both
+    # where a wide row sits among the output rows
+    src = np.full(n + len(extra), -1, dtype=np.int64)
+    src[at[at >= 0]] = np.flatnonzero(at >= 0)
+    src[n:] = extra
+    src = src[rows]
+    mine = src >= 0
+    sb = np.r_[space["throughput_upper_seq_s"].to_numpy(float), np.full(len(extra), np.nan)]
+    defaults = {
+        # a component known only from the space bound: hi is that bound (NaN: nothing fits)
+        "level": np.zeros(len(rows), dtype=np.int64),
+        "ach": np.full(len(rows), np.nan),
+        "hi": sb[rows],
+        "has_certify": np.zeros(len(rows), dtype=bool),
+        "_exact": np.zeros(len(rows), dtype=bool),
+    }
+    del sb
+    for name, v in vals.items():
+        d = defaults[name]
+        d[mine] = v[src[mine]]
+        cols[name] = d
+    return pd.DataFrame(cols)
 
 
 #: one walk search (area-ordered, upstream's): per model × HBM × microbatch × devices, and
 #: Phaze-Common per HBM × devices × score
 SEARCH_KEY = ["strategy", "common_score", "model", "hbm_capacity_bytes", "microbatch", "devices"]
 VALUE_COLUMNS = ["hi", "ach", "exact", "has_ilp", "has_deep", "level", "led"]
-
-
-def per_model_scores(comp: pd.DataFrame) -> pd.DataFrame:
-    """The walk's Phaze-Per-Model searches: one per (model, HBM, microbatch, devices)."""
-    out = comp[[c for c in SEARCH_KEY if c in comp.columns] + ["arch", *VALUE_COLUMNS]].copy()
-    out.insert(0, "strategy", "phaze-per-model")
-    out.insert(1, "common_score", "")
-    return out
 
 
 def model_values(comp: pd.DataFrame) -> pd.DataFrame:
@@ -350,8 +443,15 @@ def all_scores(
 ) -> pd.DataFrame:
     """Every walk search's score per arch (``SEARCH_KEY`` + arch + values)."""
     common = common_scores(comp, models, kinds, values=values)
-    scores = pd.concat([per_model_scores(comp), common], ignore_index=True)
-    return scores[SEARCH_KEY + ["arch", *VALUE_COLUMNS]]
+    # column by column: the per-model rows are the components' own, copied once (the scores hold
+    # every component of the space)
+    n = len(comp)
+    const = {"strategy": "phaze-per-model", "common_score": ""}
+    cols = {}
+    for c in SEARCH_KEY + ["arch", *VALUE_COLUMNS]:
+        mine = pd.Series(const[c], index=pd.RangeIndex(n)) if c in const else comp[c]
+        cols[c] = pd.concat([mine, common[c]], ignore_index=True)
+    return pd.DataFrame(cols)
 
 
 def upper_bound(upper_bounds: np.ndarray) -> float:

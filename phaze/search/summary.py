@@ -183,9 +183,13 @@ def summarize(
     last_round: int,
     baseline_preset: str = "tpuv4",
     upstream_baseline_preset: str | None = "tpuv4-upstream",
+    edges: pd.DataFrame | None = None,
 ) -> dict:
-    """Build the summary tables from every placement result and the space bounds."""
-    comp = components(place, settings.final_tier, bounds, edges_of(bounds))
+    """Build the summary tables from every placement result and the space bounds (``edges``:
+    their dominance steps, :func:`phaze.search.dominance.edges_of`, if taken out already)."""
+    edges = edges_of(bounds) if edges is None else edges
+    comp = components(place, settings.final_tier, bounds, edges)
+    del edges
     per_model = model_values(comp)
     scores = all_scores(comp, models, values=per_model)
     states = walk_states(scores, plan, last_round, settings)
