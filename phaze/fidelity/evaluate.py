@@ -124,6 +124,33 @@ def _layer_cost(work: LayerWork, row, tp: int, sp: bool, tied_bytes: float = 0.0
     )
 
 
+def fold_dense_blocks(first: LayerCost, dense: LayerCost, n: int) -> LayerCost:
+    """The first layer followed by ``n`` dense blocks, as one layer: times, parameters,
+    activations, collectives and FLOPs added; its input stays the first layer's. The step model
+    keeps a first layer's activations (no recomputation) and places it on the first pipeline
+    stage, so the dense blocks do too (docs/fidelity.md)."""
+    mean = first.mean_fwd_matmul_flops, dense.mean_fwd_matmul_flops
+    return LayerCost(
+        fwd_s=first.fwd_s + n * dense.fwd_s,
+        bwd_s=first.bwd_s + n * dense.bwd_s,
+        params=first.params + n * dense.params,
+        activation_bytes=first.activation_bytes + n * dense.activation_bytes,
+        fwd_collectives=tuple(first.fwd_collectives) + tuple(dense.fwd_collectives) * n,
+        bwd_collectives=tuple(first.bwd_collectives) + tuple(dense.bwd_collectives) * n,
+        attention_fwd_s=first.attention_fwd_s + n * dense.attention_fwd_s,
+        attention_activation_bytes=first.attention_activation_bytes
+        + n * dense.attention_activation_bytes,
+        input_bytes=first.input_bytes,
+        tied_params=first.tied_params,
+        fwd_matmul_flops=first.fwd_matmul_flops + n * dense.fwd_matmul_flops,
+        attention_matmul_flops=first.attention_matmul_flops + n * dense.attention_matmul_flops,
+        expert_params=first.expert_params + n * dense.expert_params,
+        mean_fwd_matmul_flops=None
+        if mean == (None, None)
+        else (first.model_matmul_flops + n * dense.model_matmul_flops),
+    )
+
+
 _CHAINS: dict[tuple, dict[bool, ChainCost]] = {}
 
 
@@ -175,30 +202,41 @@ def gpu_chains(
         "fuse": bool(config["fidelity"]["fuse_elementwise"]),
         "tp": tp,
     }
+    # a model with dense first blocks (DeepSeek-V3): the chain's block is the repeated MoE block;
+    # the dense blocks are priced with the embedding, as the first layer (fold_dense_blocks)
+    dense = spec.dense_blocks
+    rep = f"block.{dense}" if dense else "block.0"
+    names = ("embedding", "block.0", rep, "head") if dense else ("embedding", rep, "head")
+    # the ops and edges tables hold each distinct layer once, under its signature
+    sig = {name: layers.loc[name, "signature"] for name in names}
     works = {
         name: layer_works(
-            trace.ops[trace.ops["layer"] == name],
-            trace.edges[trace.edges["layer"] == name],
+            trace.ops[trace.ops["signature"] == sig[name]],
+            trace.edges[trace.edges["signature"] == sig[name]],
             param_bytes=int(layers.loc[name, "param_bytes"]),
             **common,
         )
-        for name in ("embedding", "block.0", "head")
+        for name in names
     }
     # a tied LM head (GPT-2's) is counted once, in the embedding; a last pipeline stage without
     # the embedding keeps its own copy (the trace's tied_param_bytes), as Megatron does
     tied = float(layers.loc["head", "tied_param_bytes"])
     chains = {}
-    for sp in works["block.0"]:
-        emb, blk, head = (works[n][sp] for n in ("embedding", "block.0", "head"))
+    for sp in works[rep]:
+        emb, blk, head = (works[n][sp] for n in ("embedding", rep, "head"))
         megatron_edge_collectives(
             emb, head, tp=tp, microbatch=microbatch, seq=seq, sequence_parallel=sp
         )
         megatron_cross_entropy(head, trace.ops[trace.ops["layer"] == "head"], cm)
+        first = _layer_cost(emb, layers.loc["embedding"], tp, sp)
+        if dense:
+            dense_cost = _layer_cost(works["block.0"][sp], layers.loc["block.0"], tp, sp)
+            first = fold_dense_blocks(first, dense_cost, dense)
         chains[sp] = ChainCost(
-            first=_layer_cost(emb, layers.loc["embedding"], tp, sp),
-            block=_layer_cost(blk, layers.loc["block.0"], tp, sp),
+            first=first,
+            block=_layer_cost(blk, layers.loc[rep], tp, sp),
             last=_layer_cost(head, layers.loc["head"], tp, sp, tied),
-            blocks=spec.num_blocks,
+            blocks=spec.repeated_blocks,
             tp=tp,
             microbatch=microbatch,
             sequence_parallel=sp,
@@ -240,7 +278,7 @@ def evaluate_strategy(
     detail (the block's kernel time by bound, the device's peak)."""
     net = preset_network(preset, name, strategy.devices)
     spec.check_tp(strategy.tp)
-    strategy.check_layers(spec.num_blocks)
+    strategy.check_layers(spec.repeated_blocks)
     moe = getattr(spec, "moe", None)
     strategy.check_experts(moe.experts if moe is not None else 0)
     chain = gpu_chains(

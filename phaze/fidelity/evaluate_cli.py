@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     )
     spec, preset, config, seq = load_run(args)
     spec.check_tp(strategy.tp)
-    strategy.check_layers(spec.num_blocks)
+    strategy.check_layers(spec.repeated_blocks)
     moe = getattr(spec, "moe", None)
     strategy.check_experts(moe.experts if moe is not None else 0)
 

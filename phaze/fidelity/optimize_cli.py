@@ -19,7 +19,31 @@ import json
 from phaze.errors import PhazeError
 from phaze.fidelity.evaluate import optimize_strategy
 from phaze.fidelity.evaluate_cli import add_run_arguments, load_run
-from phaze.step.megatron_args import megatron_arguments
+from phaze.step.megatron_args import megatron_arguments, pipeline_layout
+
+
+def _megatron_args(strategy, spec) -> list[str]:
+    """Megatron-LM's arguments for the strategy found. A model with dense first blocks
+    (DeepSeek-V3) gets them on the first pipeline stage, with the embedding, as the step model
+    prices them: ``--moe-layer-freq`` marks them dense and the pipeline layout puts them in the
+    first segment."""
+    dense = spec.dense_blocks
+    args = megatron_arguments(strategy, spec.repeated_blocks)
+    if not dense:
+        return args
+    stages = strategy.check_layers(spec.repeated_blocks)
+    args = [
+        a
+        for a in args
+        if not a.startswith(("--pipeline-model-parallel-layout", "--num-layers-per-virtual"))
+    ]
+    args.append(f"--moe-layer-freq ([0]*{dense}+[1]*{spec.repeated_blocks})")
+    if strategy.pp > 1 or strategy.interleave > 1:
+        segments = pipeline_layout(stages, strategy.interleave).split("|")
+        n = stages[0] // strategy.interleave + dense
+        segments[0] = "E" + (f"t*{n}" if n > 1 else "t" * n) + ("L" if len(segments) == 1 else "")
+        args.append(f"--pipeline-model-parallel-layout {'|'.join(segments)}")
+    return args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -126,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         "model": spec.name,
         "arch": args.arch,
         **result,
-        "megatron_args": megatron_arguments(found.strategy, spec.num_blocks),
+        "megatron_args": _megatron_args(found.strategy, spec),
         "search": {
             "tp": tps,
             "ep": eps,

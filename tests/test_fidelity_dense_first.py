@@ -1,0 +1,95 @@
+"""`evaluate` / `optimize` of a model with dense first blocks (DeepSeek-V3): the step model's chain
+prices the dense blocks with the embedding as its first layer, its blocks are the MoE blocks,
+and `optimize`'s Megatron arguments place the dense blocks in the first pipeline segment.
+DeepSeek-V3 is traced at a short sequence and expert-parallel size 64 (4 experts per rank)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from phaze.arch.presets import load_preset
+from phaze.config import validate_config
+from phaze.fidelity.evaluate import evaluate_strategy, fold_dense_blocks, gpu_chains, trace_for
+from phaze.fidelity.optimize_cli import _megatron_args
+from phaze.step.layers import LayerCost
+from phaze.step.strategy import Strategy
+from phaze.trace.models import get_model_spec
+
+SEQ = 128
+CFG = validate_config({})
+H100 = load_preset("h100-sxm")
+
+
+def test_folding_adds_the_dense_blocks_to_the_first_layer():
+    """Times, parameters, activations, FLOPs and collectives add up n times; the input (what
+    full recomputation would keep) and the tied parameters stay the first layer's."""
+    first = LayerCost(1.0, 2.0, 10.0, 100.0, (("all_reduce", 5.0),), (), 0.0, 0.0, 7.0, 3.0, 40.0)
+    dense = LayerCost(
+        0.5,
+        1.0,
+        4.0,
+        50.0,
+        (("all_reduce", 2.0),),
+        (("all_reduce", 1.0),),
+        0.1,
+        20.0,
+        9.0,
+        0.0,
+        8.0,
+        2.0,
+    )
+    got = fold_dense_blocks(first, dense, 3)
+    assert (got.fwd_s, got.bwd_s, got.params, got.activation_bytes) == (2.5, 5.0, 22.0, 250.0)
+    assert got.fwd_collectives == (("all_reduce", 5.0),) + (("all_reduce", 2.0),) * 3
+    assert got.bwd_collectives == (("all_reduce", 1.0),) * 3
+    assert (got.attention_fwd_s, got.attention_activation_bytes) == pytest.approx((0.3, 60.0))
+    assert (got.input_bytes, got.tied_params) == (7.0, 3.0)
+    assert (got.fwd_matmul_flops, got.attention_matmul_flops) == (64.0, 6.0)
+    assert got.mean_fwd_matmul_flops is None
+    assert fold_dense_blocks(first, dense, 0) == first
+
+
+def test_deepseek_chain_prices_dense_blocks_first_and_moe_blocks_as_the_chain():
+    spec = get_model_spec("deepseek-v3")
+    tp, ep = 2, 64
+    chain = gpu_chains(spec, tp, 1, SEQ, H100, CFG, ep)[True]
+    layers = trace_for(spec, 1, tp, SEQ, ep).layers.set_index("layer")
+    assert chain.blocks == 58 == spec.repeated_blocks
+    assert chain.experts == 256 and chain.ep == ep
+    # the first layer: embedding + 3 dense blocks; the block: the MoE block (block.3 on)
+    emb, dense, moe = (layers.loc[n] for n in ("embedding", "block.0", "block.3"))
+    assert chain.first.fwd_matmul_flops == emb["fwd_matmul_flops"] + 3 * dense["fwd_matmul_flops"]
+    assert chain.block.fwd_matmul_flops == moe["fwd_matmul_flops"]
+    assert chain.first.params == (emb["param_bytes"] + 3 * dense["param_bytes"]) / 2
+    assert chain.block.expert_params == moe["expert_param_bytes"] / 2 > 0
+    assert chain.first.expert_params == 0
+    # the MoE block's kernels are priced (its ops are found by signature, not by layer name:
+    # by name, block.3 has none and would cost nothing)
+    assert chain.block.fwd_s > 0 and chain.block.bwd_s > chain.block.fwd_s
+    assert chain.meta["block_kernel_bounds_s"]
+
+
+def test_deepseek_evaluates_and_megatron_args_put_the_dense_blocks_first():
+    spec = get_model_spec("deepseek-v3")
+    s = Strategy(
+        devices=256,
+        tp=2,
+        pp=2,
+        microbatch=1,
+        global_batch=128,
+        sequence_parallel=True,
+        distributed_optimizer=True,
+        ep=64,
+        stages=(28, 30),
+    )
+    result = evaluate_strategy(spec, s, H100, seq=SEQ, config=CFG)
+    assert result["iteration_time_s"] > 0 and result["strategy"]["stages"] == [28, 30]
+    args = _megatron_args(s, spec)
+    assert "--moe-layer-freq ([0]*3+[1]*58)" in args
+    assert "--pipeline-model-parallel-layout Et*31|t*30L" in args
+    one = dataclasses.replace(s, pp=1, stages=None)
+    assert not any(
+        a.startswith("--pipeline-model-parallel-layout") for a in _megatron_args(one, spec)
+    )
