@@ -11,8 +11,9 @@ import pytest
 
 from phaze.arch.presets import load_preset
 from phaze.config import validate_config
-from phaze.fidelity.evaluate import evaluate_strategy, fold_dense_blocks, gpu_chains, trace_for
+from phaze.fidelity.evaluate import evaluate_strategy, gpu_chains, trace_for
 from phaze.fidelity.optimize_cli import _megatron_args
+from phaze.place.chains import fold_dense_blocks
 from phaze.step.layers import LayerCost
 from phaze.step.strategy import Strategy
 from phaze.trace.models import get_model_spec
@@ -93,3 +94,38 @@ def test_deepseek_evaluates_and_megatron_args_put_the_dense_blocks_first():
     assert not any(
         a.startswith("--pipeline-model-parallel-layout") for a in _megatron_args(one, spec)
     )
+
+
+def test_placement_chains_fold_the_dense_blocks_as_evaluate_does():
+    """The placement search's chains (`ChainTables`, from schedules by signature): the first
+    layer is the embedding's schedule plus 3 times the dense block's, the blocks the 58 MoE
+    blocks; a dense block after a MoE block is not a chain and is refused."""
+    from phaze.errors import PhazeError
+    from phaze.place.chains import ChainTables
+
+    spec = get_model_spec("deepseek-v3")
+    trace = trace_for(spec, 1, 2, SEQ, 64)
+    layers = trace.layers
+    seconds = {sig: float(i + 1) for i, sig in enumerate(layers["signature"].unique())}
+    lookup = {
+        ("a", sig, p): t * (1 if p == "fwd" else 2)
+        for sig, t in seconds.items()
+        for p in ("fwd", "bwd")
+    }
+    tables = ChainTables(layers, trace.ops, 2, 1, 2.0, "ds", 64)
+    chain = tables.chains("a", lookup, None)[True]
+    rows = layers.set_index("layer")
+    emb, dense, moe = (
+        seconds[rows.loc[n, "signature"]] for n in ("embedding", "block.0", "block.3")
+    )
+    assert chain.blocks == 58 and chain.block.fwd_s == moe
+    assert chain.first.fwd_s == emb + 3 * dense and chain.first.bwd_s == 2 * (emb + 3 * dense)
+    assert (
+        chain.first.params
+        == (rows.loc["embedding", "param_bytes"] + 3 * rows.loc["block.0", "param_bytes"]) / 2
+    )
+    assert tables.skeleton(True).first.params == chain.first.params
+    shuffled = layers.copy()
+    shuffled.iloc[[1, 4]] = shuffled.iloc[[4, 1]].to_numpy()  # a MoE block first, then dense
+    with pytest.raises(PhazeError, match="the blocks differ"):
+        ChainTables(shuffled, trace.ops, 2, 1, 2.0, "ds", 64)

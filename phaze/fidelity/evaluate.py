@@ -27,6 +27,7 @@ from phaze.fidelity.compute import (
     preset_costmodel,
 )
 from phaze.network import Network, network_from_section
+from phaze.place.chains import fold_dense_blocks
 from phaze.place.megatron import Axes, optimize
 from phaze.step.layers import ChainCost, LayerCost
 from phaze.step.model import StepConstants, price
@@ -121,33 +122,6 @@ def _layer_cost(work: LayerWork, row, tp: int, sp: bool, tied_bytes: float = 0.0
         attention_matmul_flops=work.attention_fwd_flops,
         expert_params=float(row.get("expert_param_bytes", 0.0)) / ELEM_BYTES,
         mean_fwd_matmul_flops=None if mean is None else float(mean),
-    )
-
-
-def fold_dense_blocks(first: LayerCost, dense: LayerCost, n: int) -> LayerCost:
-    """The first layer followed by ``n`` dense blocks, as one layer: times, parameters,
-    activations, collectives and FLOPs added; its input stays the first layer's. The step model
-    keeps a first layer's activations (no recomputation) and places it on the first pipeline
-    stage, so the dense blocks do too (docs/fidelity.md)."""
-    mean = first.mean_fwd_matmul_flops, dense.mean_fwd_matmul_flops
-    return LayerCost(
-        fwd_s=first.fwd_s + n * dense.fwd_s,
-        bwd_s=first.bwd_s + n * dense.bwd_s,
-        params=first.params + n * dense.params,
-        activation_bytes=first.activation_bytes + n * dense.activation_bytes,
-        fwd_collectives=tuple(first.fwd_collectives) + tuple(dense.fwd_collectives) * n,
-        bwd_collectives=tuple(first.bwd_collectives) + tuple(dense.bwd_collectives) * n,
-        attention_fwd_s=first.attention_fwd_s + n * dense.attention_fwd_s,
-        attention_activation_bytes=first.attention_activation_bytes
-        + n * dense.attention_activation_bytes,
-        input_bytes=first.input_bytes,
-        tied_params=first.tied_params,
-        fwd_matmul_flops=first.fwd_matmul_flops + n * dense.fwd_matmul_flops,
-        attention_matmul_flops=first.attention_matmul_flops + n * dense.attention_matmul_flops,
-        expert_params=first.expert_params + n * dense.expert_params,
-        mean_fwd_matmul_flops=None
-        if mean == (None, None)
-        else (first.model_matmul_flops + n * dense.model_matmul_flops),
     )
 
 
