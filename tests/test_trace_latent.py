@@ -139,6 +139,24 @@ def test_registry_holds_the_public_configs(name):
         assert spec.moe.norm_topk and spec.valid_tp == (1, 2, 4)  # 4 key/value heads
 
 
+def test_closed_forms_total_the_published_parameter_counts():
+    """The block closed forms the traces are checked against (below) add up to the published
+    sizes: DeepSeek-V3 671B total, 37B activated per token (arXiv 2412.19437, abstract; its
+    multi-token-prediction module not included); Qwen3-30B-A3B 30.5B total, 3.3B activated
+    (its model card), to the published digits."""
+    _, h, _, _, _, f, vocab, E, k, _, nd, _ = PUBLIC["deepseek-v3"]
+    edges = 2 * vocab * h + h  # embedding, LM head, final norm
+    dense, moe = deepseek_block_params(1, True), deepseek_block_params(1, False)
+    total = edges + nd * dense + (61 - nd) * moe
+    active = edges + nd * dense + (61 - nd) * (moe - (E - k) * 3 * h * f)
+    assert int(total / 1e9) == 671 and int(active / 1e9) == 37  # 671.03B, 37.55B
+    blocks, h, a, g, d, f, vocab, E, k, *_ = PUBLIC["qwen3-30b-a3b"]
+    attention = 2 * h * a * d + 2 * h * g * d + 2 * h + 2 * d
+    total = 2 * vocab * h + h + blocks * (attention + E * h + E * 3 * h * f)
+    active = 2 * vocab * h + h + blocks * (attention + E * h + k * 3 * h * f)
+    assert int(total / 1e8) == 305 and int(active / 1e8) == 33  # 30.53B, 3.35B
+
+
 # --- FLOPs against the closed forms --------------------------------------------------------
 
 
