@@ -157,6 +157,22 @@ def test_closed_forms_total_the_published_parameter_counts():
     assert int(total / 1e8) == 305 and int(active / 1e8) == 33  # 30.53B, 3.35B
 
 
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "deepseek-v3"])
+def test_exported_config_reads_back_as_the_registry_model(tmp_path, name):
+    """The registry's config, exported by Hugging Face and read back as a path: the same MoE
+    layout, latent attention and dense blocks (HF's field names, e.g. num_local_experts, agree
+    with the published ones); DeepSeek-V3's trace is the same."""
+    spec = get_model_spec(name)
+    spec.hf_config().to_json_file(tmp_path / "config.json")
+    by_path = get_model_spec(str(tmp_path / "config.json"))
+    assert (by_path.moe, by_path.mla, by_path.family) == (spec.moe, spec.mla, spec.family)
+    if name == "deepseek-v3":
+        from phaze.trace.tracer import trace_model
+
+        a = trace_model(by_path, 1, 2, seq=S, ep=128)
+        assert a.ops.equals(_trace(name, 2, 128).ops)
+
+
 # --- FLOPs against the closed forms --------------------------------------------------------
 
 
