@@ -347,8 +347,12 @@ BAD_INPUTS = {
         "its 4 key/value heads",
     ),
     "head_dim·heads not the hidden size where it must be": (
-        lambda p: ["--model", _config_json(p, "llama3-8b", head_dim=64)],
-        "head_dim = 64 times num_attention_heads = 32 must equal hidden_size = 4096",
+        lambda p: ["--model", _config_json(p, "opt-350m", head_dim=32)],
+        "head_dim = 32 times num_attention_heads = 16 must equal hidden_size = 1024",
+    ),
+    "head_dim not a positive integer": (
+        lambda p: ["--model", _config_json(p, "qwen3-32b", head_dim=0)],
+        "head_dim must be an integer >= 1, got 0",
     ),
     "hidden not divisible by heads without head_dim": (
         lambda p: [

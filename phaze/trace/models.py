@@ -111,28 +111,39 @@ def latent_attention(raw: dict, where: str) -> LatentAttention | None:
     return mla
 
 
+#: model types whose Hugging Face attention derives each head's size as hidden / heads (a
+#: ``head_dim`` field would be ignored); Llama-like types read ``head_dim`` (any size)
+DERIVED_HEAD_DIM = ("gpt2", "opt", "bert", "megatron-bert")
+#: model types whose config defaults ``head_dim`` to a size of its own (Qwen3: 128), not h/a
+OWN_HEAD_DIM = ("qwen3", "qwen3_moe")
+
+
 def check_head_dim(raw: dict, where: str) -> None:
-    """Attention widths that must agree: without a ``head_dim`` field the heads split the hidden
-    size evenly; a given ``head_dim`` must be a positive integer (Qwen3: any, its projections are
-    heads·head_dim wide)."""
-    heads, hidden = raw.get("num_attention_heads"), raw.get("hidden_size")
-    if not isinstance(heads, int) or not isinstance(hidden, int) or heads < 1:
-        return  # checked where the sizes are read
+    """Attention widths that must agree: a ``head_dim`` must be a positive integer; where the
+    model derives the head size (GPT-2, OPT, BERT) a given ``head_dim`` must be hidden / heads,
+    and without a ``head_dim`` the heads must split the hidden size evenly (not for Qwen3, whose
+    default is its own, nor DeepSeek-V3, whose sizes are the latent attention's)."""
+    model_type = raw.get("model_type")
+    heads = raw.get("num_attention_heads", raw.get("n_head"))
+    hidden = raw.get("hidden_size", raw.get("n_embd"))
+    if model_type == "deepseek_v3" or not isinstance(heads, int) or not isinstance(hidden, int):
+        return  # latent_attention checks DeepSeek-V3; missing sizes are reported where read
+    if heads < 1:
+        return
     head_dim = raw.get("head_dim")
-    if raw.get("model_type") == "deepseek_v3":
-        return  # its head sizes are the latent attention's (latent_attention)
     if head_dim is None:
-        if hidden % heads:
+        if model_type not in OWN_HEAD_DIM and hidden % heads:
             raise PhazeError(
                 f"{where}: hidden_size = {hidden} must be divisible by num_attention_heads = "
                 f"{heads} (no head_dim given: each head is hidden/heads wide)"
             )
     elif isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
         raise PhazeError(f"{where}: head_dim must be an integer >= 1, got {head_dim!r}")
-    elif raw.get("model_type") in ("llama", "mistral", "mixtral") and head_dim * heads != hidden:
+    elif model_type in DERIVED_HEAD_DIM and head_dim * heads != hidden:
         raise PhazeError(
             f"{where}: head_dim = {head_dim} times num_attention_heads = {heads} must equal "
-            f"hidden_size = {hidden} for model_type {raw['model_type']!r}"
+            f"hidden_size = {hidden}: model_type {model_type!r} sizes each head hidden/heads "
+            "and would ignore head_dim"
         )
 
 
