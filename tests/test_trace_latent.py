@@ -379,3 +379,18 @@ def test_bad_input_exits_2_with_one_line(case, tmp_path, monkeypatch, capsys):
     assert len(lines) == 1 and lines[0].startswith("phaze trace: error:"), err
     assert needle in lines[0] and "Traceback" not in err
     assert not out.exists()
+
+
+def test_deepseek_whole_experts_keep_the_shared_expert_sliced():
+    """etp = 1 at tp = 2: the rank's 2 routed experts (ep = 128) are whole (expert bytes
+    2·(E/ep)·3·h·f), the shared expert and attention stay sliced by tp (the block's other
+    parameters as at etp = tp)."""
+    from phaze.trace.tracer import trace_model
+
+    _, h, _, _, _, f, *_ = PUBLIC["deepseek-v3"]
+    whole = trace_model(get_model_spec("deepseek-v3"), 1, 2, seq=S, ep=128, etp=1, verify=False)
+    split = _trace("deepseek-v3", 2, 128)
+    w, p = (t.layers.set_index("layer").loc["block.3"] for t in (whole, split))
+    assert bool(w["etp1"]) and w["expert_param_bytes"] == 2 * 2 * 3 * h * f
+    assert w["expert_param_bytes"] == 2 * p["expert_param_bytes"]
+    assert w["param_bytes"] - w["expert_param_bytes"] == p["param_bytes"] - p["expert_param_bytes"]
