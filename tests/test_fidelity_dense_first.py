@@ -129,3 +129,57 @@ def test_placement_chains_fold_the_dense_blocks_as_evaluate_does():
     shuffled.iloc[[1, 4]] = shuffled.iloc[[4, 1]].to_numpy()  # a MoE block first, then dense
     with pytest.raises(PhazeError, match="the blocks differ"):
         ChainTables(shuffled, trace.ops, 2, 1, 2.0, "ds", 64)
+
+
+def test_global_search_bounds_add_the_dense_blocks_to_the_first_layer(tmp_path):
+    """The global search's per-layer bounds (`space_bounds.Trace.space_chain`): the first layer's
+    lower bound and window are the embedding's plus first_k_dense_replace times the dense
+    block's. A tiny DeepSeek-V3 config (2 dense blocks, 8 experts in 2 groups) keeps it fast.
+    (Mutation tried: without the dense blocks in the first layer's bound this test fails.)"""
+    import json
+
+    import numpy as np
+
+    from phaze.cli import main
+    from phaze.search.space_bounds import Trace
+
+    raw = {
+        **{k: v for k, v in get_model_spec("deepseek-v3").config_kwargs.items()},
+        "model_type": "deepseek_v3",
+        "hidden_size": 64,
+        "num_hidden_layers": 5,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "intermediate_size": 128,
+        "moe_intermediate_size": 32,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "n_group": 2,
+        "topk_group": 1,
+        "first_k_dense_replace": 2,
+        "q_lora_rank": 32,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 8,
+        "vocab_size": 256,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    out = tmp_path / "trace"
+    argv = ["trace", "--model", str(tmp_path / "config.json"), "--microbatch", "1", "--tp", "2"]
+    assert main([*argv, "--seq", "16", "--out", str(out)]) == 0
+    trace = Trace(str(out), 2, 1, 2.0)
+    assert trace.tables.dense == 2 and trace.tables.blocks == 3
+    sigs = trace.layers.set_index("layer")["signature"]
+    value = {
+        sigs["embedding"]: 1.0,
+        sigs["block.0"]: 10.0,
+        sigs["block.2"]: 100.0,
+        sigs["head"]: 1000.0,
+    }
+    bounds = {
+        (s, p): (np.array([v]), np.array([2 * v])) for s, v in value.items() for p in ("fwd", "bwd")
+    }
+    chain = trace.space_chain(bounds, {}, 1)
+    assert chain.lower["first_fwd"][0] == 1.0 + 2 * 10.0 and chain.window["first_bwd"][0] == 42.0
+    assert chain.lower["block_fwd"][0] == 100.0 and chain.lower["last_fwd"][0] == 1000.0
