@@ -21,6 +21,10 @@ from phaze.fidelity.evaluate import optimize_strategy
 from phaze.fidelity.evaluate_cli import add_run_arguments, load_run
 from phaze.step.megatron_args import megatron_arguments
 
+#: Megatron-LM's flags of a training precision (phaze.precision): FP8 = Transformer Engine's
+#: hybrid format (E4M3 forward, E5M2 gradients) with delayed scaling
+PRECISION_ARGUMENTS = {"bf16": [], "fp8": ["--fp8-format", "hybrid", "--fp8-recipe", "delayed"]}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser)
@@ -126,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
         "model": spec.name,
         "arch": args.arch,
         **result,
-        "megatron_args": megatron_arguments(found.strategy, spec.num_blocks),
+        "megatron_args": megatron_arguments(found.strategy, spec.num_blocks)
+        + PRECISION_ARGUMENTS[config["fidelity"]["precision"]],
         "search": {
             "tp": tps,
             "ep": eps,
