@@ -261,3 +261,26 @@ def test_a_table_of_runs_with_an_unknown_precision_exits_2_with_one_line(tmp_pat
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "precision must be one of" in lines[0]
+
+
+def test_a_table_of_runs_prices_each_row_in_its_own_precision(tmp_path):
+    """A `precision` column sets each run's precision; a row without one takes the config's.
+    Each row's prediction equals `evaluate` of that run in that precision."""
+    from phaze.fidelity.validate import validate
+
+    cfg = write_tiny_gpt2_config(tmp_path / "config.json", 2)
+    table = tmp_path / "runs.csv"
+    head = (
+        "model,preset,gpus,seq,global_batch,microbatch,tensor_parallel,pipeline_parallel,"
+        "interleave,expert_parallel,recompute,sequence_parallel,distributed_optimizer,ddp,"
+        "iteration_time_s,precision\n"
+    )
+    rows = [f"{cfg},h100-sxm,4,{S},8,2,1,1,1,1,none,0,1,overlap,0.01,{p}\n" for p in ("fp8", "")]
+    table.write_text(head + "".join(rows))
+    report = validate(BF16, table)
+    assert [r["precision"] for r in report["rows"]] == ["fp8", "bf16"]
+    spec = get_model_spec(str(cfg))
+    strategy = Strategy(4, 1, 1, 2, 8, distributed_optimizer=True)
+    for r, config in zip(report["rows"], (FP8, BF16)):
+        want = evaluate_strategy(spec, strategy, H100, seq=S, config=config)
+        assert r["predicted_time_s"] == want["iteration_time_s"]
