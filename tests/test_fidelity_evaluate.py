@@ -185,6 +185,7 @@ def test_evaluate_cli_prints_the_contract(tmp_path, phaze_cli):
         "expert_parallel_comm_s",
         "pipeline_comm_s",
         "grad_accumulation_s",
+        "weight_cast_s",
         "pipeline_bubble_s",
         "data_parallel_comm_s",
         "optimizer_s",

@@ -33,8 +33,9 @@ import pandas as pd
 
 from phaze.errors import PhazeError
 from phaze.estimate import matmul_cost, vector_cost
-from phaze.estimate.model import achievable_hbm_Bps
+from phaze.estimate.model import achievable_hbm_Bps, tc_local_buffer_bytes
 from phaze.estimate.stage import cycles_per_element
+from phaze.precision import FORMATS, Format, gemm_core
 
 
 # ---------------------------------------------------------------------------------------------
@@ -53,6 +54,9 @@ class LayerWork:
     fwd_collectives: list = field(default_factory=list)  # (kind, bytes) in execution order
     bwd_collectives: list = field(default_factory=list)
     param_bytes: int = 0
+    low_precision_params: float = 0.0  # weights of the GEMMs run in a low precision (FP8)
+    low_precision_saved_bytes: float = 0.0  # saved-activation bytes those GEMMs' inputs save
+    # less in that precision than in BF16 (with sequence parallelism: the rank's share)
     kernels_fwd: int = 0
     kernels_bwd: int = 0
     bound_s: dict = field(default_factory=dict)  # seconds per bound (compute/glb/hbm)
@@ -107,11 +111,39 @@ def fusion_groups(ops: pd.DataFrame, edges: pd.DataFrame, fuse: bool) -> np.ndar
     return group
 
 
+#: the GEMMs of a linear layer (fprop, dgrad, wgrad: two-dimensional); core attention's are
+#: batched (``aten.bmm``)
+LINEAR_GEMM_ATEN = frozenset({"aten.mm.default", "aten.addmm.default"})
+
+
+def low_precision_gemms(ops: pd.DataFrame, fmt: Format) -> np.ndarray:
+    """Which matmul rows of `ops` run in `fmt` (all False for BF16): Transformer Engine's FP8
+    GEMMs are a transformer block's linear layers — its two-dimensional GEMMs, forward and both
+    backward ones — but not a mixture-of-experts router; the embedding, the LM head and core
+    attention's batched GEMMs stay BF16 (`phaze.precision`)."""
+    if not fmt.low_precision or ops.empty:
+        return np.zeros(len(ops), dtype=bool)
+    return (
+        (ops["kind"].to_numpy() == "matmul")
+        & ops["aten"].isin(LINEAR_GEMM_ATEN).to_numpy()
+        & (ops["moe_role"].to_numpy() != "router")
+        & ops["layer"].astype(str).str.startswith("block").to_numpy()
+    )
+
+
 def kernel_latencies(
-    ops: pd.DataFrame, edges: pd.DataFrame, core: dict, cm: dict, n_tc: int, n_vc: int, fuse: bool
+    ops: pd.DataFrame,
+    edges: pd.DataFrame,
+    core: dict,
+    cm: dict,
+    n_tc: int,
+    n_vc: int,
+    fuse: bool,
+    fmt: Format = FORMATS["bf16"],
 ) -> pd.DataFrame:
     """One row per kernel of one layer+pass: ``group`` (first op id), ``latency_s``, ``bound``,
-    ``ops`` (op ids). Matmuls via ``phaze.estimate.matmul_cost``, element-wise kernels via
+    ``ops`` (op ids). Matmuls via ``phaze.estimate.matmul_cost`` (those `low_precision_gemms`
+    picks in format `fmt`: ``phaze.precision.gemm_core``), element-wise kernels via
     ``phaze.estimate.vector_cost``; collectives and allocations are not kernels here."""
     ops = ops.reset_index(drop=True)
     if not (ops["op"].to_numpy() == np.arange(len(ops))).all():
@@ -120,16 +152,22 @@ def kernel_latencies(
     kind = ops["kind"].to_numpy()
     rows = []
 
-    mm = np.flatnonzero(kind == "matmul")
-    if len(mm):
+    low = low_precision_gemms(ops, fmt)
+    low_core, low_cm = gemm_core(core, cm, fmt, float(tc_local_buffer_bytes(core)))
+    for mm, (c, m) in (
+        (np.flatnonzero((kind == "matmul") & ~low), (core, cm)),
+        (np.flatnonzero(low), (low_core, low_cm)),
+    ):
+        if not len(mm):
+            continue
         sub = ops.iloc[mm]
         cost = matmul_cost(
             sub["m"].to_numpy(float),
             sub["n"].to_numpy(float),
             sub["k"].to_numpy(float),
             np.maximum(sub["batch"].to_numpy(float), 1.0),
-            core,
-            cm,
+            c,
+            m,
             n_tc,
         )
         for j, i in enumerate(mm):
@@ -187,20 +225,31 @@ def layer_works(
     fuse: bool,
     tp: int,
     param_bytes: int,
+    fmt: Format = FORMATS["bf16"],
 ) -> dict[bool, LayerWork]:
     """Per-microbatch work of one layer on one tensor-parallel rank (ops/edges of that layer),
     without and (t > 1) with sequence parallelism: {sequence_parallel: LayerWork}. The kernels
     are costed once; sequence parallelism divides the replicated ones (the trace's ``replicated``
     ops) by t and swaps each all-reduce for a reduce-scatter + all-gather. Core attention = the
-    kernels of the trace's ``attention`` ops."""
+    kernels of the trace's ``attention`` ops. In a low-precision format `fmt` the linear layers'
+    GEMMs run in it and its casts are added (`low_precision_casts`)."""
     variants = (False, True) if tp > 1 else (False,)
     works = {sp: LayerWork(param_bytes=int(param_bytes)) for sp in variants}
+    casts = low_precision_casts(
+        ops[ops["pass"] == "fwd"].sort_values("op").reset_index(drop=True),
+        edges[edges["pass"] == "fwd"],
+        fmt,
+        tp,
+    )
+    for sp, work in works.items():
+        work.low_precision_params = casts["params"]
+        work.low_precision_saved_bytes = casts["saved_bytes"][sp]
     for pass_ in ("fwd", "bwd"):
         o = ops[ops["pass"] == pass_].sort_values("op").reset_index(drop=True)
         e = edges[edges["pass"] == pass_]
         if o.empty:
             continue
-        kernels = kernel_latencies(o, e, core, cm, n_tc, n_vc, fuse)
+        kernels = kernel_latencies(o, e, core, cm, n_tc, n_vc, fuse, fmt)
         vector = (o["kind"] == "vector").to_numpy(bool)
         replicated = o["replicated"].to_numpy(bool) & vector
         attention = o["attention"].to_numpy(bool)
@@ -226,6 +275,13 @@ def layer_works(
                 work.bound_s[k["bound"]] = work.bound_s.get(k["bound"], 0.0) + lat
                 if all(attention[i] for i in k["ops"]):
                     attention_s += lat
+            for moved in casts[pass_][sp]:  # HBM-bound cast(+transpose) kernels
+                cost = vector_cost(1.0, moved, 0.0, core, cm, n_vc)
+                terms = {"glb": float(cost["glb_s"]), "hbm": float(cost["hbm_s"])}
+                terms["issue"] = float(cost["issue_s"])
+                bound = max(terms, key=terms.get)
+                total += terms[bound]
+                work.bound_s[bound] = work.bound_s.get(bound, 0.0) + terms[bound]
             coll = [
                 sequence_parallel_form(kind, size, tp, replicated) if sp else [(kind, size)]
                 for kind, size, replicated in colls
@@ -239,6 +295,59 @@ def layer_works(
                 work.bwd_s, work.bwd_flops, work.bwd_collectives = total, flops, coll
                 work.kernels_bwd = len(kernels)
     return works
+
+
+def low_precision_casts(ops: pd.DataFrame, edges: pd.DataFrame, fmt: Format, tp: int) -> dict:
+    """What a low-precision format adds to a layer, from its forward ops and edges (one rank,
+    one microbatch; `phaze.precision` has the sources):
+
+    * ``fwd``: {sequence_parallel: [HBM bytes of each input cast]} — one cast(+transpose) kernel
+      per distinct input of the `low_precision_gemms` (the op feeding it, per expert: Llama's
+      q, k, v projections or an expert's gate and up projections share theirs), of
+      ``fmt.cast_bytes_per_element`` per element; an input from outside the tensor-parallel
+      region (a norm's output) is cast on the rank's s/t shard under sequence parallelism;
+    * ``bwd``: {sequence_parallel: [HBM bytes of each output-gradient cast]} — one per GEMM, on
+      its m × n output gradient;
+    * ``params``: the weights of those GEMMs (k × n each; cast once per step, cached);
+    * ``saved_bytes``: {sequence_parallel: bytes} the distinct inputs save less than in BF16
+      (``2 − fmt.saved_input_bytes_per_element`` per element; the rank's share under sequence
+      parallelism, as the trace splits what lies outside the region).
+    BF16: nothing."""
+    variants = (False, True) if tp > 1 else (False,)
+    out = {
+        "fwd": {sp: [] for sp in variants},
+        "bwd": {sp: [] for sp in variants},
+        "params": 0.0,
+        "saved_bytes": {sp: 0.0 for sp in variants},
+    }
+    low = low_precision_gemms(ops, fmt)
+    if not low.any():
+        return out
+    kind = ops["kind"].to_numpy()
+    replicated = ops["replicated"].to_numpy(bool)
+    per_element = fmt.cast_bytes_per_element
+    saved_less = 2.0 - fmt.saved_input_bytes_per_element
+    source = {}  # GEMM op -> the op producing its activation input
+    for src, dst in zip(edges["src"].to_numpy(), edges["dst"].to_numpy()):
+        if low[int(dst)] and kind[int(src)] != "nop":
+            source[int(dst)] = int(src)
+    seen = set()
+    for i in np.flatnonzero(low):
+        row = ops.iloc[i]
+        m, n, k = float(row["m"]), float(row["n"]), float(row["k"])
+        out["params"] += k * n
+        for sp in variants:
+            out["bwd"][sp].append(per_element * m * n)
+        src = source.get(int(i), -1 - int(i))
+        if (src, int(row["expert"])) in seen:
+            continue
+        seen.add((src, int(row["expert"])))
+        outside = src >= 0 and bool(replicated[src])
+        for sp in variants:
+            share = 1.0 / tp if sp and outside else 1.0
+            out["fwd"][sp].append(per_element * m * k * share)
+            out["saved_bytes"][sp] += saved_less * m * k * share
+    return out
 
 
 def collective_bytes(op) -> float:

@@ -11,6 +11,7 @@ network (two-level, or `tpuv4`'s ICI torus). Memory comes from the trace's saved
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from functools import lru_cache
@@ -29,6 +30,7 @@ from phaze.fidelity.compute import (
 from phaze.network import Network, network_from_section
 from phaze.place.chains import fold_dense_blocks
 from phaze.place.megatron import Axes, optimize
+from phaze.precision import Format, fp8_peak_flops, get_format
 from phaze.step.layers import ChainCost, LayerCost
 from phaze.step.model import StepConstants, price
 from phaze.step.strategy import Strategy
@@ -111,7 +113,8 @@ def _layer_cost(work: LayerWork, row, tp: int, sp: bool, tied_bytes: float = 0.0
         fwd_s=work.fwd_s,
         bwd_s=work.bwd_s,
         params=work.param_bytes / ELEM_BYTES,
-        activation_bytes=float(row["activation_bytes"]) - outside,
+        # a low-precision linear layer saves its input in that precision (phaze.precision)
+        activation_bytes=float(row["activation_bytes"]) - outside - work.low_precision_saved_bytes,
         fwd_collectives=tuple(work.fwd_collectives),
         bwd_collectives=tuple(work.bwd_collectives),
         attention_fwd_s=work.attention_core_fwd_s,
@@ -122,6 +125,7 @@ def _layer_cost(work: LayerWork, row, tp: int, sp: bool, tied_bytes: float = 0.0
         attention_matmul_flops=work.attention_fwd_flops,
         expert_params=float(row.get("expert_param_bytes", 0.0)) / ELEM_BYTES,
         mean_fwd_matmul_flops=None if mean is None else float(mean),
+        low_precision_params=work.low_precision_params,
     )
 
 
@@ -175,6 +179,7 @@ def gpu_chains(
         "n_vc": int(preset["arch"]["n_vc"]),
         "fuse": bool(config["fidelity"]["fuse_elementwise"]),
         "tp": tp,
+        "fmt": run_format(preset, config),
     }
     # a model with dense first blocks (DeepSeek-V3): the chain's block is the repeated MoE block;
     # the dense blocks are priced with the embedding, as the first layer (fold_dense_blocks)
@@ -238,11 +243,36 @@ def preset_network(preset: dict, name: str, devices: int) -> Network:
     return network_from_section(preset["network"], devices, f"preset {name} network")
 
 
+def run_format(preset: dict, config: dict, name: str = "preset") -> Format:
+    """The training precision (config ``fidelity.precision``) the preset can run: FP8 needs the
+    preset's FP8 peak (`phaze.precision.fp8_peak_flops`; PhazeError otherwise)."""
+    fmt = get_format(config["fidelity"]["precision"])
+    if fmt.low_precision:
+        fp8_peak_flops(preset, name, preset_peak_flops(preset))
+    return fmt
+
+
+def run_peak_flops(preset: dict, config: dict, name: str = "preset") -> float:
+    """One device's dense peak in the training precision (the denominator of MFU)."""
+    if run_format(preset, config, name).low_precision:
+        return fp8_peak_flops(preset, name, preset_peak_flops(preset))
+    return preset_peak_flops(preset)
+
+
 def step_constants(preset: dict, config: dict) -> StepConstants:
     """The step accounting of config ``step`` on the preset's achievable HBM bandwidth (every
-    HBM-bound term: optimizer step, gradient accumulation)."""
+    HBM-bound term: optimizer step, gradient accumulation), with the training precision's cast
+    weights (`phaze.precision`)."""
     hbm = float(achievable_hbm_Bps(preset_costmodel(preset, config["costmodel"])))
-    return StepConstants.from_config(config["step"], hbm)
+    consts = StepConstants.from_config(config["step"], hbm)
+    fmt = get_format(config["fidelity"]["precision"])
+    if not fmt.low_precision:
+        return consts
+    return dataclasses.replace(
+        consts,
+        low_precision_weight_bytes_per_param=fmt.weight_copy_bytes_per_param,
+        weight_cast_bytes_per_param=fmt.cast_bytes_per_element,
+    )
 
 
 def evaluate_strategy(
@@ -251,6 +281,7 @@ def evaluate_strategy(
     """`phaze.step.model.price` of `strategy` for model `spec` on a GPU preset, plus the GPU
     detail (the block's kernel time by bound, the device's peak)."""
     net = preset_network(preset, name, strategy.devices)
+    peak = run_peak_flops(preset, config, name)
     spec.check_tp(strategy.tp)
     strategy.check_layers(spec.repeated_blocks)
     moe = getattr(spec, "moe", None)
@@ -265,7 +296,6 @@ def evaluate_strategy(
         strategy.ep,
         strategy.expert_tp,
     )[strategy.sequence_parallel]
-    peak = preset_peak_flops(preset)
     capacity = (preset.get("gpu") or {}).get("hbm_capacity_bytes")
     result = price(chain, strategy, net, step_constants(preset, config), peak, capacity)
     result["devices"] = strategy.devices
@@ -274,6 +304,7 @@ def evaluate_strategy(
     result["seq"] = seq
     result["block_kernel_bounds_s"] = chain.meta["block_kernel_bounds_s"]
     result["peak_flops_per_device"] = peak
+    result["precision"] = config["fidelity"]["precision"]
     return result
 
 
@@ -300,6 +331,7 @@ def optimize_strategy(
     is the experts split over tp, 1 whole experts, where the model has experts and tp > 1 — and
     the axes of config ``place``). Returns (evaluate_strategy's dict of it or None, the search's Result)."""
     net = preset_network(preset, name, devices)
+    run_format(preset, config, name)
     chains = {}
     for t in tps:
         for b in microbatches:

@@ -14,7 +14,8 @@ import json
 from phaze.arch.presets import load_preset
 from phaze.config import add_config_argument, load_config
 from phaze.errors import PhazeError
-from phaze.fidelity.evaluate import evaluate_strategy, preset_network
+from phaze.fidelity.evaluate import evaluate_strategy, preset_network, run_format
+from phaze.precision import PRECISIONS
 from phaze.step.strategy import Strategy
 from phaze.trace.models import get_model_spec
 
@@ -50,7 +51,27 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", type=count, required=True, help="number of devices N")
     parser.add_argument("--global-batch", type=count, required=True, help="sequences per iteration")
     parser.add_argument("--seq", type=int, help="sequence length (default: the model's)")
+    add_precision_argument(parser)
     add_config_argument(parser)
+
+
+def add_precision_argument(parser: argparse.ArgumentParser) -> None:
+    """``--precision``, what `evaluate`, `optimize` and `validate` share (overrides config
+    ``fidelity.precision``)."""
+    parser.add_argument(
+        "--precision",
+        choices=list(PRECISIONS),
+        help="training precision: bf16, or fp8 (Transformer Engine FP8 GEMMs in the linear "
+        "layers; needs a preset with an FP8 peak, e.g. h100-sxm). Default: config "
+        "fidelity.precision (bf16)",
+    )
+
+
+def apply_precision(config: dict, precision: str | None) -> dict:
+    """The config with ``--precision`` (when given) as its ``fidelity.precision``."""
+    if precision is not None:
+        config["fidelity"] = {**config["fidelity"], "precision": precision}
+    return config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -121,10 +142,11 @@ def load_run(args) -> tuple:
         raise PhazeError(f"--seq must be >= 2 (got {args.seq})")
     if args.devices < 1 or args.global_batch < 1:
         raise PhazeError("--devices and --global-batch must be >= 1")
-    config = load_config(args.config)
+    config = apply_precision(load_config(args.config), args.precision)
     spec = get_model_spec(args.model if args.model else args.hf_config)
     preset = load_preset(args.arch)
     preset_network(preset, args.arch, args.devices)
+    run_format(preset, config, args.arch)
     return spec, preset, config, args.seq or spec.seq
 
 

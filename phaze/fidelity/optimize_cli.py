@@ -46,6 +46,11 @@ def _megatron_args(strategy, spec) -> list[str]:
     return args
 
 
+#: Megatron-LM's flags of a training precision (phaze.precision): FP8 = Transformer Engine's
+#: hybrid format (E4M3 forward, E5M2 gradients) with delayed scaling
+PRECISION_ARGUMENTS = {"bf16": [], "fp8": ["--fp8-format", "hybrid", "--fp8-recipe", "delayed"]}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser)
     parser.add_argument(
@@ -150,7 +155,8 @@ def run(args: argparse.Namespace) -> int:
         "model": spec.name,
         "arch": args.arch,
         **result,
-        "megatron_args": _megatron_args(found.strategy, spec),
+        "megatron_args": _megatron_args(found.strategy, spec)
+        + PRECISION_ARGUMENTS[config["fidelity"]["precision"]],
         "search": {
             "tp": tps,
             "ep": eps,

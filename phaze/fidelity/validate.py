@@ -15,7 +15,9 @@ A table with a ``model`` column is a table of **runs** of registry models (any f
 mixture-of-experts) on a GPU ``preset``, each with its measured ``iteration_time_s`` and every
 setting it ran with (:data:`RUN_COLUMNS`, ``expert_parallel`` included); its TFLOP/s per GPU are
 phaze's model FLOPs of the run (the trace's matmuls) over the published and the predicted time,
-so the two are comparable whatever FLOP count the source used.
+so the two are comparable whatever FLOP count the source used. An optional ``precision`` column
+(bf16 or fp8, ``phaze.precision``) gives each run's training precision; without it a run takes
+config ``fidelity.precision`` (``validate --precision``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from phaze.arch.presets import load_preset
 from phaze.errors import PhazeError
 from phaze.fidelity.evaluate import evaluate_strategy
 from phaze.io import checks
+from phaze.precision import PRECISIONS
 from phaze.step.strategy import Strategy
 from phaze.trace.models import ModelSpec, get_model_spec
 
@@ -130,6 +133,12 @@ def read_runs(path: Path | str) -> list[dict]:
             raise PhazeError(f"{where}: ddp must be overlap or after, got {r['ddp']!r}")
         row["ddp"] = r["ddp"].strip()
         row["source"] = (r.get("source") or "").strip()
+        precision = (r.get("precision") or "").strip()
+        if precision and precision not in PRECISIONS:
+            raise PhazeError(
+                f"{where}: precision must be one of {list(PRECISIONS)}, got {r['precision']!r}"
+            )
+        row["precision"] = precision or None
         run = tuple(v for k, v in row.items() if k not in ("iteration_time_s", "source"))
         if run in seen:
             raise PhazeError(f"{where} repeats the run of row {seen[run]}")
@@ -298,8 +307,14 @@ def validate_runs(config: dict, reference: Path | str) -> dict:
         spec = get_model_spec(ref["model"])
         preset = load_preset(ref["preset"])
         strategy = run_strategy(ref)
+        run_config = config
+        if ref["precision"] is not None:
+            run_config = {
+                **config,
+                "fidelity": {**config["fidelity"], "precision": ref["precision"]},
+            }
         result = evaluate_strategy(
-            spec, strategy, preset, seq=ref["seq"], config=config, name=ref["preset"]
+            spec, strategy, preset, seq=ref["seq"], config=run_config, name=ref["preset"]
         )
         published_s = ref["iteration_time_s"]
         rows.append(
@@ -312,6 +327,7 @@ def validate_runs(config: dict, reference: Path | str) -> dict:
                 model=ref["model"],
                 preset=ref["preset"],
                 ep=strategy.ep,
+                precision=run_config["fidelity"]["precision"],
                 source=ref["source"],
             )
         )

@@ -45,6 +45,9 @@ class LayerCost:
     attention_matmul_flops: float = 0.0  # of which core attention (QKᵀ, ×V)
     expert_params: float = 0.0  # of `params`, the routed experts' (expert data-parallel group)
     mean_fwd_matmul_flops: float | None = None  # the mean rank's (None: fwd_matmul_flops)
+    # of `params`, the weights whose GEMMs run in a low precision (FP8): each keeps a cast copy
+    # and is cast once per step (phaze.precision; 0 in BF16)
+    low_precision_params: float = 0.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -59,12 +62,15 @@ class LayerCost:
             "fwd_matmul_flops",
             "attention_matmul_flops",
             "expert_params",
+            "low_precision_params",
         ):
             value = getattr(self, name)
             if not value >= 0:  # also rejects NaN
                 raise AssertionError(f"layer cost {name} must be >= 0, got {value}")
         if self.expert_params > self.params:
             raise AssertionError("expert parameters exceed the layer's parameters")
+        if self.low_precision_params > self.params:
+            raise AssertionError("low-precision parameters exceed the layer's parameters")
         if self.mean_fwd_matmul_flops is not None and not self.mean_fwd_matmul_flops >= 0:
             raise AssertionError("mean forward matmul FLOPs must be >= 0")
         for kind, size in (*self.fwd_collectives, *self.bwd_collectives):

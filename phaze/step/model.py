@@ -80,6 +80,11 @@ class StepConstants:
     ddp_bucket_bytes: float  # DDP gradient bucket: the last one is never hidden
     hbm_bandwidth_Bps: float
     scatter_gather: bool  # Megatron's scatter/gather of inter-node stage transfers, where faster
+    # a low-precision (FP8) run (phaze.precision; 0 in BF16, not config keys): resident bytes of
+    # the cached cast weight per low-precision parameter, and HBM bytes of casting it (once per
+    # step, on the first microbatch)
+    low_precision_weight_bytes_per_param: float = 0.0
+    weight_cast_bytes_per_param: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.optimizer_state_bytes_per_param <= self.state_bytes_per_param:
@@ -90,7 +95,13 @@ class StepConstants:
     @classmethod
     def from_config(cls, step: dict, hbm_bandwidth_Bps: float) -> StepConstants:
         """From the validated config section ``step`` and the device's HBM bandwidth."""
-        return from_section(cls, step, given={"hbm_bandwidth_Bps": hbm_bandwidth_Bps}, convert=True)
+        return from_section(
+            cls,
+            step,
+            given={"hbm_bandwidth_Bps": hbm_bandwidth_Bps},
+            not_keys=("low_precision_weight_bytes_per_param", "weight_cast_bytes_per_param"),
+            convert=True,
+        )
 
     def state_bytes(self, distributed_optimizer: bool, dp: int) -> float:
         if not distributed_optimizer:
@@ -348,6 +359,12 @@ class StageTerms:
         m = schedule.microbatches
         per_param = consts.grad_accumulation_bytes_per_param / consts.hbm_bandwidth_Bps
         self.accumulate_per_param = per_param * (m - 1) / m
+        # casting the low-precision weights once per step, spread evenly over the m microbatches
+        self.low_precision_slope = B.low_precision_params
+        self.low_precision_intercept = np.where(first, E.low_precision_params, 0.0) + np.where(
+            last, H.low_precision_params, 0.0
+        )
+        self.cast_per_param = consts.weight_cast_bytes_per_param / consts.hbm_bandwidth_Bps / m
         self.dp_bw, self.dp_lat = layout.dp_bw, layout.dp_lat
         self.edp, self.edp_bw, self.edp_lat = layout.edp, layout.edp_bw, layout.edp_lat
         self.tied_s = np.where(first | last, placed.tied_s, 0.0)
@@ -371,11 +388,13 @@ class StageTerms:
         compute_per_block = B.fwd_s + B.bwd_s
         slope = compute_per_block + rc + self.tp_per_block + self.ep_per_block
         slope += self.param_slope * self.accumulate_per_param
+        slope += self.low_precision_slope * self.cast_per_param
         compute_0 = np.where(self._first, E.fwd_s + E.bwd_s, 0.0) + np.where(
             self._last, H.fwd_s + H.bwd_s, 0.0
         )
         intercept = compute_0 + self.tp_0 + self.pp_comm
         intercept = intercept + self.param_intercept * self.accumulate_per_param
+        intercept = intercept + self.low_precision_intercept * self.cast_per_param
         return intercept, slope, compute_per_block, rc, compute_0
 
     def _time(self, chain: ChainCost) -> None:
@@ -417,6 +436,9 @@ class StageTerms:
 
     def expert_params(self, n):
         return np.asarray(n, dtype=float) * self.expert_slope
+
+    def low_precision_params(self, n):
+        return self._col(self.low_precision_intercept, n) + n * self.low_precision_slope
 
     def backward(self, n):
         """The backward part of T_j (what a DDP overlap can hide the reduction behind)."""
@@ -515,6 +537,7 @@ class StageTerms:
             + self._col(self.inflight, n) * n * self.stash
             + np.where(blocks_held, self.working, 0.0)
             + self._col(self.mem_intercept, n)
+            + self.low_precision_params(n) * self.consts.low_precision_weight_bytes_per_param
         )
 
 
@@ -590,6 +613,7 @@ def price(
         "expert_parallel_comm_s": m * n[c] * terms.ep_per_block,
         "pipeline_comm_s": m * terms.pp_comm[c],
         "grad_accumulation_s": m * float(terms.params(n)[c]) * terms.accumulate_per_param,
+        "weight_cast_s": m * float(terms.low_precision_params(n)[c]) * terms.cast_per_param,
         "pipeline_bubble_s": bubble,
         "data_parallel_comm_s": float(dp_s[tail_j]),
         "optimizer_s": float(opt_s[tail_j]),
