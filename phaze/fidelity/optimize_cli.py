@@ -3,8 +3,8 @@ step model (docs/step.md), with the Megatron-LM arguments that run it.
 
 Searched: tp from ``--tp`` or config ``trace.tp`` (those the model admits and that divide the
 devices), microbatch from ``--microbatch`` or config ``trace.microbatch``, for a mixture-of-experts
-model the expert-parallel size from ``--ep`` (default every divisor of its experts), the placement
-axes of
+model the expert-parallel size from ``--ep`` (default every divisor of its experts), the
+context-parallel sizes of ``--cp`` (default 1), the placement axes of
 config ``place`` (interleave, recompute, sequence_parallel, distributed_optimizer, ddp), every
 pipeline depth with tp·pp·dp = devices and microbatch·dp dividing the global batch, every split
 of the blocks over the stages. ``strategy`` is the object `phaze evaluate` prints: evaluating it
@@ -20,6 +20,7 @@ from phaze.errors import PhazeError
 from phaze.fidelity.evaluate import optimize_strategy
 from phaze.fidelity.evaluate_cli import add_run_arguments, load_run
 from phaze.step.megatron_args import megatron_arguments
+from phaze.step.strategy import check_context_parallel
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the experts' tensor-parallel sizes to search: tp (split like the block) and/or 1 "
         "(whole experts; a mixture-of-experts model at tp > 1; default: both for one, tp for a "
         "dense model)",
+    )
+    parser.add_argument(
+        "--cp",
+        type=int,
+        nargs="+",
+        help="context-parallel sizes to search (Megatron's --context-parallel-size; each must "
+        "split the sequence into 2·cp chunks and divide the devices; default: 1)",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
@@ -102,6 +110,13 @@ def run(args: argparse.Namespace) -> int:
             raise PhazeError(
                 "etp = 1 (experts without tensor parallelism) needs a mixture-of-experts model"
             )
+    cps = sorted(set(args.cp or [1]))
+    for c in cps:
+        check_context_parallel(seq, c)
+        if args.devices % c:
+            raise PhazeError(
+                f"the context-parallel size cp ({c}) must divide the {args.devices} devices"
+            )
     result, found = optimize_strategy(
         spec,
         preset,
@@ -115,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         name=args.arch,
         eps=eps,
         etps=etps,
+        cps=cps,
     )
     if result is None:
         why = "; ".join(f"{r} ({n})" for r, n in sorted(found.skipped.items())) or "none"
@@ -130,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
         "search": {
             "tp": tps,
             "ep": eps,
+            "cp": cps,
             "microbatch": microbatches,
             "configurations": found.configurations,
             "solved": found.solved,
