@@ -8,6 +8,7 @@ import itertools
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -364,3 +365,37 @@ def test_a_gpu_chain_at_cp_halves_every_ranks_work_and_keeps_the_models_flops():
     assert two.block.bwd_s == pytest.approx(
         local.block.bwd_s + local.block.attention_bwd_s, rel=1e-12
     )
+
+
+DATA = Path(__file__).resolve().parents[1] / "phaze" / "fidelity" / "data"
+
+
+def test_the_published_h100_tables_carry_context_parallelism_and_precision():
+    """The BF16 table reads (context_parallel 2 on every row, precision bf16) into Megatron's
+    strategies; a table without the two columns reads them as cp 1, bf16 (the Mixtral run)."""
+    from phaze.fidelity.validate import read_runs, run_strategy
+
+    rows = read_runs(DATA / "h100_published_bf16.csv")
+    assert len(rows) == 4 and all(r["precision"] == "bf16" for r in rows)
+    got = [(s.tp, s.pp, s.cp, s.dp, s.interleave) for s in map(run_strategy, rows)]
+    assert got == [(1, 1, 2, 4, 1), (1, 1, 2, 64, 1), (4, 4, 2, 2, 5), (4, 4, 2, 32, 5)]
+    (mixtral,) = read_runs(DATA / "megatron_mixtral_release.csv")
+    assert (mixtral["context_parallel"], mixtral["precision"]) == (1, "bf16")
+    assert run_strategy(mixtral).cp == 1
+
+
+def test_a_run_the_step_model_cannot_price_is_refused_with_one_line(tmp_path):
+    """The pending table's first row is FP8: exit 2 naming the precision; a model the registry
+    lacks (a BF16 DeepSeek-V3 row): exit 2 naming the model."""
+    out = _cli("validate", "--reference", str(DATA / "h100_published_pending.csv"))
+    assert out.returncode == 2
+    (line,) = out.stderr.strip().splitlines()
+    assert "row 1: precision fp8 is not modelled" in line
+    lines = (DATA / "h100_published_pending.csv").read_text().splitlines()
+    header = next(x for x in lines if x.startswith("model,"))
+    dsv3 = next(x for x in lines if x.startswith("deepseek-v3,")).replace(",fp8,", ",bf16,")
+    (tmp_path / "runs.csv").write_text(header + "\n" + dsv3 + "\n")
+    out = _cli("validate", "--reference", str(tmp_path / "runs.csv"))
+    assert out.returncode == 2
+    (line,) = out.stderr.strip().splitlines()
+    assert "unknown model 'deepseek-v3'" in line
