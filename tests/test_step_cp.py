@@ -399,3 +399,14 @@ def test_a_run_the_step_model_cannot_price_is_refused_with_one_line(tmp_path):
     assert out.returncode == 2
     (line,) = out.stderr.strip().splitlines()
     assert "unknown model 'deepseek-v3'" in line
+
+
+def test_a_ring_on_a_torus_waits_for_its_farthest_pair():
+    """Four chips on a line of the torus (no wraparound), cp 4: the ring's pair 3 -> 0 is three
+    hops, so every step takes S/B + 3·L (B = 2 B/s, L = 0.1 s)."""
+    from phaze.network import TorusNetwork
+
+    net = TorusNetwork((4, 1, 1), (False, False, False), LinkLevel(2.0, 0.1))
+    layout = Layout.build(net, 1, 1, 4, cp=4)
+    assert (layout.cp_bw, layout.cp_lat) == (2.0, pytest.approx(0.3))
+    assert layout.ring_step_s(1.0) == pytest.approx(0.5 + 0.3)
