@@ -410,3 +410,15 @@ def test_a_ring_on_a_torus_waits_for_its_farthest_pair():
     layout = Layout.build(net, 1, 1, 4, cp=4)
     assert (layout.cp_bw, layout.cp_lat) == (2.0, pytest.approx(0.3))
     assert layout.ring_step_s(1.0) == pytest.approx(0.5 + 0.3)
+
+
+def test_optimize_cp_all_lists_every_size_that_splits_the_sequence_and_the_devices():
+    from phaze.fidelity.optimize_cli import context_parallel_sizes
+
+    assert context_parallel_sizes(None, 8192, 8) == [1]
+    assert context_parallel_sizes(["all"], 8192, 8) == [1, 2, 4, 8]
+    assert context_parallel_sizes(["all"], 24, 64) == [1, 2, 4]
+    assert context_parallel_sizes(["all"], 3, 8) == [1]
+    assert context_parallel_sizes(["4", "2", "2"], 8192, 8) == [2, 4]
+    with pytest.raises(PhazeError, match="--cp takes integers"):
+        context_parallel_sizes(["two"], 8192, 8)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from phaze.errors import PhazeError
 from phaze.fidelity.evaluate import optimize_strategy
@@ -59,12 +60,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--cp",
-        type=int,
         nargs="+",
         help="context-parallel sizes to search (Megatron's --context-parallel-size; each must "
-        "split the sequence into 2·cp chunks and divide the devices; default: 1)",
+        "split the sequence into 2·cp chunks and divide the devices), or `all`: every such size "
+        "(each costs a trace at seq/cp); default: 1",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def context_parallel_sizes(given, seq: int, devices: int) -> list[int]:
+    """The cp values of ``--cp``: the sizes given (checked by the caller), ``all`` (every cp
+    dividing the devices whose 2·cp chunks split the sequence), or none given: [1]."""
+    if not given:
+        return [1]
+    if list(given) == ["all"]:
+        g = math.gcd(devices, seq // 2)  # cp divides the devices and seq/2 (at most seq/2 values)
+        return [c for c in range(1, g + 1) if g % c == 0] if g else [1]
+    try:
+        return sorted({int(c) for c in given})
+    except ValueError:
+        raise PhazeError(f"--cp takes integers or `all`, got {' '.join(given)}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
             raise PhazeError(
                 "etp = 1 (experts without tensor parallelism) needs a mixture-of-experts model"
             )
-    cps = sorted(set(args.cp or [1]))
+    cps = context_parallel_sizes(args.cp, seq, args.devices)
     for c in cps:
         check_context_parallel(seq, c)
         if args.devices % c:
