@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         "search": {
             "tp": tps,
             "ep": eps,
-            "cp": cps,
+            **({"cp": cps} if cps != [1] else {}),
             "microbatch": microbatches,
             "configurations": found.configurations,
             "solved": found.solved,
