@@ -33,6 +33,12 @@ the other; with DDP overlap the exposed part is ``max(both reductions − that b
 bucket)``, the last bucket being one full bucket on the slower of the two groups, or all the
 gradients when they are fewer.
 
+Context parallelism (cp > 1, a chain costed on seq/cp tokens: `LayerCost.context_parallel`): the
+weights are replicated over the cp ranks, so the gradient group and the distributed optimizer's
+shards are dp·cp ranks (the layout without context parallelism with dp·cp replicas); each block
+adds the exposed part of its key/value ring (`StageTerms.cp_exposed`) on the slowest neighbour
+pair of the layout's rings.
+
 Memory of rank j: ``params_j · state + inflight_j · n_j · stash + working + [j = 0]·inflight_j·
 act_E + [j = p−1]·act_H`` with ``state`` bytes per parameter (the optimizer-state part divided by
 dp under the distributed optimizer — by d/ep for expert parameters: Megatron's ``6 + 12/d``
