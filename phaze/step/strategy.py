@@ -1,8 +1,10 @@
 """A parallel training strategy as Megatron-LM runs it, its pipeline schedule and its rank layout.
 
-A strategy is ``tp · pp · dp = devices`` ranks (Megatron's layout, tensor-parallel innermost, then
-data-parallel, pipeline outermost: ``rank = tp_rank + tp·(dp_rank + dp·pp_rank)``, pipeline rank 0
-= the first stage), ``ep`` expert-parallel ranks inside each data-parallel group (Megatron's
+A strategy is ``tp · cp · pp · dp = devices`` ranks (Megatron's layout, tensor-parallel innermost,
+then context-parallel, data-parallel, pipeline outermost: ``rank = tp_rank + tp·(cp_rank +
+cp·(dp_rank + dp·pp_rank))``, pipeline rank 0 = the first stage; cp = 1 without context
+parallelism, whose cp ranks split every sequence and share the weights, so gradients are reduced
+over dp·cp ranks), ``ep`` expert-parallel ranks inside each data-parallel group (Megatron's
 expert-model parallelism, order ``tp-cp-ep-dp-pp`` with the experts' tensor-parallel size equal to
 tp: ``dp_rank = ep_rank + ep·edp_rank``, so an expert-parallel group is ep ranks tp apart and the
 expert data-parallel group, over which expert gradients are reduced, dp/ep ranks tp·ep apart;
