@@ -46,6 +46,7 @@ class LayerWork:
     fwd_s: float = 0.0  # forward kernels (no communication)
     bwd_s: float = 0.0  # backward kernels
     attention_core_fwd_s: float = 0.0  # forward kernels of core attention (selective recompute)
+    attention_core_bwd_s: float = 0.0  # backward kernels of core attention (context parallelism)
     replicated_s: float = 0.0  # fwd + bwd kernels outside the tensor-parallel region, on
     # all s tokens (what sequence parallelism divides by t)
     fwd_flops: float = 0.0  # matmul FLOPs
@@ -244,6 +245,7 @@ def layer_works(
     for sp, work in works.items():
         work.low_precision_params = casts["params"]
         work.low_precision_saved_bytes = casts["saved_bytes"][sp]
+    scores: set = set()  # the (heads, s, s) shapes of core attention's forward tensors
     for pass_ in ("fwd", "bwd"):
         o = ops[ops["pass"] == pass_].sort_values("op").reset_index(drop=True)
         e = edges[edges["pass"] == pass_]
@@ -253,6 +255,17 @@ def layer_works(
         vector = (o["kind"] == "vector").to_numpy(bool)
         replicated = o["replicated"].to_numpy(bool) & vector
         attention = o["attention"].to_numpy(bool)
+        if pass_ == "fwd":
+            for i in np.flatnonzero(attention):
+                scores |= _score_shapes(o.at[i, "out_shapes"])
+        else:  # the trace marks forward ops only: core attention's backward touches its scores
+            attention = np.array(
+                [
+                    bool(scores & _score_shapes(f"{a};{b}"))
+                    for a, b in zip(o["in_shapes"], o["out_shapes"])
+                ],
+                dtype=bool,
+            )
         aten = o["aten"].to_numpy()
         flops = float(o.loc[o["kind"] == "matmul", "flops"].sum())
         attention_flops = float(o.loc[(o["kind"] == "matmul") & attention, "flops"].sum())
@@ -293,6 +306,7 @@ def layer_works(
                 work.fwd_collectives, work.kernels_fwd = coll, len(kernels)
             else:
                 work.bwd_s, work.bwd_flops, work.bwd_collectives = total, flops, coll
+                work.attention_core_bwd_s = attention_s
                 work.kernels_bwd = len(kernels)
     return works
 
@@ -347,6 +361,20 @@ def low_precision_casts(ops: pd.DataFrame, edges: pd.DataFrame, fmt: Format, tp:
             share = 1.0 / tp if sp and outside else 1.0
             out["fwd"][sp].append(per_element * m * k * share)
             out["saved_bytes"][sp] += saved_less * m * k * share
+    return out
+
+
+def _score_shapes(shapes: str) -> set:
+    """The (leading elements, s, s) form of each shape of ``shapes`` (the trace's ``a;b``
+    notation, dims joined by ``x``) with at least three dims whose last two are equal: core
+    attention's scores (batch × heads × s × s, or its bmm form). A backward op is core attention's
+    when it touches a forward score shape: the batch × heads product tells them from an s × s
+    weight gradient."""
+    out = set()
+    for shape in str(shapes).split(";"):
+        dims = [int(x) for x in shape.split("x") if x.strip().isdigit()]
+        if len(dims) >= 3 and dims[-1] == dims[-2]:
+            out.add((int(np.prod(dims[:-2])), dims[-1]))
     return out
 
 

@@ -33,7 +33,7 @@ from phaze.place.megatron import Axes, optimize
 from phaze.precision import Format, fp8_peak_flops, get_format
 from phaze.step.layers import ChainCost, LayerCost
 from phaze.step.model import StepConstants, price
-from phaze.step.strategy import Strategy
+from phaze.step.strategy import Strategy, check_context_parallel
 
 ELEM_BYTES = 2  # fp16/bf16 activations and weights (the trace's convention)
 
@@ -104,7 +104,9 @@ def trace_for(
 # ---------------------------------------------------------------------------------------------
 # the chain of one (t, b): layer costs from kernels and the trace
 # ---------------------------------------------------------------------------------------------
-def _layer_cost(work: LayerWork, row, tp: int, sp: bool, tied_bytes: float = 0.0) -> LayerCost:
+def _layer_cost(
+    work: LayerWork, row, tp: int, sp: bool, tied_bytes: float = 0.0, kv_bytes: float = 0.0
+) -> LayerCost:
     split = tp if sp else 1
     # with sequence parallelism what lies outside the tensor-parallel region is split by t
     outside = float(row["replicated_activation_bytes"]) * (1 - 1 / split)
@@ -126,6 +128,8 @@ def _layer_cost(work: LayerWork, row, tp: int, sp: bool, tied_bytes: float = 0.0
         expert_params=float(row.get("expert_param_bytes", 0.0)) / ELEM_BYTES,
         mean_fwd_matmul_flops=None if mean is None else float(mean),
         low_precision_params=work.low_precision_params,
+        attention_bwd_s=work.attention_core_bwd_s,
+        kv_bytes=kv_bytes,
     )
 
 
@@ -141,12 +145,17 @@ def gpu_chains(
     config: dict,
     ep: int = 1,
     etp: int | None = None,
+    cp: int = 1,
 ):
-    """{sequence_parallel: ChainCost} of the model at (tp, microbatch, ep, etp) on a GPU preset
-    (both settings for tp > 1, from one costing of the kernels); cached per process. A
-    mixture-of-experts model routes its tokens by config ``trace.moe_imbalance``."""
+    """{sequence_parallel: ChainCost} of the model at (tp, microbatch, ep, etp, cp) on a GPU
+    preset (both settings for tp > 1, from one costing of the kernels); cached per process. A
+    mixture-of-experts model routes its tokens by config ``trace.moe_imbalance``. With context
+    parallelism (cp > 1) every layer is costed on the rank's seq/cp tokens and its core
+    attention as cp ring steps (`LayerCost.context_parallel`)."""
     etp = tp if etp is None else etp
-    spec.check_etp(etp, tp, seq)
+    check_context_parallel(seq, cp)
+    local_seq = seq // cp  # the tokens of one context-parallel rank
+    spec.check_etp(etp, tp, local_seq)
     moe = getattr(spec, "moe", None)
     if ep > 1 and moe is None:
         raise PhazeError(f"expert parallelism (ep = {ep}) needs a mixture-of-experts model")
@@ -163,13 +172,14 @@ def gpu_chains(
         ep,
         etp,
         imbalance,
+        cp,
         json.dumps(preset, sort_keys=True, default=str),
         json.dumps([config["costmodel"], config["fidelity"]], sort_keys=True),
     )
     if key in _CHAINS:
         return _CHAINS[key]
     spec.check_tp(tp)
-    trace = trace_for(spec, microbatch, tp, seq, ep, imbalance, etp)
+    trace = trace_for(spec, microbatch, tp, local_seq, ep, imbalance, etp)
     layers = trace.layers.set_index("layer")
     cm = preset_costmodel(preset, config["costmodel"])
     common = {
@@ -200,30 +210,37 @@ def gpu_chains(
     # a tied LM head (GPT-2's) is counted once, in the embedding; a last pipeline stage without
     # the embedding keeps its own copy (the trace's tied_param_bytes), as Megatron does
     tied = float(layers.loc["head", "tied_param_bytes"])
+    # the keys and values of the rank's tokens (its kv_heads/tp heads): what one step of the
+    # context-parallel ring passes on (TransformerEngine's ring attention)
+    head_dim = getattr(spec, "head_dim", None) or spec.hidden // spec.heads
+    kv = 2.0 * microbatch * local_seq * (spec.kv_heads // tp) * head_dim * ELEM_BYTES
     chains = {}
     for sp in works[rep]:
         emb, blk, head = (works[n][sp] for n in ("embedding", rep, "head"))
         megatron_edge_collectives(
-            emb, head, tp=tp, microbatch=microbatch, seq=seq, sequence_parallel=sp
+            emb, head, tp=tp, microbatch=microbatch, seq=local_seq, sequence_parallel=sp
         )
         megatron_cross_entropy(head, trace.ops[trace.ops["layer"] == "head"], cm)
-        first = _layer_cost(emb, layers.loc["embedding"], tp, sp)
+        first = _layer_cost(emb, layers.loc["embedding"], tp, sp).context_parallel(cp)
         if dense:
-            dense_cost = _layer_cost(works["block.0"][sp], layers.loc["block.0"], tp, sp)
+            dense_cost = _layer_cost(
+                works["block.0"][sp], layers.loc["block.0"], tp, sp, kv_bytes=kv
+            ).context_parallel(cp)
             first = fold_dense_blocks(first, dense_cost, dense)
         chains[sp] = ChainCost(
             first=first,
-            block=_layer_cost(blk, layers.loc[rep], tp, sp),
-            last=_layer_cost(head, layers.loc["head"], tp, sp, tied),
+            block=_layer_cost(blk, layers.loc[rep], tp, sp, kv_bytes=kv).context_parallel(cp),
+            last=_layer_cost(head, layers.loc["head"], tp, sp, tied).context_parallel(cp),
             blocks=spec.repeated_blocks,
             tp=tp,
             microbatch=microbatch,
             sequence_parallel=sp,
-            boundary_bytes=float(microbatch * seq * spec.hidden * ELEM_BYTES),
+            boundary_bytes=float(microbatch * local_seq * spec.hidden * ELEM_BYTES),
             meta={"block_kernel_bounds_s": dict(sorted(blk.bound_s.items()))},
             ep=ep,
             experts=moe.experts if moe is not None else 0,
             etp=etp,
+            cp=cp,
         )
     _CHAINS[key] = chains
     return chains
@@ -295,6 +312,7 @@ def evaluate_strategy(
         config,
         strategy.ep,
         strategy.expert_tp,
+        strategy.cp,
     )[strategy.sequence_parallel]
     capacity = (preset.get("gpu") or {}).get("hbm_capacity_bytes")
     result = price(chain, strategy, net, step_constants(preset, config), peak, capacity)
@@ -325,23 +343,26 @@ def optimize_strategy(
     name: str = "preset",
     eps=(1,),
     etps=(None,),
+    cps=(1,),
 ):
     """The fastest strategy that fits `hbm_capacity_bytes` per device under the step model (the exact
-    search of phaze.place.megatron over the tp, microbatch, ep and etp values given — etp None
-    is the experts split over tp, 1 whole experts, where the model has experts and tp > 1 — and
-    the axes of config ``place``). Returns (evaluate_strategy's dict of it or None, the search's Result)."""
+    search of phaze.place.megatron over the tp, microbatch, ep, etp and cp values given — etp
+    None is the experts split over tp, 1 whole experts, where the model has experts and tp > 1;
+    cp each context-parallel size, the caller's to check against the sequence — and the axes of
+    config ``place``). Returns (evaluate_strategy's dict of it or None, the search's Result)."""
     net = preset_network(preset, name, devices)
     run_format(preset, config, name)
     chains = {}
     for t in tps:
         for b in microbatches:
-            for ep in eps:
-                for etp in sorted({t if x is None else x for x in etps}, reverse=True):
-                    if etp != t and not spec.whole_experts(t, seq):
-                        continue
-                    got = gpu_chains(spec, t, b, seq, preset, config, ep, etp)
-                    for sp, chain in got.items():
-                        chains[(t, b, sp, ep, etp)] = chain
+            for cp in cps:
+                for ep in eps:
+                    for etp in sorted({t if x is None else x for x in etps}, reverse=True):
+                        if etp != t and not spec.whole_experts(t, seq // cp):
+                            continue
+                        got = gpu_chains(spec, t, b, seq, preset, config, ep, etp, cp)
+                        for sp, chain in got.items():
+                            chains[(t, b, sp, ep, etp, cp)] = chain
     found = optimize(
         chains,
         net,

@@ -3,7 +3,8 @@
 The step model of docs/step.md on a GPU preset (layer times summed from kernels). Impossible
 strategies (sequence parallelism with tp = 1, the distributed optimizer with dp = 1, an interleave
 that does not divide a stage's blocks, an expert-parallel size that does not divide the experts or
-dp or is given for a dense model, ...) exit 2 with one line.
+dp or is given for a dense model, a context-parallel size that does not split the sequence into
+2·cp chunks or tp·cp·pp not dividing the devices, ...) exit 2 with one line.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from phaze.config import add_config_argument, load_config
 from phaze.errors import PhazeError
 from phaze.fidelity.evaluate import evaluate_strategy, preset_network, run_format
 from phaze.precision import PRECISIONS
-from phaze.step.strategy import Strategy
+from phaze.step.strategy import Strategy, check_context_parallel
 from phaze.trace.models import get_model_spec
 
 #: the largest count the step model represents: ranks and batch sizes are 64-bit integers
@@ -90,6 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="the experts' tensor-parallel size: tp (the default) or 1 (whole experts on each "
         "rank, Megatron's --expert-tensor-parallel-size 1)",
+    )
+    parser.add_argument(
+        "--cp",
+        type=int,
+        default=1,
+        help="context-parallel size (Megatron's --context-parallel-size: each rank holds seq/cp "
+        "tokens; 2·cp must divide the sequence, tp·cp·pp the devices)",
     )
     parser.add_argument("--microbatch", type=int, required=True, help="microbatch size b")
     parser.add_argument(
@@ -166,8 +174,10 @@ def run(args: argparse.Namespace) -> int:
         stages=parse_stages(args.stages),
         ep=args.ep,
         etp=args.etp,
+        cp=args.cp,
     )
     spec, preset, config, seq = load_run(args)
+    check_context_parallel(seq, strategy.cp)
     spec.check_tp(strategy.tp)
     strategy.check_layers(spec.repeated_blocks)
     moe = getattr(spec, "moe", None)

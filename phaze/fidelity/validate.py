@@ -13,7 +13,9 @@ GPU's 312 TFLOP/s), and per row ``recompute`` (full, selective, none; default fu
 
 A table with a ``model`` column is a table of **runs** of registry models (any family, dense or
 mixture-of-experts) on a GPU ``preset``, each with its measured ``iteration_time_s`` and every
-setting it ran with (:data:`RUN_COLUMNS`, ``expert_parallel`` included); its TFLOP/s per GPU are
+setting it ran with (:data:`RUN_COLUMNS`, ``expert_parallel`` included; optionally
+``context_parallel`` and ``precision``, :data:`RUN_OPTIONAL` — a precision the step model does not
+price, or a model the registry does not know, is refused with one line); its TFLOP/s per GPU are
 phaze's model FLOPs of the run (the trace's matmuls) over the published and the predicted time,
 so the two are comparable whatever FLOP count the source used. An optional ``precision`` column
 (bf16 or fp8, ``phaze.precision``) gives each run's training precision; without it a run takes
@@ -70,6 +72,10 @@ _RUN_INTEGERS = (
     "interleave",
     "expert_parallel",
 )
+#: optional columns of a table of runs and their defaults: the context-parallel size, and the
+#: training precision (empty: config ``fidelity.precision``; one the step model does not price is
+#: refused, `read_runs`)
+RUN_OPTIONAL = {"context_parallel": "1", "precision": ""}
 #: every column of a table of runs
 RUN_COLUMNS = (
     "model",
@@ -133,12 +139,19 @@ def read_runs(path: Path | str) -> list[dict]:
             raise PhazeError(f"{where}: ddp must be overlap or after, got {r['ddp']!r}")
         row["ddp"] = r["ddp"].strip()
         row["source"] = (r.get("source") or "").strip()
-        precision = (r.get("precision") or "").strip()
+        cp = (r.get("context_parallel") or RUN_OPTIONAL["context_parallel"]).strip()
+        try:
+            row["context_parallel"] = checks.integer(float(cp), f"{where}: context_parallel", 1)
+        except ValueError:
+            raise PhazeError(f"{where}: context_parallel must be a number, got {cp!r}") from None
+        precision = (r.get("precision") or "").strip().lower()
         if precision and precision not in PRECISIONS:
             raise PhazeError(
-                f"{where}: precision must be one of {list(PRECISIONS)}, got {r['precision']!r}"
+                f"{where}: precision {precision} is not modelled (the step model prices "
+                f"{', '.join(PRECISIONS)}); this run cannot be validated yet"
             )
         row["precision"] = precision or None
+        get_model_spec(row["model"])  # an unknown model: one line naming the registry's
         run = tuple(v for k, v in row.items() if k not in ("iteration_time_s", "source"))
         if run in seen:
             raise PhazeError(f"{where} repeats the run of row {seen[run]}")
@@ -297,6 +310,7 @@ def run_strategy(row: dict):
         distributed_optimizer=row["distributed_optimizer"],
         ddp=row["ddp"],
         ep=row["expert_parallel"],
+        cp=row.get("context_parallel", 1),
     )
 
 
@@ -328,6 +342,7 @@ def validate_runs(config: dict, reference: Path | str) -> dict:
                 preset=ref["preset"],
                 ep=strategy.ep,
                 precision=run_config["fidelity"]["precision"],
+                cp=strategy.cp,
                 source=ref["source"],
             )
         )
@@ -406,10 +421,12 @@ def validate(config: dict, reference: Path | str = REFERENCE) -> dict:
 
 def format_table(report: dict) -> str:
     named = any("model" in r for r in report["rows"])
+    ctx = any(r.get("cp", 1) > 1 for r in report["rows"])  # a context-parallel column
     width = max([7] + [len(r.get("model", "")) for r in report["rows"]])
     head = (
         f"{'model':>{width}} {'t':>2} {'p':>3} {'d':>3} {'gpus':>5} {'b':>3} {'V':>2} "
         + (f"{'e':>2} " if named else "")
+        + (f"{'c':>2} " if ctx else "")
         + f"{'ddp':>7} "
         f"{'recompute':>12} "
         f"{'published_s':>11} {'predicted_s':>11} {'error':>7} {'pub_TF':>6} {'pred_TF':>7}  "
@@ -425,6 +442,7 @@ def format_table(report: dict) -> str:
             f"{label:>{width}} {r['tp']:>2} {r['pp']:>3} {r['dp']:>3} {r['gpus']:>5} "
             f"{r['microbatch']:>3} {r['interleave']:>2} "
             + (f"{r['ep']:>2} " if named else "")
+            + (f"{r.get('cp', 1):>2} " if ctx else "")
             + f"{r['ddp']:>7} "
             f"{r['recompute'] + ('+sp' if r['sequence_parallel'] else ''):>12} "
             f"{r['published_time_s']:>11.3f} {r['predicted_time_s']:>11.3f} "

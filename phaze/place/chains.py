@@ -66,6 +66,9 @@ def fold_dense_blocks(first: LayerCost, dense: LayerCost, n: int) -> LayerCost:
         fwd_matmul_flops=first.fwd_matmul_flops + n * dense.fwd_matmul_flops,
         attention_matmul_flops=first.attention_matmul_flops + n * dense.attention_matmul_flops,
         expert_params=first.expert_params + n * dense.expert_params,
+        low_precision_params=first.low_precision_params + n * dense.low_precision_params,
+        attention_bwd_s=first.attention_bwd_s + n * dense.attention_bwd_s,
+        kv_bytes=first.kv_bytes + n * dense.kv_bytes,
         mean_fwd_matmul_flops=None
         if mean == (None, None)
         else (first.model_matmul_flops + n * dense.model_matmul_flops),
