@@ -372,7 +372,8 @@ DATA = Path(__file__).resolve().parents[1] / "phaze" / "fidelity" / "data"
 
 def test_the_published_h100_tables_carry_context_parallelism_and_precision():
     """The BF16 table reads (context_parallel 2 on every row, precision bf16) into Megatron's
-    strategies; a table without the two columns reads them as cp 1, bf16 (the Mixtral run)."""
+    strategies; a table without the two columns reads them as cp 1 and the config's precision
+    (None: the Mixtral run); the FP8 table's rows read as fp8."""
     from phaze.fidelity.validate import read_runs, run_strategy
 
     rows = read_runs(DATA / "h100_published_bf16.csv")
@@ -380,25 +381,34 @@ def test_the_published_h100_tables_carry_context_parallelism_and_precision():
     got = [(s.tp, s.pp, s.cp, s.dp, s.interleave) for s in map(run_strategy, rows)]
     assert got == [(1, 1, 2, 4, 1), (1, 1, 2, 64, 1), (4, 4, 2, 2, 5), (4, 4, 2, 32, 5)]
     (mixtral,) = read_runs(DATA / "megatron_mixtral_release.csv")
-    assert (mixtral["context_parallel"], mixtral["precision"]) == (1, "bf16")
+    assert (mixtral["context_parallel"], mixtral["precision"]) == (1, None)
     assert run_strategy(mixtral).cp == 1
+    fp8 = read_runs(DATA / "h100_published_fp8.csv")
+    assert [r["model"] for r in fp8] == ["llama3-8b", "llama3-70b", "qwen3-30b-a3b"]
+    assert all(r["precision"] == "fp8" for r in fp8)
 
 
 def test_a_run_the_step_model_cannot_price_is_refused_with_one_line(tmp_path):
-    """The pending table's first row is FP8: exit 2 naming the precision; a model the registry
-    lacks (a BF16 DeepSeek-V3 row): exit 2 naming the model."""
+    """The pending table: exit 2 naming the model the registry lacks (Qwen3-235B-A22B); its
+    DeepSeek-V3 row alone: exit 2 naming the uneven pipeline split; a precision the step model
+    does not price (fp16): exit 2 naming it."""
     out = _cli("validate", "--reference", str(DATA / "h100_published_pending.csv"))
     assert out.returncode == 2
     (line,) = out.stderr.strip().splitlines()
-    assert "row 1: precision fp8 is not modelled" in line
+    assert "unknown model 'qwen3-235b-a22b'" in line
     lines = (DATA / "h100_published_pending.csv").read_text().splitlines()
     header = next(x for x in lines if x.startswith("model,"))
-    dsv3 = next(x for x in lines if x.startswith("deepseek-v3,")).replace(",fp8,", ",bf16,")
+    dsv3 = next(x for x in lines if x.startswith("deepseek-v3,"))
     (tmp_path / "runs.csv").write_text(header + "\n" + dsv3 + "\n")
     out = _cli("validate", "--reference", str(tmp_path / "runs.csv"))
     assert out.returncode == 2
     (line,) = out.stderr.strip().splitlines()
-    assert "unknown model 'deepseek-v3'" in line
+    assert "cannot be split evenly over pp = 8" in line
+    (tmp_path / "runs.csv").write_text(header + "\n" + dsv3.replace(",fp8,", ",fp16,") + "\n")
+    out = _cli("validate", "--reference", str(tmp_path / "runs.csv"))
+    assert out.returncode == 2
+    (line,) = out.stderr.strip().splitlines()
+    assert "row 1: precision must be one of" in line and "fp16 is not modelled" in line
 
 
 def test_a_ring_on_a_torus_waits_for_its_farthest_pair():

@@ -21,7 +21,9 @@ two shared stages, each a statement about how GPU training runs rather than a tu
   dispatcher: all-to-all of the sequence shard, then an all-gather over the tensor-parallel
   group, which takes the place of the all-reduce's second half).
 * **Core attention** (for selective recomputation): the trace's ``attention`` ops — QKᵀ, scale,
-  mask, softmax, dropout, ×V.
+  mask, softmax, dropout, ×V. Config ``fidelity.attention`` says how it runs: ``eager`` (the
+  trace's kernels, the scores through HBM) or ``fused`` (`fused_attention`: one
+  FlashAttention-style kernel per pass, the scores on chip).
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ class LayerWork:
     kernels_fwd: int = 0
     kernels_bwd: int = 0
     bound_s: dict = field(default_factory=dict)  # seconds per bound (compute/glb/hbm)
+    fused_attention: bool = False  # core attention as one fused kernel per pass
+    attention_saved_bytes: float = 0.0  # what fused attention saves for backward (its
+    # softmax statistics) in place of the trace's core-attention tensors
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,15 +232,23 @@ def layer_works(
     tp: int,
     param_bytes: int,
     fmt: Format = FORMATS["bf16"],
+    attention: str = "eager",
+    causal: bool = True,
 ) -> dict[bool, LayerWork]:
     """Per-microbatch work of one layer on one tensor-parallel rank (ops/edges of that layer),
     without and (t > 1) with sequence parallelism: {sequence_parallel: LayerWork}. The kernels
     are costed once; sequence parallelism divides the replicated ones (the trace's ``replicated``
     ops) by t and swaps each all-reduce for a reduce-scatter + all-gather. Core attention = the
     kernels of the trace's ``attention`` ops. In a low-precision format `fmt` the linear layers'
-    GEMMs run in it and its casts are added (`low_precision_casts`)."""
+    GEMMs run in it and its casts are added (`low_precision_casts`). With ``attention="fused"``
+    core attention's kernels are replaced by one fused kernel per pass (`fused_attention`;
+    `causal`: the model's attention is masked causally, a decoder's)."""
+    if attention not in ATTENTION_MODES:
+        raise PhazeError(f"unknown attention {attention!r}: choose one of {list(ATTENTION_MODES)}")
     variants = (False, True) if tp > 1 else (False,)
     works = {sp: LayerWork(param_bytes=int(param_bytes)) for sp in variants}
+    fused = attention == "fused"
+    fused_fwd = None  # the fused forward kernel's terms (`fused_attention`)
     casts = low_precision_casts(
         ops[ops["pass"] == "fwd"].sort_values("op").reset_index(drop=True),
         edges[edges["pass"] == "fwd"],
@@ -269,6 +282,19 @@ def layer_works(
         aten = o["aten"].to_numpy()
         flops = float(o.loc[o["kind"] == "matmul", "flops"].sum())
         attention_flops = float(o.loc[(o["kind"] == "matmul") & attention, "flops"].sum())
+        fused_s, term = 0.0, None
+        if fused and attention.any():
+            if pass_ == "fwd":
+                fused_fwd = fused_attention(o, e, attention, core, cm, n_tc, n_vc, causal)
+                term = fused_fwd
+            else:
+                term = fused_attention_backward(fused_fwd, o, attention, core, cm, n_vc)
+            fused_s = term["latency_s"]
+            flops += term["flops"] - attention_flops
+            attention_flops = term["flops"]
+            # the trace's core-attention kernels give way to the fused one
+            keep = [not all(attention[i] for i in k) for k in kernels["ops"]]
+            kernels = kernels[keep].reset_index(drop=True)
         colls = [
             (c["collective"] or "all_reduce", collective_bytes(c), bool(c["replicated"]))
             for _, c in o[o["kind"] == "collective"].iterrows()
@@ -288,6 +314,13 @@ def layer_works(
                 work.bound_s[k["bound"]] = work.bound_s.get(k["bound"], 0.0) + lat
                 if all(attention[i] for i in k["ops"]):
                     attention_s += lat
+            if fused_s:
+                total += fused_s
+                attention_s += fused_s
+                bound = term["bound"]
+                work.bound_s[bound] = work.bound_s.get(bound, 0.0) + fused_s
+                work.fused_attention = True
+                work.attention_saved_bytes = fused_fwd["saved_bytes"]
             for moved in casts[pass_][sp]:  # HBM-bound cast(+transpose) kernels
                 cost = vector_cost(1.0, moved, 0.0, core, cm, n_vc)
                 terms = {"glb": float(cost["glb_s"]), "hbm": float(cost["hbm_s"])}
@@ -300,15 +333,145 @@ def layer_works(
                 for kind, size, replicated in colls
             ]
             coll = [x for parts in coll for x in parts]
+            n_kernels = len(kernels) + (1 if fused_s else 0)
             if pass_ == "fwd":
                 work.fwd_s, work.attention_core_fwd_s, work.fwd_flops = total, attention_s, flops
                 work.attention_fwd_flops = attention_flops
-                work.fwd_collectives, work.kernels_fwd = coll, len(kernels)
+                work.fwd_collectives, work.kernels_fwd = coll, n_kernels
             else:
                 work.bwd_s, work.bwd_flops, work.bwd_collectives = total, flops, coll
                 work.attention_core_bwd_s = attention_s
-                work.kernels_bwd = len(kernels)
+                work.kernels_bwd = n_kernels
     return works
+
+
+#: how core attention runs (config ``fidelity.attention``): the trace's eager kernels, or one
+#: fused (FlashAttention-style) kernel per pass
+ATTENTION_MODES = ("eager", "fused")
+#: the fused kernel's tile of queries and of keys: FlashAttention-3 (Shah et al. 2024, arXiv
+#: 2407.08608, §3 and its H100 kernels for head dimension 128) works on 128 × 128 blocks of the
+#: score matrix; under a causal mask the blocks above the diagonal are skipped
+FLASH_BLOCK = 128
+#: backward matmul FLOPs of the fused kernel per forward matmul FLOP: FlashAttention-2 (Dao
+#: 2023, arXiv 2307.08691, §3.2) runs 2 GEMMs forward (S = QKᵀ, O = PV) and 5 backward (S
+#: recomputed, dV = PᵀdO, dP = dO Vᵀ, dQ = dS K, dK = dSᵀQ)
+FUSED_BACKWARD_GEMMS = 5 / 2
+#: HBM traffic of the fused backward per byte of the forward's: the forward reads Q, K, V and
+#: writes O (four tensors of one shape); the backward reads Q, K, V, O, dO and writes dQ, dK, dV
+#: (eight; FlashAttention-2, Algorithm 2)
+FUSED_BACKWARD_TRAFFIC = 8 / 4
+
+
+def causal_fraction(seq: int, block: int = FLASH_BLOCK) -> float:
+    """The share of a causal s × s score matrix a block-tiled kernel computes: of the n(n+1)/2
+    blocks on or below the diagonal (n = ⌈s / block⌉), out of n²; 1 for one block."""
+    n = max(1, -(-int(seq) // int(block)))
+    return (n + 1) / (2 * n)
+
+
+def fused_attention(
+    ops: pd.DataFrame,
+    edges: pd.DataFrame,
+    attention: np.ndarray,
+    core: dict,
+    cm: dict,
+    n_tc: int,
+    n_vc: int,
+    causal: bool = True,
+) -> dict:
+    """Core attention's forward as one fused kernel (Transformer Engine's fused attention,
+    FlashAttention-2/3): QKᵀ, the softmax and ×V per 128 × 128 block on chip. Its terms, from
+    the trace's eager ops of the pass (`attention` marks them):
+
+    * compute: the two batched GEMMs at the core's GEMM rate (``matmul_cost``'s compute term,
+      their HBM terms dropped: the scores never leave the chip) plus the element-wise ops'
+      compute (scale, mask, softmax, dropout over the scores, on the vector units), both times
+      the block share a causal mask leaves (`causal_fraction`; 1 for an encoder, `causal`
+      false);
+    * HBM: only what enters the ops from outside (Q, K, V) and what leaves them (O);
+    * ``saved_bytes``: the softmax statistics kept for backward, one fp32 log-sum-exp per query
+      row and head (FlashAttention-2, Algorithm 1) — no s × s tensor;
+    * ``flops``: the GEMMs' FLOPs times the causal share.
+
+    The kernel takes max(compute, HBM, one kernel issue)."""
+    idx = np.flatnonzero(attention)
+    kind = ops["kind"].to_numpy()
+    mm = idx[kind[idx] == "matmul"]
+    vec = idx[kind[idx] == "vector"]
+    sub = ops.iloc[mm]
+    seq = int(sub["m"].max()) if len(sub) else 1
+    share = causal_fraction(seq) if causal else 1.0
+    gemm = matmul_cost(
+        sub["m"].to_numpy(float),
+        sub["n"].to_numpy(float),
+        sub["k"].to_numpy(float),
+        np.maximum(sub["batch"].to_numpy(float), 1.0),
+        core,
+        cm,
+        n_tc,
+    )
+    gemm_s = float(np.sum(gemm["compute_s"]))
+    vector_s = 0.0
+    if len(vec):
+        vs = ops.iloc[vec]
+        cpe = cycles_per_element(vs["aten"], cm)
+        comp = vector_cost(vs["elements"].to_numpy(float), 0.0, cpe, core, cm, n_vc)["compute_s"]
+        vector_s = float(np.sum(comp))
+    inside = {int(i) for i in idx}
+    moved = 0.0
+    leaves = np.zeros(len(ops), dtype=bool)
+    for s_, d, b in zip(
+        edges["src"].to_numpy(), edges["dst"].to_numpy(), edges["bytes"].to_numpy()
+    ):
+        s_, d = int(s_), int(d)
+        if d in inside and s_ not in inside:
+            moved += float(b)  # Q, K, V (and a mask) read from HBM
+        if s_ in inside and d not in inside:
+            leaves[s_] = True
+    moved += float(ops["bytes_out"].to_numpy(float)[np.flatnonzero(leaves)].sum())  # O
+    hbm_s = float(vector_cost(1.0, moved, 0.0, core, cm, n_vc)["hbm_s"])
+    compute_s = share * (gemm_s + vector_s)
+    heads = float(np.max(np.maximum(sub["batch"].to_numpy(float), 1.0))) if len(sub) else 0.0
+    return {
+        "compute_s": compute_s,
+        "vector_s": share * vector_s,
+        "gemm_s": share * gemm_s,
+        "hbm_s": hbm_s,
+        "hbm_bytes": moved,
+        "latency_s": max(compute_s, hbm_s, float(cm["op_issue_s"])),
+        "bound": "compute" if compute_s >= hbm_s else "hbm",
+        "flops": share * float(sub["flops"].sum()),
+        "saved_bytes": 4.0 * heads * seq,
+        "share": share,
+    }
+
+
+def fused_attention_backward(
+    fwd: dict, ops: pd.DataFrame, attention: np.ndarray, core: dict, cm: dict, n_vc: int
+) -> dict:
+    """Core attention's backward as one fused kernel (FlashAttention-2, Algorithm 2): the
+    scores recomputed from Q, K and the saved statistics, five GEMMs for the forward's two
+    (`FUSED_BACKWARD_GEMMS`), the forward's element-wise work again (the recomputed softmax)
+    and the eager backward's element-wise ops (the softmax and dropout gradients, marked by
+    `attention` on this pass) on chip, times the causal share; HBM: Q, K, V, O, dO read and
+    dQ, dK, dV written (`FUSED_BACKWARD_TRAFFIC` × the forward's)."""
+    if fwd is None:
+        raise PhazeError("a fused attention backward needs its forward pass")
+    kind = ops["kind"].to_numpy()
+    vec = np.flatnonzero(attention & (kind == "vector"))
+    vector_s = 0.0
+    if len(vec):
+        vs = ops.iloc[vec]
+        cpe = cycles_per_element(vs["aten"], cm)
+        comp = vector_cost(vs["elements"].to_numpy(float), 0.0, cpe, core, cm, n_vc)["compute_s"]
+        vector_s = float(np.sum(comp))
+    compute_s = FUSED_BACKWARD_GEMMS * fwd["gemm_s"] + fwd["vector_s"] + fwd["share"] * vector_s
+    hbm_s = FUSED_BACKWARD_TRAFFIC * fwd["hbm_s"]
+    return {
+        "latency_s": max(compute_s, hbm_s, float(cm["op_issue_s"])),
+        "bound": "compute" if compute_s >= hbm_s else "hbm",
+        "flops": FUSED_BACKWARD_GEMMS * fwd["flops"],
+    }
 
 
 def low_precision_casts(ops: pd.DataFrame, edges: pd.DataFrame, fmt: Format, tp: int) -> dict:

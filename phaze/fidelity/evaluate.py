@@ -111,16 +111,21 @@ def _layer_cost(
     # with sequence parallelism what lies outside the tensor-parallel region is split by t
     outside = float(row["replicated_activation_bytes"]) * (1 - 1 / split)
     mean = row.get("mean_fwd_matmul_flops")
+    # a low-precision linear layer saves its input in that precision (phaze.precision)
+    activation = float(row["activation_bytes"]) - outside - work.low_precision_saved_bytes
+    attention = float(row["attention_activation_bytes"])
+    if work.fused_attention:  # the softmax statistics in place of the trace's s × s tensors
+        activation += work.attention_saved_bytes - attention
+        attention = 0.0
     return LayerCost(
         fwd_s=work.fwd_s,
         bwd_s=work.bwd_s,
         params=work.param_bytes / ELEM_BYTES,
-        # a low-precision linear layer saves its input in that precision (phaze.precision)
-        activation_bytes=float(row["activation_bytes"]) - outside - work.low_precision_saved_bytes,
+        activation_bytes=activation,
         fwd_collectives=tuple(work.fwd_collectives),
         bwd_collectives=tuple(work.bwd_collectives),
         attention_fwd_s=work.attention_core_fwd_s,
-        attention_activation_bytes=float(row["attention_activation_bytes"]),
+        attention_activation_bytes=attention,
         input_bytes=float(row["stash_recompute_bytes"]) / split,
         tied_params=tied_bytes / ELEM_BYTES,
         fwd_matmul_flops=work.fwd_flops,
@@ -130,6 +135,7 @@ def _layer_cost(
         low_precision_params=work.low_precision_params,
         attention_bwd_s=work.attention_core_bwd_s,
         kv_bytes=kv_bytes,
+        fused_attention=work.fused_attention,
     )
 
 
@@ -190,6 +196,9 @@ def gpu_chains(
         "fuse": bool(config["fidelity"]["fuse_elementwise"]),
         "tp": tp,
         "fmt": run_format(preset, config),
+        # config fidelity.attention: the trace's eager kernels or one fused kernel per pass
+        "attention": config["fidelity"].get("attention", "eager"),
+        "causal": spec.causal,
     }
     # a model with dense first blocks (DeepSeek-V3): the chain's block is the repeated MoE block;
     # the dense blocks are priced with the embedding, as the first layer (fold_dense_blocks)

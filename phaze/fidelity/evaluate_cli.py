@@ -15,6 +15,7 @@ import json
 from phaze.arch.presets import load_preset
 from phaze.config import add_config_argument, load_config
 from phaze.errors import PhazeError
+from phaze.fidelity.compute import ATTENTION_MODES
 from phaze.fidelity.evaluate import evaluate_strategy, preset_network, run_format
 from phaze.precision import PRECISIONS
 from phaze.step.strategy import Strategy, check_context_parallel
@@ -52,13 +53,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--devices", type=count, required=True, help="number of devices N")
     parser.add_argument("--global-batch", type=count, required=True, help="sequences per iteration")
     parser.add_argument("--seq", type=int, help="sequence length (default: the model's)")
-    add_precision_argument(parser)
+    add_setting_arguments(parser)
     add_config_argument(parser)
 
 
-def add_precision_argument(parser: argparse.ArgumentParser) -> None:
-    """``--precision``, what `evaluate`, `optimize` and `validate` share (overrides config
-    ``fidelity.precision``)."""
+def add_setting_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--precision`` and ``--attention``, what `evaluate`, `optimize` and `validate` share
+    (override config ``fidelity.precision`` and ``fidelity.attention``)."""
     parser.add_argument(
         "--precision",
         choices=list(PRECISIONS),
@@ -66,12 +67,21 @@ def add_precision_argument(parser: argparse.ArgumentParser) -> None:
         "layers; needs a preset with an FP8 peak, e.g. h100-sxm). Default: config "
         "fidelity.precision (bf16)",
     )
+    parser.add_argument(
+        "--attention",
+        choices=list(ATTENTION_MODES),
+        help="how core attention runs: eager (the trace's kernels, the s x s scores through "
+        "HBM) or fused (one FlashAttention-style kernel per pass, as Transformer Engine runs "
+        "it). Default: config fidelity.attention (eager)",
+    )
 
 
-def apply_precision(config: dict, precision: str | None) -> dict:
-    """The config with ``--precision`` (when given) as its ``fidelity.precision``."""
-    if precision is not None:
-        config["fidelity"] = {**config["fidelity"], "precision": precision}
+def apply_settings(config: dict, args: argparse.Namespace) -> dict:
+    """The config with ``--precision`` and ``--attention`` (when given) in its ``fidelity``."""
+    for key in ("precision", "attention"):
+        value = getattr(args, key, None)
+        if value is not None:
+            config["fidelity"] = {**config["fidelity"], key: value}
     return config
 
 
@@ -150,7 +160,7 @@ def load_run(args) -> tuple:
         raise PhazeError(f"--seq must be >= 2 (got {args.seq})")
     if args.devices < 1 or args.global_batch < 1:
         raise PhazeError("--devices and --global-batch must be >= 1")
-    config = apply_precision(load_config(args.config), args.precision)
+    config = apply_settings(load_config(args.config), args)
     spec = get_model_spec(args.model if args.model else args.hf_config)
     preset = load_preset(args.arch)
     preset_network(preset, args.arch, args.devices)

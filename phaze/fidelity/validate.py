@@ -19,7 +19,8 @@ price, or a model the registry does not know, is refused with one line); its TFL
 phaze's model FLOPs of the run (the trace's matmuls) over the published and the predicted time,
 so the two are comparable whatever FLOP count the source used. An optional ``precision`` column
 (bf16 or fp8, ``phaze.precision``) gives each run's training precision; without it a run takes
-config ``fidelity.precision`` (``validate --precision``).
+config ``fidelity.precision`` (``validate --precision``); likewise ``attention`` (eager or fused,
+config ``fidelity.attention``, ``validate --attention``): how the run's core attention ran.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from phaze.arch.presets import load_preset
 from phaze.errors import PhazeError
+from phaze.fidelity.compute import ATTENTION_MODES
 from phaze.fidelity.evaluate import evaluate_strategy
 from phaze.io import checks
 from phaze.precision import PRECISIONS
@@ -72,10 +74,11 @@ _RUN_INTEGERS = (
     "interleave",
     "expert_parallel",
 )
-#: optional columns of a table of runs and their defaults: the context-parallel size, and the
+#: optional columns of a table of runs and their defaults: the context-parallel size, the
 #: training precision (empty: config ``fidelity.precision``; one the step model does not price is
-#: refused, `read_runs`)
-RUN_OPTIONAL = {"context_parallel": "1", "precision": ""}
+#: refused, `read_runs`) and how core attention runs (eager or fused; empty: config
+#: ``fidelity.attention``)
+RUN_OPTIONAL = {"context_parallel": "1", "precision": "", "attention": ""}
 #: every column of a table of runs
 RUN_COLUMNS = (
     "model",
@@ -147,10 +150,17 @@ def read_runs(path: Path | str) -> list[dict]:
         precision = (r.get("precision") or "").strip().lower()
         if precision and precision not in PRECISIONS:
             raise PhazeError(
-                f"{where}: precision {precision} is not modelled (the step model prices "
-                f"{', '.join(PRECISIONS)}); this run cannot be validated yet"
+                f"{where}: precision must be one of {', '.join(PRECISIONS)} (precision "
+                f"{precision} is not modelled; this run cannot be validated yet)"
             )
         row["precision"] = precision or None
+        attention = (r.get("attention") or "").strip().lower()
+        if attention and attention not in ATTENTION_MODES:
+            raise PhazeError(
+                f"{where}: attention must be one of {', '.join(ATTENTION_MODES)}, got "
+                f"{r['attention']!r}"
+            )
+        row["attention"] = attention or None
         get_model_spec(row["model"])  # an unknown model: one line naming the registry's
         run = tuple(v for k, v in row.items() if k not in ("iteration_time_s", "source"))
         if run in seen:
@@ -321,12 +331,8 @@ def validate_runs(config: dict, reference: Path | str) -> dict:
         spec = get_model_spec(ref["model"])
         preset = load_preset(ref["preset"])
         strategy = run_strategy(ref)
-        run_config = config
-        if ref["precision"] is not None:
-            run_config = {
-                **config,
-                "fidelity": {**config["fidelity"], "precision": ref["precision"]},
-            }
+        settings = {k: ref[k] for k in ("precision", "attention") if ref[k] is not None}
+        run_config = {**config, "fidelity": {**config["fidelity"], **settings}}
         result = evaluate_strategy(
             spec, strategy, preset, seq=ref["seq"], config=run_config, name=ref["preset"]
         )
@@ -342,6 +348,7 @@ def validate_runs(config: dict, reference: Path | str) -> dict:
                 preset=ref["preset"],
                 ep=strategy.ep,
                 precision=run_config["fidelity"]["precision"],
+                attention=run_config["fidelity"].get("attention", "eager"),
                 cp=strategy.cp,
                 source=ref["source"],
             )

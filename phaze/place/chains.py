@@ -69,6 +69,7 @@ def fold_dense_blocks(first: LayerCost, dense: LayerCost, n: int) -> LayerCost:
         low_precision_params=first.low_precision_params + n * dense.low_precision_params,
         attention_bwd_s=first.attention_bwd_s + n * dense.attention_bwd_s,
         kv_bytes=first.kv_bytes + n * dense.kv_bytes,
+        fused_attention=dense.fused_attention,
         mean_fwd_matmul_flops=None
         if mean == (None, None)
         else (first.model_matmul_flops + n * dense.model_matmul_flops),

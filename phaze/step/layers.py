@@ -14,6 +14,11 @@ Activation memory per block and microbatch, from autograd's saved tensors (the t
   mask and output: ``attention_activation_bytes``), recomputed from Q, K, V in backward;
 * ``full``: only the block's input (``input_bytes``); the block's forward re-runs in backward.
 
+With fused attention (``fused_attention``: FlashAttention-style kernels, config
+``fidelity.attention: fused``) core attention saves only its softmax statistics (no
+``attention_activation_bytes``) and its backward kernel recomputes the scores, so ``selective``
+equals ``none``.
+
 While a block's backward runs, what it recomputed is live as well (``working_bytes``): the core
 attention's tensors for selective, everything but the input for full. Recomputation applies to the
 blocks; the first and last layer keep their activations.
@@ -50,6 +55,10 @@ class LayerCost:
     low_precision_params: float = 0.0
     attention_bwd_s: float = 0.0  # backward computation of core attention (of bwd_s)
     kv_bytes: float = 0.0  # the keys and values of the rank's tokens (context parallelism's ring)
+    # core attention runs as one fused kernel per pass (FlashAttention-style): its backward
+    # recomputes the scores itself (in attention_bwd_s) and it saves no s × s tensor, so
+    # selective recomputation re-runs nothing of it
+    fused_attention: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -114,7 +123,8 @@ class LayerCost:
 
     def recompute_s(self, mode: str) -> float:
         """Computation re-run in backward under `mode` (collectives are counted by the model)."""
-        return {"none": 0.0, "selective": self.attention_fwd_s, "full": self.fwd_s}[mode]
+        selective = 0.0 if self.fused_attention else self.attention_fwd_s
+        return {"none": 0.0, "selective": selective, "full": self.fwd_s}[mode]
 
     def stash_bytes(self, mode: str) -> float:
         """Bytes kept per microbatch between its forward and its backward."""

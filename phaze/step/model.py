@@ -453,7 +453,7 @@ class StageTerms:
         fwd = (self.cp - 1) * max(0.0, one - block.attention_fwd_s / self.cp)
         window = (
             block.attention_bwd_s
-            + (block.attention_fwd_s if self.recompute == "selective" else 0.0)
+            + (block.recompute_s("selective") if self.recompute == "selective" else 0.0)
         ) / self.cp
         bwd = 2 * max(0.0, one - window) + (self.cp - 2) * max(0.0, two - window)
         return fwd * (2 if self.recompute == "full" else 1), bwd
