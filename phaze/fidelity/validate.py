@@ -435,7 +435,8 @@ def format_table(report: dict) -> str:
         + (f"{'e':>2} " if named else "")
         + (f"{'c':>2} " if ctx else "")
         + f"{'ddp':>7} "
-        f"{'recompute':>12} "
+        + (f"{'prec':>4} {'attention':>9} " if named else "")
+        + f"{'recompute':>12} "
         f"{'published_s':>11} {'predicted_s':>11} {'error':>7} {'pub_TF':>6} {'pred_TF':>7}  "
         f"largest non-compute terms (s)"
     )
@@ -451,7 +452,8 @@ def format_table(report: dict) -> str:
             + (f"{r['ep']:>2} " if named else "")
             + (f"{r.get('cp', 1):>2} " if ctx else "")
             + f"{r['ddp']:>7} "
-            f"{r['recompute'] + ('+sp' if r['sequence_parallel'] else ''):>12} "
+            + (f"{r.get('precision', ''):>4} {r.get('attention', ''):>9} " if named else "")
+            + f"{r['recompute'] + ('+sp' if r['sequence_parallel'] else ''):>12} "
             f"{r['published_time_s']:>11.3f} {r['predicted_time_s']:>11.3f} "
             f"{r['error'] * 100:>+6.1f}% {r['published_tflops_per_gpu']:>6.0f} "
             f"{r['predicted_tflops_per_gpu']:>7.1f}  {terms}"
