@@ -156,3 +156,27 @@ def test_a_table_of_runs_with_an_unknown_attention_exits_2_with_one_line(tmp_pat
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "attention must be one of eager, fused" in lines[0]
+
+
+def test_evaluate_attention_fused_prices_what_the_config_setting_prices(tmp_path, phaze_cli):
+    """``evaluate --attention fused`` on a tiny GPT-2 config: the iteration time of
+    `evaluate_strategy` under config ``fidelity.attention: fused``, below the eager one."""
+    import json
+
+    from phaze.fidelity.evaluate import evaluate_strategy
+    from phaze.step.strategy import Strategy
+    from phaze.trace.models import get_model_spec
+    from tests.step_cases import write_tiny_gpt2_config
+
+    cfg = write_tiny_gpt2_config(tmp_path / "config.json", 2, seq=256)
+    args = ["--hf-config", str(cfg), "--arch", "h100-sxm", "--devices", "1", "--global-batch"]
+    args += ["2", "--tp", "1", "--pp", "1", "--microbatch", "2", "--attention", "fused"]
+    out = phaze_cli("evaluate", *args)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)["iteration_time_s"]
+    spec = get_model_spec(str(cfg))
+    strategy = Strategy(1, 1, 1, 2, 2)
+    fused = evaluate_strategy(spec, strategy, H100, seq=256, config=FUSED, name="h100-sxm")
+    eager = evaluate_strategy(spec, strategy, H100, seq=256, config=EAGER, name="h100-sxm")
+    assert got == pytest.approx(fused["iteration_time_s"], rel=1e-9)
+    assert fused["iteration_time_s"] < eager["iteration_time_s"]
