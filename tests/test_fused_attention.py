@@ -180,3 +180,19 @@ def test_evaluate_attention_fused_prices_what_the_config_setting_prices(tmp_path
     eager = evaluate_strategy(spec, strategy, H100, seq=256, config=EAGER, name="h100-sxm")
     assert got == pytest.approx(fused["iteration_time_s"], rel=1e-9)
     assert fused["iteration_time_s"] < eager["iteration_time_s"]
+
+
+def test_optimize_attention_fused_prints_the_flash_backend(tmp_path, phaze_cli):
+    """``optimize --attention fused --json``: Megatron-LM's ``--attention-backend flash`` among
+    the printed arguments; eager prints no attention flag."""
+    import json
+
+    from tests.step_cases import write_tiny_gpt2_config
+
+    cfg = write_tiny_gpt2_config(tmp_path / "config.json", 2, seq=256)
+    args = ["--hf-config", str(cfg), "--arch", "h100-sxm", "--devices", "1", "--global-batch"]
+    args += ["2", "--tp", "1", "--microbatch", "1", "--json"]
+    fused = json.loads(phaze_cli("optimize", *args, "--attention", "fused").stdout)
+    assert fused["megatron_args"][-2:] == ["--attention-backend", "flash"]
+    eager = json.loads(phaze_cli("optimize", *args).stdout)
+    assert not any("attention-backend" in a for a in eager["megatron_args"])

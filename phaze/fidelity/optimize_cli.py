@@ -51,6 +51,9 @@ def _megatron_args(strategy, spec) -> list[str]:
 #: Megatron-LM's flags of a training precision (phaze.precision): FP8 = Transformer Engine's
 #: hybrid format (E4M3 forward, E5M2 gradients) with delayed scaling
 PRECISION_ARGUMENTS = {"bf16": [], "fp8": ["--fp8-format", "hybrid", "--fp8-recipe", "delayed"]}
+#: Megatron-LM's flag of how core attention runs (config fidelity.attention): fused = the
+#: FlashAttention kernel (`--attention-backend flash`); eager prints nothing (as before)
+ATTENTION_ARGUMENTS = {"eager": [], "fused": ["--attention-backend", "flash"]}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -187,7 +190,8 @@ def run(args: argparse.Namespace) -> int:
         "arch": args.arch,
         **result,
         "megatron_args": _megatron_args(found.strategy, spec)
-        + PRECISION_ARGUMENTS[config["fidelity"]["precision"]],
+        + PRECISION_ARGUMENTS[config["fidelity"]["precision"]]
+        + ATTENTION_ARGUMENTS[config["fidelity"].get("attention", "eager")],
         "search": {
             "tp": tps,
             "ep": eps,
