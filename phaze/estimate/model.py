@@ -29,6 +29,9 @@ weight-stationary ``w × d`` systolic arrays (``tc_width × tc_depth``):
   systolic array holding one block of weights at a time) or once per tile (``output_tile``, a GPU
   thread block whose warps all reuse the operand panels it staged in shared memory; then all
   ``T_m × T_n`` accumulators are live at once, so ``T_m · T_n/d ≤ m_c``), the output once.
+* **Operand and output bytes**: ``bytes_per_element`` each of A, B and C; a low-precision GEMM
+  (``phaze.precision.gemm_core``) sets ``output_bytes_per_element`` for C (BF16 output of FP8
+  operands).
 * **HBM traffic**: the GEMM is blocked against the GLB capacity (blocks ``Tm×Tk`` of A, ``Tk×Tn`` of
   B, double-buffered, and an accumulating ``Tm×Tn`` block of C must fit); the block shape minimising
   traffic is chosen from halvings of each dimension. An operand whose block is the whole matrix is
@@ -116,6 +119,7 @@ def tile_cost(rows, cols, k, w, d, tile_rows, tile_cols, costmodel):
     """
     rows, cols, k, w, d, tm, tn = (_f(x) for x in (rows, cols, k, w, d, tile_rows, tile_cols))
     elem = costmodel["bytes_per_element"]
+    out_elem = costmodel.get("output_bytes_per_element", elem)
     col_tiles = _cdiv(tn, d)
     weight_tiles = _cdiv(k, w) * col_tiles
     if costmodel["weight_load_overlapped"]:
@@ -123,7 +127,7 @@ def tile_cost(rows, cols, k, w, d, tile_rows, tile_cols, costmodel):
     else:
         cycles = weight_tiles * (tm + 2.0 * w + d - 2.0)
     true_cols = np.minimum(tn, cols)  # bytes move only for real columns
-    out_bytes = elem * tm * true_cols
+    out_bytes = out_elem * tm * true_cols
     # the streamed rows cross the port once per d-wide column block (a systolic array holding one
     # block of weights at a time) or once per tile (a GPU thread block reusing its staged panels)
     streamed_passes = 1.0 if costmodel["glb_reuse"] == "output_tile" else col_tiles
@@ -214,7 +218,8 @@ def hbm_traffic_bytes(m, n, k, batch, glb_bytes, costmodel):
     m, n, k, batch, glb = np.broadcast_arrays(*(_f(x) for x in (m, n, k, batch, glb_bytes)))
     elem = costmodel["bytes_per_element"]
     acc = costmodel["accumulator_bytes_per_element"]
-    a_bytes, b_bytes, c_bytes = elem * m * k, elem * k * n, elem * m * n
+    out_elem = costmodel.get("output_bytes_per_element", elem)
+    a_bytes, b_bytes, c_bytes = elem * m * k, elem * k * n, out_elem * m * n
     levels = (
         int(np.ceil(np.log2(max(float(np.max(np.maximum(np.maximum(m, n), k), initial=1.0)), 1.0))))
         + 1

@@ -11,6 +11,7 @@ network (two-level, or `tpuv4`'s ICI torus). Memory comes from the trace's saved
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from functools import lru_cache
@@ -27,10 +28,12 @@ from phaze.fidelity.compute import (
     preset_costmodel,
 )
 from phaze.network import Network, network_from_section
+from phaze.place.chains import fold_dense_blocks
 from phaze.place.megatron import Axes, optimize
+from phaze.precision import Format, fp8_peak_flops, get_format
 from phaze.step.layers import ChainCost, LayerCost
 from phaze.step.model import StepConstants, price
-from phaze.step.strategy import Strategy
+from phaze.step.strategy import Strategy, check_context_parallel
 
 ELEM_BYTES = 2  # fp16/bf16 activations and weights (the trace's convention)
 
@@ -101,26 +104,38 @@ def trace_for(
 # ---------------------------------------------------------------------------------------------
 # the chain of one (t, b): layer costs from kernels and the trace
 # ---------------------------------------------------------------------------------------------
-def _layer_cost(work: LayerWork, row, tp: int, sp: bool, tied_bytes: float = 0.0) -> LayerCost:
+def _layer_cost(
+    work: LayerWork, row, tp: int, sp: bool, tied_bytes: float = 0.0, kv_bytes: float = 0.0
+) -> LayerCost:
     split = tp if sp else 1
     # with sequence parallelism what lies outside the tensor-parallel region is split by t
     outside = float(row["replicated_activation_bytes"]) * (1 - 1 / split)
     mean = row.get("mean_fwd_matmul_flops")
+    # a low-precision linear layer saves its input in that precision (phaze.precision)
+    activation = float(row["activation_bytes"]) - outside - work.low_precision_saved_bytes
+    attention = float(row["attention_activation_bytes"])
+    if work.fused_attention:  # the softmax statistics in place of the trace's s × s tensors
+        activation += work.attention_saved_bytes - attention
+        attention = 0.0
     return LayerCost(
         fwd_s=work.fwd_s,
         bwd_s=work.bwd_s,
         params=work.param_bytes / ELEM_BYTES,
-        activation_bytes=float(row["activation_bytes"]) - outside,
+        activation_bytes=activation,
         fwd_collectives=tuple(work.fwd_collectives),
         bwd_collectives=tuple(work.bwd_collectives),
         attention_fwd_s=work.attention_core_fwd_s,
-        attention_activation_bytes=float(row["attention_activation_bytes"]),
+        attention_activation_bytes=attention,
         input_bytes=float(row["stash_recompute_bytes"]) / split,
         tied_params=tied_bytes / ELEM_BYTES,
         fwd_matmul_flops=work.fwd_flops,
         attention_matmul_flops=work.attention_fwd_flops,
         expert_params=float(row.get("expert_param_bytes", 0.0)) / ELEM_BYTES,
         mean_fwd_matmul_flops=None if mean is None else float(mean),
+        low_precision_params=work.low_precision_params,
+        attention_bwd_s=work.attention_core_bwd_s,
+        kv_bytes=kv_bytes,
+        fused_attention=work.fused_attention,
     )
 
 
@@ -136,12 +151,17 @@ def gpu_chains(
     config: dict,
     ep: int = 1,
     etp: int | None = None,
+    cp: int = 1,
 ):
-    """{sequence_parallel: ChainCost} of the model at (tp, microbatch, ep, etp) on a GPU preset
-    (both settings for tp > 1, from one costing of the kernels); cached per process. A
-    mixture-of-experts model routes its tokens by config ``trace.moe_imbalance``."""
+    """{sequence_parallel: ChainCost} of the model at (tp, microbatch, ep, etp, cp) on a GPU
+    preset (both settings for tp > 1, from one costing of the kernels); cached per process. A
+    mixture-of-experts model routes its tokens by config ``trace.moe_imbalance``. With context
+    parallelism (cp > 1) every layer is costed on the rank's seq/cp tokens and its core
+    attention as cp ring steps (`LayerCost.context_parallel`)."""
     etp = tp if etp is None else etp
-    spec.check_etp(etp, tp, seq)
+    check_context_parallel(seq, cp)
+    local_seq = seq // cp  # the tokens of one context-parallel rank
+    spec.check_etp(etp, tp, local_seq)
     moe = getattr(spec, "moe", None)
     if ep > 1 and moe is None:
         raise PhazeError(f"expert parallelism (ep = {ep}) needs a mixture-of-experts model")
@@ -158,13 +178,14 @@ def gpu_chains(
         ep,
         etp,
         imbalance,
+        cp,
         json.dumps(preset, sort_keys=True, default=str),
         json.dumps([config["costmodel"], config["fidelity"]], sort_keys=True),
     )
     if key in _CHAINS:
         return _CHAINS[key]
     spec.check_tp(tp)
-    trace = trace_for(spec, microbatch, tp, seq, ep, imbalance, etp)
+    trace = trace_for(spec, microbatch, tp, local_seq, ep, imbalance, etp)
     layers = trace.layers.set_index("layer")
     cm = preset_costmodel(preset, config["costmodel"])
     common = {
@@ -174,39 +195,61 @@ def gpu_chains(
         "n_vc": int(preset["arch"]["n_vc"]),
         "fuse": bool(config["fidelity"]["fuse_elementwise"]),
         "tp": tp,
+        "fmt": run_format(preset, config),
+        # config fidelity.attention: the trace's eager kernels or one fused kernel per pass
+        "attention": config["fidelity"].get("attention", "eager"),
+        "causal": spec.causal,
     }
+    # a model with dense first blocks (DeepSeek-V3): the chain's block is the repeated MoE block;
+    # the dense blocks are priced with the embedding, as the first layer (fold_dense_blocks)
+    dense = spec.dense_blocks
+    rep = f"block.{dense}" if dense else "block.0"
+    names = ("embedding", "block.0", rep, "head") if dense else ("embedding", rep, "head")
+    # the ops and edges tables hold each distinct layer once, under its signature
+    sig = {name: layers.loc[name, "signature"] for name in names}
     works = {
         name: layer_works(
-            trace.ops[trace.ops["layer"] == name],
-            trace.edges[trace.edges["layer"] == name],
+            trace.ops[trace.ops["signature"] == sig[name]],
+            trace.edges[trace.edges["signature"] == sig[name]],
             param_bytes=int(layers.loc[name, "param_bytes"]),
             **common,
         )
-        for name in ("embedding", "block.0", "head")
+        for name in names
     }
     # a tied LM head (GPT-2's) is counted once, in the embedding; a last pipeline stage without
     # the embedding keeps its own copy (the trace's tied_param_bytes), as Megatron does
     tied = float(layers.loc["head", "tied_param_bytes"])
+    # the keys and values of the rank's tokens (its kv_heads/tp heads): what one step of the
+    # context-parallel ring passes on (TransformerEngine's ring attention)
+    head_dim = getattr(spec, "head_dim", None) or spec.hidden // spec.heads
+    kv = 2.0 * microbatch * local_seq * (spec.kv_heads // tp) * head_dim * ELEM_BYTES
     chains = {}
-    for sp in works["block.0"]:
-        emb, blk, head = (works[n][sp] for n in ("embedding", "block.0", "head"))
+    for sp in works[rep]:
+        emb, blk, head = (works[n][sp] for n in ("embedding", rep, "head"))
         megatron_edge_collectives(
-            emb, head, tp=tp, microbatch=microbatch, seq=seq, sequence_parallel=sp
+            emb, head, tp=tp, microbatch=microbatch, seq=local_seq, sequence_parallel=sp
         )
         megatron_cross_entropy(head, trace.ops[trace.ops["layer"] == "head"], cm)
+        first = _layer_cost(emb, layers.loc["embedding"], tp, sp).context_parallel(cp)
+        if dense:
+            dense_cost = _layer_cost(
+                works["block.0"][sp], layers.loc["block.0"], tp, sp, kv_bytes=kv
+            ).context_parallel(cp)
+            first = fold_dense_blocks(first, dense_cost, dense)
         chains[sp] = ChainCost(
-            first=_layer_cost(emb, layers.loc["embedding"], tp, sp),
-            block=_layer_cost(blk, layers.loc["block.0"], tp, sp),
-            last=_layer_cost(head, layers.loc["head"], tp, sp, tied),
-            blocks=spec.num_blocks,
+            first=first,
+            block=_layer_cost(blk, layers.loc[rep], tp, sp, kv_bytes=kv).context_parallel(cp),
+            last=_layer_cost(head, layers.loc["head"], tp, sp, tied).context_parallel(cp),
+            blocks=spec.repeated_blocks,
             tp=tp,
             microbatch=microbatch,
             sequence_parallel=sp,
-            boundary_bytes=float(microbatch * seq * spec.hidden * ELEM_BYTES),
+            boundary_bytes=float(microbatch * local_seq * spec.hidden * ELEM_BYTES),
             meta={"block_kernel_bounds_s": dict(sorted(blk.bound_s.items()))},
             ep=ep,
             experts=moe.experts if moe is not None else 0,
             etp=etp,
+            cp=cp,
         )
     _CHAINS[key] = chains
     return chains
@@ -226,11 +269,36 @@ def preset_network(preset: dict, name: str, devices: int) -> Network:
     return network_from_section(preset["network"], devices, f"preset {name} network")
 
 
+def run_format(preset: dict, config: dict, name: str = "preset") -> Format:
+    """The training precision (config ``fidelity.precision``) the preset can run: FP8 needs the
+    preset's FP8 peak (`phaze.precision.fp8_peak_flops`; PhazeError otherwise)."""
+    fmt = get_format(config["fidelity"]["precision"])
+    if fmt.low_precision:
+        fp8_peak_flops(preset, name, preset_peak_flops(preset))
+    return fmt
+
+
+def run_peak_flops(preset: dict, config: dict, name: str = "preset") -> float:
+    """One device's dense peak in the training precision (the denominator of MFU)."""
+    if run_format(preset, config, name).low_precision:
+        return fp8_peak_flops(preset, name, preset_peak_flops(preset))
+    return preset_peak_flops(preset)
+
+
 def step_constants(preset: dict, config: dict) -> StepConstants:
     """The step accounting of config ``step`` on the preset's achievable HBM bandwidth (every
-    HBM-bound term: optimizer step, gradient accumulation)."""
+    HBM-bound term: optimizer step, gradient accumulation), with the training precision's cast
+    weights (`phaze.precision`)."""
     hbm = float(achievable_hbm_Bps(preset_costmodel(preset, config["costmodel"])))
-    return StepConstants.from_config(config["step"], hbm)
+    consts = StepConstants.from_config(config["step"], hbm)
+    fmt = get_format(config["fidelity"]["precision"])
+    if not fmt.low_precision:
+        return consts
+    return dataclasses.replace(
+        consts,
+        low_precision_weight_bytes_per_param=fmt.weight_copy_bytes_per_param,
+        weight_cast_bytes_per_param=fmt.cast_bytes_per_element,
+    )
 
 
 def evaluate_strategy(
@@ -239,8 +307,9 @@ def evaluate_strategy(
     """`phaze.step.model.price` of `strategy` for model `spec` on a GPU preset, plus the GPU
     detail (the block's kernel time by bound, the device's peak)."""
     net = preset_network(preset, name, strategy.devices)
+    peak = run_peak_flops(preset, config, name)
     spec.check_tp(strategy.tp)
-    strategy.check_layers(spec.num_blocks)
+    strategy.check_layers(spec.repeated_blocks)
     moe = getattr(spec, "moe", None)
     strategy.check_experts(moe.experts if moe is not None else 0)
     chain = gpu_chains(
@@ -252,8 +321,8 @@ def evaluate_strategy(
         config,
         strategy.ep,
         strategy.expert_tp,
+        strategy.cp,
     )[strategy.sequence_parallel]
-    peak = preset_peak_flops(preset)
     capacity = (preset.get("gpu") or {}).get("hbm_capacity_bytes")
     result = price(chain, strategy, net, step_constants(preset, config), peak, capacity)
     result["devices"] = strategy.devices
@@ -262,6 +331,7 @@ def evaluate_strategy(
     result["seq"] = seq
     result["block_kernel_bounds_s"] = chain.meta["block_kernel_bounds_s"]
     result["peak_flops_per_device"] = peak
+    result["precision"] = config["fidelity"]["precision"]
     return result
 
 
@@ -282,22 +352,26 @@ def optimize_strategy(
     name: str = "preset",
     eps=(1,),
     etps=(None,),
+    cps=(1,),
 ):
     """The fastest strategy that fits `hbm_capacity_bytes` per device under the step model (the exact
-    search of phaze.place.megatron over the tp, microbatch, ep and etp values given — etp None
-    is the experts split over tp, 1 whole experts, where the model has experts and tp > 1 — and
-    the axes of config ``place``). Returns (evaluate_strategy's dict of it or None, the search's Result)."""
+    search of phaze.place.megatron over the tp, microbatch, ep, etp and cp values given — etp
+    None is the experts split over tp, 1 whole experts, where the model has experts and tp > 1;
+    cp each context-parallel size, the caller's to check against the sequence — and the axes of
+    config ``place``). Returns (evaluate_strategy's dict of it or None, the search's Result)."""
     net = preset_network(preset, name, devices)
+    run_format(preset, config, name)
     chains = {}
     for t in tps:
         for b in microbatches:
-            for ep in eps:
-                for etp in sorted({t if x is None else x for x in etps}, reverse=True):
-                    if etp != t and not spec.whole_experts(t, seq):
-                        continue
-                    got = gpu_chains(spec, t, b, seq, preset, config, ep, etp)
-                    for sp, chain in got.items():
-                        chains[(t, b, sp, ep, etp)] = chain
+            for cp in cps:
+                for ep in eps:
+                    for etp in sorted({t if x is None else x for x in etps}, reverse=True):
+                        if etp != t and not spec.whole_experts(t, seq // cp):
+                            continue
+                        got = gpu_chains(spec, t, b, seq, preset, config, ep, etp, cp)
+                        for sp, chain in got.items():
+                            chains[(t, b, sp, ep, etp, cp)] = chain
     found = optimize(
         chains,
         net,

@@ -3,8 +3,8 @@ step model (docs/step.md), with the Megatron-LM arguments that run it.
 
 Searched: tp from ``--tp`` or config ``trace.tp`` (those the model admits and that divide the
 devices), microbatch from ``--microbatch`` or config ``trace.microbatch``, for a mixture-of-experts
-model the expert-parallel size from ``--ep`` (default every divisor of its experts), the placement
-axes of
+model the expert-parallel size from ``--ep`` (default every divisor of its experts), the
+context-parallel sizes of ``--cp`` (default 1), the placement axes of
 config ``place`` (interleave, recompute, sequence_parallel, distributed_optimizer, ddp), every
 pipeline depth with tp·pp·dp = devices and microbatch·dp dividing the global batch, every split
 of the blocks over the stages. ``strategy`` is the object `phaze evaluate` prints: evaluating it
@@ -15,14 +15,48 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from phaze.errors import PhazeError
 from phaze.fidelity.evaluate import optimize_strategy
 from phaze.fidelity.evaluate_cli import add_run_arguments, load_run
 from phaze.io.checks import count, finite
 from phaze.place.settings import MAX_HBM_GIB
-from phaze.step.megatron_args import megatron_arguments
+from phaze.step.megatron_args import megatron_arguments, pipeline_layout
+from phaze.step.strategy import check_context_parallel
 from phaze.units import GIB
+
+
+def _megatron_args(strategy, spec) -> list[str]:
+    """Megatron-LM's arguments for the strategy found. A model with dense first blocks
+    (DeepSeek-V3) gets them on the first pipeline stage, with the embedding, as the step model
+    prices them: ``--moe-layer-freq`` marks them dense and the pipeline layout puts them in the
+    first segment."""
+    dense = spec.dense_blocks
+    args = megatron_arguments(strategy, spec.repeated_blocks)
+    if not dense:
+        return args
+    stages = strategy.check_layers(spec.repeated_blocks)
+    args = [
+        a
+        for a in args
+        if not a.startswith(("--pipeline-model-parallel-layout", "--num-layers-per-virtual"))
+    ]
+    args.append(f"--moe-layer-freq ([0]*{dense}+[1]*{spec.repeated_blocks})")
+    if strategy.pp > 1 or strategy.interleave > 1:
+        segments = pipeline_layout(stages, strategy.interleave).split("|")
+        n = stages[0] // strategy.interleave + dense
+        segments[0] = "E" + (f"t*{n}" if n > 1 else "t" * n) + ("L" if len(segments) == 1 else "")
+        args.append(f"--pipeline-model-parallel-layout {'|'.join(segments)}")
+    return args
+
+
+#: Megatron-LM's flags of a training precision (phaze.precision): FP8 = Transformer Engine's
+#: hybrid format (E4M3 forward, E5M2 gradients) with delayed scaling
+PRECISION_ARGUMENTS = {"bf16": [], "fp8": ["--fp8-format", "hybrid", "--fp8-recipe", "delayed"]}
+#: Megatron-LM's flag of how core attention runs (config fidelity.attention): fused = the
+#: FlashAttention kernel (`--attention-backend flash`); eager prints nothing (as before)
+ATTENTION_ARGUMENTS = {"eager": [], "fused": ["--attention-backend", "flash"]}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +93,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(whole experts; a mixture-of-experts model at tp > 1; default: both for one, tp for a "
         "dense model)",
     )
+    parser.add_argument(
+        "--cp",
+        nargs="+",
+        help="context-parallel sizes to search (Megatron's --context-parallel-size; each must "
+        "split the sequence into 2·cp chunks and divide the devices), or `all`: every such size "
+        "(each costs a trace at seq/cp); default: 1",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def context_parallel_sizes(given, seq: int, devices: int) -> list[int]:
+    """The cp values of ``--cp``: the sizes given (checked by the caller), ``all`` (every cp
+    dividing the devices whose 2·cp chunks split the sequence), or none given: [1]."""
+    if not given:
+        return [1]
+    if list(given) == ["all"]:
+        g = math.gcd(devices, seq // 2)  # cp divides the devices and seq/2 (at most seq/2 values)
+        return [c for c in range(1, g + 1) if g % c == 0] if g else [1]
+    try:
+        return sorted({int(c) for c in given})
+    except ValueError:
+        raise PhazeError(f"--cp takes integers or `all`, got {' '.join(given)}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,6 +162,13 @@ def run(args: argparse.Namespace) -> int:
             raise PhazeError(
                 "etp = 1 (experts without tensor parallelism) needs a mixture-of-experts model"
             )
+    cps = context_parallel_sizes(args.cp, seq, args.devices)
+    for c in cps:
+        check_context_parallel(seq, c)
+        if args.devices % c:
+            raise PhazeError(
+                f"the context-parallel size cp ({c}) must divide the {args.devices} devices"
+            )
     result, found = optimize_strategy(
         spec,
         preset,
@@ -120,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
         name=args.arch,
         eps=eps,
         etps=etps,
+        cps=cps,
     )
     if result is None:
         why = "; ".join(f"{r} ({n})" for r, n in sorted(found.skipped.items())) or "none"
@@ -131,10 +194,13 @@ def run(args: argparse.Namespace) -> int:
         "model": spec.name,
         "arch": args.arch,
         **result,
-        "megatron_args": megatron_arguments(found.strategy, spec.num_blocks),
+        "megatron_args": _megatron_args(found.strategy, spec)
+        + PRECISION_ARGUMENTS[config["fidelity"]["precision"]]
+        + ATTENTION_ARGUMENTS[config["fidelity"].get("attention", "eager")],
         "search": {
             "tp": tps,
             "ep": eps,
+            **({"cp": cps} if cps != [1] else {}),
             "microbatch": microbatches,
             "configurations": found.configurations,
             "solved": found.solved,

@@ -13,9 +13,14 @@ GPU's 312 TFLOP/s), and per row ``recompute`` (full, selective, none; default fu
 
 A table with a ``model`` column is a table of **runs** of registry models (any family, dense or
 mixture-of-experts) on a GPU ``preset``, each with its measured ``iteration_time_s`` and every
-setting it ran with (:data:`RUN_COLUMNS`, ``expert_parallel`` included); its TFLOP/s per GPU are
+setting it ran with (:data:`RUN_COLUMNS`, ``expert_parallel`` included; optionally
+``context_parallel`` and ``precision``, :data:`RUN_OPTIONAL` — a precision the step model does not
+price, or a model the registry does not know, is refused with one line); its TFLOP/s per GPU are
 phaze's model FLOPs of the run (the trace's matmuls) over the published and the predicted time,
-so the two are comparable whatever FLOP count the source used.
+so the two are comparable whatever FLOP count the source used. An optional ``precision`` column
+(bf16 or fp8, ``phaze.precision``) gives each run's training precision; without it a run takes
+config ``fidelity.precision`` (``validate --precision``); likewise ``attention`` (eager or fused,
+config ``fidelity.attention``, ``validate --attention``): how the run's core attention ran.
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ from pathlib import Path
 
 from phaze.arch.presets import load_preset
 from phaze.errors import PhazeError
+from phaze.fidelity.compute import ATTENTION_MODES
 from phaze.fidelity.evaluate import evaluate_strategy
 from phaze.io import checks
+from phaze.precision import PRECISIONS
 from phaze.step.strategy import Strategy
 from phaze.trace.models import ModelSpec, get_model_spec
 
@@ -67,6 +74,11 @@ _RUN_INTEGERS = (
     "interleave",
     "expert_parallel",
 )
+#: optional columns of a table of runs and their defaults: the context-parallel size, the
+#: training precision (empty: config ``fidelity.precision``; one the step model does not price is
+#: refused, `read_runs`) and how core attention runs (eager or fused; empty: config
+#: ``fidelity.attention``)
+RUN_OPTIONAL = {"context_parallel": "1", "precision": "", "attention": ""}
 #: every column of a table of runs
 RUN_COLUMNS = (
     "model",
@@ -139,6 +151,26 @@ def read_runs(path: Path | str) -> list[dict]:
             raise PhazeError(f"{where}: ddp must be overlap or after, got {r['ddp']!r}")
         row["ddp"] = r["ddp"].strip()
         row["source"] = (r.get("source") or "").strip()
+        cp = (r.get("context_parallel") or RUN_OPTIONAL["context_parallel"]).strip()
+        try:
+            row["context_parallel"] = checks.integer(float(cp), f"{where}: context_parallel", 1)
+        except ValueError:
+            raise PhazeError(f"{where}: context_parallel must be a number, got {cp!r}") from None
+        precision = (r.get("precision") or "").strip().lower()
+        if precision and precision not in PRECISIONS:
+            raise PhazeError(
+                f"{where}: precision must be one of {', '.join(PRECISIONS)} (precision "
+                f"{precision} is not modelled; this run cannot be validated yet)"
+            )
+        row["precision"] = precision or None
+        attention = (r.get("attention") or "").strip().lower()
+        if attention and attention not in ATTENTION_MODES:
+            raise PhazeError(
+                f"{where}: attention must be one of {', '.join(ATTENTION_MODES)}, got "
+                f"{r['attention']!r}"
+            )
+        row["attention"] = attention or None
+        get_model_spec(row["model"])  # an unknown model: one line naming the registry's
         run = tuple(v for k, v in row.items() if k not in ("iteration_time_s", "source"))
         if run in seen:
             raise PhazeError(f"{where} repeats the run of row {seen[run]}")
@@ -297,6 +329,7 @@ def run_strategy(row: dict):
         distributed_optimizer=row["distributed_optimizer"],
         ddp=row["ddp"],
         ep=row["expert_parallel"],
+        cp=row.get("context_parallel", 1),
     )
 
 
@@ -307,8 +340,10 @@ def validate_runs(config: dict, reference: Path | str) -> dict:
         spec = get_model_spec(ref["model"])
         preset = load_preset(ref["preset"])
         strategy = run_strategy(ref)
+        settings = {k: ref[k] for k in ("precision", "attention") if ref[k] is not None}
+        run_config = {**config, "fidelity": {**config["fidelity"], **settings}}
         result = evaluate_strategy(
-            spec, strategy, preset, seq=ref["seq"], config=config, name=ref["preset"]
+            spec, strategy, preset, seq=ref["seq"], config=run_config, name=ref["preset"]
         )
         published_s = ref["iteration_time_s"]
         rows.append(
@@ -321,6 +356,9 @@ def validate_runs(config: dict, reference: Path | str) -> dict:
                 model=ref["model"],
                 preset=ref["preset"],
                 ep=strategy.ep,
+                precision=run_config["fidelity"]["precision"],
+                attention=run_config["fidelity"].get("attention", "eager"),
+                cp=strategy.cp,
                 source=ref["source"],
             )
         )
@@ -399,12 +437,15 @@ def validate(config: dict, reference: Path | str = REFERENCE) -> dict:
 
 def format_table(report: dict) -> str:
     named = any("model" in r for r in report["rows"])
+    ctx = any(r.get("cp", 1) > 1 for r in report["rows"])  # a context-parallel column
     width = max([7] + [len(r.get("model", "")) for r in report["rows"]])
     head = (
         f"{'model':>{width}} {'t':>2} {'p':>3} {'d':>3} {'gpus':>5} {'b':>3} {'V':>2} "
         + (f"{'e':>2} " if named else "")
+        + (f"{'c':>2} " if ctx else "")
         + f"{'ddp':>7} "
-        f"{'recompute':>12} "
+        + (f"{'prec':>4} {'attention':>9} " if named else "")
+        + f"{'recompute':>12} "
         f"{'published_s':>11} {'predicted_s':>11} {'error':>7} {'pub_TF':>6} {'pred_TF':>7}  "
         f"largest non-compute terms (s)"
     )
@@ -418,8 +459,10 @@ def format_table(report: dict) -> str:
             f"{label:>{width}} {r['tp']:>2} {r['pp']:>3} {r['dp']:>3} {r['gpus']:>5} "
             f"{r['microbatch']:>3} {r['interleave']:>2} "
             + (f"{r['ep']:>2} " if named else "")
+            + (f"{r.get('cp', 1):>2} " if ctx else "")
             + f"{r['ddp']:>7} "
-            f"{r['recompute'] + ('+sp' if r['sequence_parallel'] else ''):>12} "
+            + (f"{r.get('precision', ''):>4} {r.get('attention', ''):>9} " if named else "")
+            + f"{r['recompute'] + ('+sp' if r['sequence_parallel'] else ''):>12} "
             f"{r['published_time_s']:>11.3f} {r['predicted_time_s']:>11.3f} "
             f"{r['error'] * 100:>+6.1f}% {r['published_tflops_per_gpu']:>6.0f} "
             f"{r['predicted_tflops_per_gpu']:>7.1f}  {terms}"

@@ -35,9 +35,52 @@ from phaze.step.layers import ChainCost, LayerCost
 LAYERS = ("first", "block", "last")
 
 
+def dense_first_blocks(blocks: pd.DataFrame) -> int:
+    """How many leading blocks are dense before mixture-of-experts blocks (DeepSeek-V3's
+    first_k_dense_replace): 0 unless the blocks start dense and every later one has experts."""
+    if "experts" not in blocks.columns:
+        return 0
+    sparse = blocks["experts"].to_numpy() > 0
+    n = int(np.argmax(sparse)) if sparse.any() else 0
+    return n if n and sparse[n:].all() else 0
+
+
+def fold_dense_blocks(first: LayerCost, dense: LayerCost, n: int) -> LayerCost:
+    """The first layer followed by ``n`` dense blocks, as one layer: times, parameters,
+    activations, collectives and FLOPs added; its input stays the first layer's. The step model
+    keeps a first layer's activations (no recomputation) and places it on the first pipeline
+    stage, so the dense blocks do too (docs/fidelity.md)."""
+    mean = first.mean_fwd_matmul_flops, dense.mean_fwd_matmul_flops
+    return LayerCost(
+        fwd_s=first.fwd_s + n * dense.fwd_s,
+        bwd_s=first.bwd_s + n * dense.bwd_s,
+        params=first.params + n * dense.params,
+        activation_bytes=first.activation_bytes + n * dense.activation_bytes,
+        fwd_collectives=tuple(first.fwd_collectives) + tuple(dense.fwd_collectives) * n,
+        bwd_collectives=tuple(first.bwd_collectives) + tuple(dense.bwd_collectives) * n,
+        attention_fwd_s=first.attention_fwd_s + n * dense.attention_fwd_s,
+        attention_activation_bytes=first.attention_activation_bytes
+        + n * dense.attention_activation_bytes,
+        input_bytes=first.input_bytes,
+        tied_params=first.tied_params,
+        fwd_matmul_flops=first.fwd_matmul_flops + n * dense.fwd_matmul_flops,
+        attention_matmul_flops=first.attention_matmul_flops + n * dense.attention_matmul_flops,
+        expert_params=first.expert_params + n * dense.expert_params,
+        low_precision_params=first.low_precision_params + n * dense.low_precision_params,
+        attention_bwd_s=first.attention_bwd_s + n * dense.attention_bwd_s,
+        kv_bytes=first.kv_bytes + n * dense.kv_bytes,
+        fused_attention=dense.fused_attention,
+        mean_fwd_matmul_flops=None
+        if mean == (None, None)
+        else (first.model_matmul_flops + n * dense.model_matmul_flops),
+    )
+
+
 def chain_layers(layers: pd.DataFrame, where: str) -> dict[str, pd.Series]:
     """{"first", "block", "last"} rows of a layers table that is a chain of one first layer,
-    identical blocks and one last layer (what the step model prices), else PhazeError."""
+    identical blocks and one last layer (what the step model prices), else PhazeError. Dense
+    first blocks before identical MoE blocks (`dense_first_blocks`) add a "dense" row: the
+    blocks are then the MoE ones, and the dense ones are priced with the first layer."""
     kinds = list(layers["kind"])
     n_blocks = kinds.count("block")
     if n_blocks < 1 or kinds != ["embedding"] + ["block"] * n_blocks + ["head"]:
@@ -46,6 +89,7 @@ def chain_layers(layers: pd.DataFrame, where: str) -> dict[str, pd.Series]:
             f"(got {kinds[:3]}...{kinds[-2:]})"
         )
     blocks = layers.iloc[1:-1]
+    dense = dense_first_blocks(blocks)
     cols = [
         c
         for c in (
@@ -61,9 +105,16 @@ def chain_layers(layers: pd.DataFrame, where: str) -> dict[str, pd.Series]:
         )
         if c in blocks.columns
     ]
-    if (blocks[cols].nunique() > 1).any():
-        raise PhazeError(f"{where}: the blocks differ; the step model needs identical blocks")
-    return {"first": layers.iloc[0], "block": layers.iloc[1], "last": layers.iloc[-1]}
+    for part in (blocks.iloc[:dense], blocks.iloc[dense:]):
+        if (part[cols].nunique() > 1).any():
+            raise PhazeError(
+                f"{where}: the blocks differ; the step model needs identical blocks (after "
+                "any dense first blocks)"
+            )
+    rows = {"first": layers.iloc[0], "block": blocks.iloc[dense], "last": layers.iloc[-1]}
+    if dense:
+        rows["dense"] = blocks.iloc[0]
+    return rows
 
 
 def attention_seconds(ops: pd.DataFrame, latency: pd.DataFrame) -> dict[tuple[str, str], float]:
@@ -105,7 +156,9 @@ class ChainTables:
                 "trace's blocks and vocab-parallel embedding and head)"
             )
         self.rows = chain_layers(layers, where)
-        self.blocks = int((layers["kind"] == "block").sum())
+        # dense first blocks (DeepSeek-V3) are priced with the first layer (fold_dense_blocks)
+        self.dense = dense_first_blocks(layers.iloc[1:-1]) if "dense" in self.rows else 0
+        self.blocks = int((layers["kind"] == "block").sum()) - self.dense
         self.tp, self.microbatch, self.where = tp, microbatch, where
         block = self.rows["block"]
         self.experts = int(block["experts"]) if "experts" in block.index else 0
@@ -153,6 +206,9 @@ class ChainTables:
         """The chain without computation (every layer time 0): what a placement's terms are
         when they do not depend on the architecture (memory, communication, parameters)."""
         layers = {n: self._layer(self.rows[n], 0.0, 0.0, 0.0, sp) for n in LAYERS}
+        if self.dense:
+            dense = self._layer(self.rows["dense"], 0.0, 0.0, 0.0, sp)
+            layers["first"] = fold_dense_blocks(layers["first"], dense, self.dense)
         return self._chain(layers, sp)
 
     def _chain(self, layers: dict, sp: bool, window: ChainCost | None = None) -> ChainCost:
@@ -200,6 +256,10 @@ class ChainTables:
                 layers[name] = self._layer(
                     self.rows[name], f, b, att if name == "block" else 0.0, sp
                 )
+            if self.dense:
+                f, b = times(table, "dense")
+                dense = self._layer(self.rows["dense"], f, b, 0.0, sp)
+                layers["first"] = fold_dense_blocks(layers["first"], dense, self.dense)
             return layers
 
         out = {}

@@ -348,9 +348,17 @@ class _Config:
 def chain_key(key) -> tuple[int, int, bool, int, int]:
     """(tp, microbatch, sequence_parallel, ep, etp) of a `chains` key: (t, b, sp) means ep = 1,
     and a key without etp means the experts split over the tensor-parallel ranks (etp = t);
-    the trace part by `phaze.place.inputs.trace_key`."""
+    the trace part by `phaze.place.inputs.trace_key`. `setting_of` adds the context-parallel
+    size."""
+    return setting_of(key)[:5]
+
+
+def setting_of(key) -> tuple[int, int, bool, int, int, int]:
+    """(tp, microbatch, sequence_parallel, ep, etp, cp) of a `chains` key (`chain_key`; a key
+    without a sixth entry cp means no context parallelism, cp = 1)."""
     t, b, sp, *shape = key
-    return (t, b, sp, *trace_key((t, *shape))[1:])
+    cp = shape[2] if len(shape) == 3 else 1
+    return (t, b, sp, *trace_key((t, *shape[:2]))[1:], cp)
 
 
 def configurations(
@@ -366,11 +374,12 @@ def configurations(
     parallelism[, ep[, etp]]); a key without ep means ep = 1, without etp etp = tp) on
     `devices`, in the search's tie-breaking order; each skipped combination is counted in
     `skipped` under its reason. Chains of one (t, b, sp, ep, etp) share their placed chain."""
-    chains = {chain_key(k): c for k, c in chains.items()}
-    for (t, b, sp, ep, etp), c in chains.items():
-        if (c.tp, c.microbatch, c.sequence_parallel, c.ep, c.expert_tp) != (t, b, sp, ep, etp):
+    chains = {setting_of(k): c for k, c in chains.items()}
+    for (t, b, sp, ep, etp, cp), c in chains.items():
+        got = (c.tp, c.microbatch, c.sequence_parallel, c.ep, c.expert_tp, c.cp)
+        if got != (t, b, sp, ep, etp, cp):
             raise AssertionError(
-                f"chain built for another setting than its key {(t, b, sp, ep, etp)}"
+                f"chain built for another setting than its key {(t, b, sp, ep, etp, cp)}"
             )
     blocks = {c.blocks for c in chains.values()}
     if len(blocks) != 1:
@@ -379,81 +388,91 @@ def configurations(
     configs: list[_Config] = []
     layouts: dict[tuple, Layout] = {}
     placed: dict[tuple, PlacedChain] = {}
-    eps_of: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (t, b) -> its (ep, etp)
-    for t, b, _, ep, etp in chains:
+    eps_of: dict[tuple[int, int], list[tuple[int, int, int]]] = {}  # (t, b) -> (ep, etp, cp)
+    for t, b, _, ep, etp, cp in chains:
         eps_of.setdefault((t, b), [])
-        if (ep, etp) not in eps_of[(t, b)]:
-            eps_of[(t, b)].append((ep, etp))
+        if (ep, etp, cp) not in eps_of[(t, b)]:
+            eps_of[(t, b)].append((ep, etp, cp))
     order = 0
     for t, b in sorted(eps_of):
         if devices % t:
             skipped[f"tp {t} does not divide the {devices} devices"] += 1
             continue
+        cps = sorted({cp for _, _, cp in eps_of[(t, b)]})
         for p in _divisors(devices // t):
-            d = devices // (t * p)
-            if global_batch % (b * d):
-                skipped["microbatch·dp does not divide the global batch"] += 1
-                continue
-            if p > L + 2 or (p > 2 and p - 2 > L):
-                skipped["more pipeline stages than the layers allow"] += 1
-                continue
-            m = global_batch // (b * d)
-            # ep ascending; for each, the experts split over tp (etp = t) before whole (etp = 1)
-            pairs = sorted(eps_of[(t, b)], key=lambda x: (x[0], -x[1]))
-            for ep, etp, sp in (
-                (ep, etp, sp) for ep, etp in pairs for sp in axes.sequence_parallel
-            ):
-                if etp == t and d % ep:
-                    skipped["ep does not divide dp"] += 1
+            for cp in cps:
+                if (devices // (t * p)) % cp:
+                    skipped["cp does not divide the devices over tp·pp"] += 1
                     continue
-                if etp != t and (t * d) % ep:
-                    skipped["ep does not divide tp·dp (etp = 1)"] += 1
+                d = devices // (t * p * cp)
+                if global_batch % (b * d):
+                    skipped["microbatch·dp does not divide the global batch"] += 1
                     continue
-                if sp and t == 1:
-                    skipped["sequence parallelism needs tp > 1"] += 1
+                if p > L + 2 or (p > 2 and p - 2 > L):
+                    skipped["more pipeline stages than the layers allow"] += 1
                     continue
-                chain = chains.get((t, b, sp, ep, etp))
-                if chain is None:
-                    skipped["no layer costs for this sequence-parallel setting"] += 1
-                    continue
-                if chain.experts and t > 1 and not sp:
-                    skipped["mixture of experts with tp > 1 needs sequence parallelism"] += 1
-                    continue
-                for v in axes.interleave:
-                    why = ""
-                    if v > 1 and p == 1:
-                        why = "interleaving needs pp > 1"
-                    elif schedule_reason(p, v, m):
-                        why = "interleaving needs the microbatches per pipeline divisible by pp"
-                    elif v > 1 and (L % v or p * v > L):
-                        why = "the interleave does not divide the blocks of every stage"
-                    if why:
-                        skipped[why] += 1
+                m = global_batch // (b * d)
+                # ep ascending; for each, the experts split over tp (etp = t) before whole
+                # (etp = 1)
+                pairs = sorted(
+                    ((e, x) for e, x, c in eps_of[(t, b)] if c == cp),
+                    key=lambda x: (x[0], -x[1]),
+                )
+                for ep, etp, sp in (
+                    (ep, etp, sp) for ep, etp in pairs for sp in axes.sequence_parallel
+                ):
+                    if etp == t and (cp * d) % ep:
+                        skipped["ep does not divide dp"] += 1
                         continue
-                    schedule = PipelineSchedule(p, v, m)
-                    key = (t, b, p, d, sp, ep, etp)
-                    if key not in placed:
-                        if (t, p, d, ep, etp) not in layouts:
-                            layouts[(t, p, d, ep, etp)] = Layout.build(net, t, p, d, ep, etp)
-                        placed[key] = PlacedChain(chain, layouts[(t, p, d, ep, etp)], consts)
-                    for rc in axes.recompute:
-                        for zero in axes.distributed_optimizer:
-                            if zero and d == 1:
-                                skipped["the distributed optimizer needs dp > 1"] += 1
-                                continue
-                            for ddp in axes.ddp:
-                                configs.append(
-                                    _Config(
-                                        order,
-                                        placed[key],
-                                        schedule,
-                                        rc,
-                                        sp,
-                                        zero,
-                                        ddp,
+                    if etp != t and (t * cp * d) % ep:
+                        skipped["ep does not divide tp·dp (etp = 1)"] += 1
+                        continue
+                    if sp and t == 1:
+                        skipped["sequence parallelism needs tp > 1"] += 1
+                        continue
+                    chain = chains.get((t, b, sp, ep, etp, cp))
+                    if chain is None:
+                        skipped["no layer costs for this sequence-parallel setting"] += 1
+                        continue
+                    if chain.experts and t > 1 and not sp:
+                        skipped["mixture of experts with tp > 1 needs sequence parallelism"] += 1
+                        continue
+                    for v in axes.interleave:
+                        why = ""
+                        if v > 1 and p == 1:
+                            why = "interleaving needs pp > 1"
+                        elif schedule_reason(p, v, m):
+                            why = "interleaving needs the microbatches per pipeline divisible by pp"
+                        elif v > 1 and (L % v or p * v > L):
+                            why = "the interleave does not divide the blocks of every stage"
+                        if why:
+                            skipped[why] += 1
+                            continue
+                        schedule = PipelineSchedule(p, v, m)
+                        key = (t, b, p, d, sp, ep, etp, cp)
+                        if key not in placed:
+                            lk = (t, p, d, ep, etp, cp)
+                            if lk not in layouts:
+                                layouts[lk] = Layout.build(net, t, p, cp * d, ep, etp, cp)
+                            placed[key] = PlacedChain(chain, layouts[lk], consts)
+                        for rc in axes.recompute:
+                            for zero in axes.distributed_optimizer:
+                                if zero and cp * d == 1:
+                                    skipped["the distributed optimizer needs dp > 1"] += 1
+                                    continue
+                                for ddp in axes.ddp:
+                                    configs.append(
+                                        _Config(
+                                            order,
+                                            placed[key],
+                                            schedule,
+                                            rc,
+                                            sp,
+                                            zero,
+                                            ddp,
+                                        )
                                     )
-                                )
-                                order += 1
+                                    order += 1
     return configs
 
 
@@ -504,7 +523,7 @@ class Setting:
 
 def setting_key(chains, net, consts, devices, global_batch, hbm_capacity_bytes, axes) -> tuple:
     """The key of a `Setting`: equal keys, equal settings."""
-    shapes = tuple(sorted((chain_key(k), c.shape) for k, c in chains.items()))
+    shapes = tuple(sorted((setting_of(k), c.shape) for k, c in chains.items()))
     return (net, consts, devices, global_batch, float(hbm_capacity_bytes), axes, shapes)
 
 
@@ -522,7 +541,7 @@ def optimize(
     sequence_parallel) to the chain at that setting (the t and b values searched are its keys).
     `settings`: a dict the caller keeps across architectures (`Setting`s by `setting_key`), so
     what they share is computed once."""
-    chains = {chain_key(k): c for k, c in chains.items()}
+    chains = {setting_of(k): c for k, c in chains.items()}
     args = (chains, net, consts, devices, global_batch, float(hbm_capacity_bytes), axes)
     key = setting_key(*args) if settings is not None else None
     setting = settings.get(key) if settings is not None else None
@@ -541,7 +560,7 @@ def optimize(
             result.infeasible["does not fit in memory"] += 1
             continue
         c = cfg.placed.chain
-        chain = chains[(c.tp, c.microbatch, c.sequence_parallel, c.ep, c.expert_tp)]
+        chain = chains[(c.tp, c.microbatch, c.sequence_parallel, c.ep, c.expert_tp, c.cp)]
         intercept, slope = fit.terms.line(chain)[:2]
         # the tail's floor (0 until a search has reached the configuration) bounds apart
         bound = _lower_bound(intercept, slope, cfg.schedule, L)
@@ -583,6 +602,7 @@ def optimize(
                 stages=stages,
                 ep=cfg.placed.layout.ep,
                 etp=cfg.placed.layout.expert_tp,
+                cp=cfg.placed.layout.cp,
             )
     return result
 
@@ -612,26 +632,32 @@ def best_fixed(
     stages: tuple[int, ...],
     ep: int = 1,
     etp: int | None = None,
+    cp: int = 1,
 ) -> tuple[Strategy | None, float, str]:
     """A fixed placement (tp, pp, ep, etp (None: tp), split; dp = devices / (tp·pp)) at its best
     over the other
     axes (the microbatches of `chains`, interleave, recompute, sequence parallelism, distributed
     optimizer, DDP). Returns (strategy, time, '') or (None, inf, why not)."""
-    if devices % (tp * pp):
+    if devices % (tp * pp * cp):
+        what = "tp·pp" if cp == 1 else "tp·cp·pp"
         return (
             None,
             INF,
-            (f"the step model uses every device: tp·pp = {tp * pp} does not divide {devices}"),
+            (
+                f"the step model uses every device: {what} = {tp * pp * cp} does not divide "
+                f"{devices}"
+            ),
         )
     best: tuple[float, Strategy] | None = None
     why = Counter()
-    chains = {chain_key(k): c for k, c in chains.items()}
+    chains = {setting_of(k): c for k, c in chains.items()}
     etp = tp if etp is None else etp
-    if not any(t == tp and e == ep and x == etp for t, _, _, e, x in chains):
-        return None, INF, f"no layer costs for tp {tp}, ep {ep} and etp {etp}"
+    if not any(t == tp and e == ep and x == etp and c == cp for t, _, _, e, x, c in chains):
+        what = f"tp {tp}, ep {ep} and etp {etp}" + (f", cp {cp}" if cp > 1 else "")
+        return None, INF, f"no layer costs for {what}"
     layout = None  # every strategy here has the same (tp, pp, dp, ep, etp)
-    for (t, b, sp, e, x), chain in sorted(chains.items()):
-        if t != tp or e != ep or x != etp or sp not in axes.sequence_parallel:
+    for (t, b, sp, e, x, c), chain in sorted(chains.items()):
+        if t != tp or e != ep or x != etp or c != cp or sp not in axes.sequence_parallel:
             continue
         placed = None
         for v in axes.interleave:
@@ -653,6 +679,7 @@ def best_fixed(
                                 stages=tuple(stages),
                                 ep=ep,
                                 etp=etp,
+                                cp=cp,
                             )
                             s.check_layers(chain.blocks)
                             s.check_experts(chain.experts)
@@ -661,7 +688,7 @@ def best_fixed(
                             continue
                         check_chain(chain, s)
                         if layout is None:
-                            layout = Layout.build(net, tp, pp, s.dp, ep, etp)
+                            layout = Layout.build(net, tp, pp, s.cdp, ep, etp, cp)
                         if placed is None:
                             placed = PlacedChain(chain, layout, consts)
                         terms = StageTerms(placed, s.schedule, rc, zero, ddp)

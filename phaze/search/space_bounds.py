@@ -98,7 +98,12 @@ class Trace:
         def get(name, ps, which):
             sig = self.tables.rows[name]["signature"]
             got = bounds.get((sig, ps))  # no graph: nothing in that pass takes time
-            return got[which] if got is not None else zero
+            out = got[which] if got is not None else zero
+            if name == "first" and self.tables.dense:  # dense first blocks: priced with it
+                dense = bounds.get((self.tables.rows["dense"]["signature"], ps))
+                if dense is not None:
+                    out = out + self.tables.dense * dense[which]
+            return out
 
         lower = {k: get(k.split("_")[0], k.split("_")[1], 0) for k in LOWER}
         window = {k: get(k.split("_")[0], k.split("_")[1], 1) for k in LOWER}

@@ -3,7 +3,7 @@ quantities — the model the placement search optimises and `phaze evaluate` rep
 
 Modules (pure functions over per-layer quantities; no file I/O):
 
-* ``strategy`` — `Strategy` (tp, pp, dp, microbatch, interleave, recompute, sequence
+* ``strategy`` — `Strategy` (tp, pp, dp, cp, ep, microbatch, interleave, recompute, sequence
   parallelism, distributed optimizer, DDP mode, blocks per stage), Megatron's rank layout and
   `PipelineSchedule` (1F1B and interleaved 1F1B); impossible combinations give one-line reasons.
 * ``layers`` — `LayerCost` (one layer on one tensor-parallel rank, per microbatch) and

@@ -3,7 +3,8 @@ megatron/core/transformer/transformer_config.py of NVIDIA/Megatron-LM).
 
 * parallelism: ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size`` (the data-parallel
   size is what remains of the world size), ``--micro-batch-size``, ``--global-batch-size``;
-  ``--expert-model-parallel-size`` and, for whole experts, ``--expert-tensor-parallel-size 1``;
+  ``--context-parallel-size``, ``--expert-model-parallel-size`` and, for whole experts,
+  ``--expert-tensor-parallel-size 1``;
 * stages: Megatron's even split needs no argument; interleaving over an even split is
   ``--num-layers-per-virtual-pipeline-stage``; any other split is
   ``--pipeline-model-parallel-layout``, one ``|``-separated segment per model chunk in layer order
@@ -43,6 +44,8 @@ def megatron_arguments(strategy: Strategy, blocks: int) -> list[str]:
         f"--micro-batch-size {s.microbatch}",
         f"--global-batch-size {s.global_batch}",
     ]
+    if s.cp > 1:
+        args.append(f"--context-parallel-size {s.cp}")
     if s.ep > 1:
         args.append(f"--expert-model-parallel-size {s.ep}")
     if s.expert_tp != s.tp:

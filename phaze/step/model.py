@@ -33,6 +33,12 @@ the other; with DDP overlap the exposed part is ``max(both reductions − that b
 bucket)``, the last bucket being one full bucket on the slower of the two groups, or all the
 gradients when they are fewer.
 
+Context parallelism (cp > 1, a chain costed on seq/cp tokens: `LayerCost.context_parallel`): the
+weights are replicated over the cp ranks, so the gradient group and the distributed optimizer's
+shards are dp·cp ranks (the layout without context parallelism with dp·cp replicas); each block
+adds the exposed part of its key/value ring (`StageTerms.cp_exposed`) on the slowest neighbour
+pair of the layout's rings.
+
 Memory of rank j: ``params_j · state + inflight_j · n_j · stash + working + [j = 0]·inflight_j·
 act_E + [j = p−1]·act_H`` with ``state`` bytes per parameter (the optimizer-state part divided by
 dp under the distributed optimizer — by d/ep for expert parameters: Megatron's ``6 + 12/d``
@@ -80,6 +86,11 @@ class StepConstants:
     ddp_bucket_bytes: float  # DDP gradient bucket: the last one is never hidden
     hbm_bandwidth_Bps: float
     scatter_gather: bool  # Megatron's scatter/gather of inter-node stage transfers, where faster
+    # a low-precision (FP8) run (phaze.precision; 0 in BF16, not config keys): resident bytes of
+    # the cached cast weight per low-precision parameter, and HBM bytes of casting it (once per
+    # step, on the first microbatch)
+    low_precision_weight_bytes_per_param: float = 0.0
+    weight_cast_bytes_per_param: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.optimizer_state_bytes_per_param <= self.state_bytes_per_param:
@@ -90,7 +101,13 @@ class StepConstants:
     @classmethod
     def from_config(cls, step: dict, hbm_bandwidth_Bps: float) -> StepConstants:
         """From the validated config section ``step`` and the device's HBM bandwidth."""
-        return from_section(cls, step, given={"hbm_bandwidth_Bps": hbm_bandwidth_Bps}, convert=True)
+        return from_section(
+            cls,
+            step,
+            given={"hbm_bandwidth_Bps": hbm_bandwidth_Bps},
+            not_keys=("low_precision_weight_bytes_per_param", "weight_cast_bytes_per_param"),
+            convert=True,
+        )
 
     def state_bytes(self, distributed_optimizer: bool, dp: int) -> float:
         if not distributed_optimizer:
@@ -128,14 +145,32 @@ class Layout:
     ep_lat: np.ndarray | None = None  # entry per distinct group shape; unused at ep 1
     edp_bw: np.ndarray | None = None  # (p,): slowest expert data-parallel group of stage j
     edp_lat: np.ndarray | None = None
+    cp: int = 1  # context-parallel ranks (dp above counts dp·cp: the ranks of one gradient)
+    cp_bw: float = 0.0  # the slowest neighbour pair of the layout's context-parallel rings
+    cp_lat: float = 0.0
 
     @classmethod
     def build(
-        cls, net: Network, t: int, p: int, d: int, ep: int = 1, etp: int | None = None
+        cls,
+        net: Network,
+        t: int,
+        p: int,
+        d: int,
+        ep: int = 1,
+        etp: int | None = None,
+        cp: int = 1,
     ) -> Layout:
+        """The layout of (t, p, d, ep, etp, cp), d = dp·cp: the ranks that hold the same
+        parameters. Megatron's order tp-cp-ep-dp-pp puts rank ``k + t·(c + cp·r + d·j)`` at
+        tensor-parallel rank k, context-parallel rank c, data-parallel rank r, stage j, so every
+        group but the context-parallel ring is the one of the layout without context
+        parallelism with d = dp·cp (the gradient group with context parallelism: dp·cp ranks t
+        apart; the experts' generator over the t·dp·cp ranks of a stage)."""
         etp = t if etp is None else etp
         if etp not in (1, t) or ep < 1 or (t * d) % (etp * ep) or (etp == t and d % ep):
             raise AssertionError(f"ep {ep} with etp {etp} does not fit tp {t}, dp {d}")
+        if cp < 1 or d % cp:
+            raise AssertionError(f"cp {cp} does not divide dp·cp {d}")
         # replicas (and expert data-parallel ranks) that sit alike on the network share every
         # figure: one of each class stands for them all (`rank_classes`: on a two-level network
         # at most devices_per_node of them, so nothing here grows with the device count)
@@ -172,6 +207,19 @@ class Layout:
             other = np.roll(rank, -step, axis=2)  # the counterpart at stage j ± 1
             bw, lat = net.p2p_params(rank, other)
             sends[name] = (bw, lat, net.crosses_nodes(rank, other).any(axis=0))
+        cp_bw, cp_lat = 0.0, 0.0
+        if cp > 1:
+            # each rank sends its keys and values to the next of its ring (c -> c + 1 mod cp) at
+            # every step, all at once: a step lasts as long as the slowest pair of the layout.
+            # The rings whose first ranks differ by whole nodes are alike (`rank_classes`).
+            c = np.arange(cp)[None, :, None, None]
+            rr = np.arange(net.rank_classes(t * cp, d // cp, total))[None, None, :, None]
+            jj = np.arange(p)[None, None, None, :]
+            kk = np.arange(t)[:, None, None, None]
+            src = kk + t * (c + cp * rr) + t * d * jj
+            dst = kk + t * ((c + 1) % cp + cp * rr) + t * d * jj
+            bw, lat = net.p2p_params(src, dst)
+            cp_bw, cp_lat = float(np.min(bw)), float(np.max(lat))
         if p > 1:  # each rank of the first stage with its counterpart on the last
             tied_bw, tied_lat = net.progression_ring_params(rank[:, :, 0], t * d * (p - 1), 2)
             tbw, tlat = float(tied_bw.min()), float(tied_lat.max())
@@ -197,7 +245,17 @@ class Layout:
             ep_lat=ep_lat,
             edp_bw=edp_bw,
             edp_lat=edp_lat,
+            cp=cp,
+            cp_bw=cp_bw,
+            cp_lat=cp_lat,
         )
+
+    def ring_step_s(self, nbytes: float) -> float:
+        """One step of the context-parallel ring: every rank sends `nbytes` to the next (the
+        slowest pair of the layout); 0 without context parallelism."""
+        if self.cp == 1 or nbytes <= 0:
+            return 0.0
+        return float(p2p_seconds(nbytes, self.cp_bw, self.cp_lat))
 
     @property
     def expert_tp(self) -> int:
@@ -269,8 +327,15 @@ class PlacedChain:
     optimizer, ddp) setting of the same (t, b, sequence parallelism, p, d) shares."""
 
     def __init__(self, chain: ChainCost, layout: Layout, consts: StepConstants):
-        if chain.tp != layout.tp or chain.ep != layout.ep or chain.expert_tp != layout.expert_tp:
-            raise AssertionError("the chain was built for another tp, ep or etp than the layout's")
+        if (chain.tp, chain.ep, chain.expert_tp, chain.cp) != (
+            layout.tp,
+            layout.ep,
+            layout.expert_tp,
+            layout.cp,
+        ):
+            raise AssertionError(
+                "the chain was built for another tp, ep, etp or cp than the layout's"
+            )
         self.chain, self.layout, self.consts = chain, layout, consts
         coll = layout.collectives_s
         self.coll = {
@@ -286,6 +351,11 @@ class PlacedChain:
             layout.expert_parallel_s(chain.block.fwd_collectives),
             layout.expert_parallel_s(chain.block.bwd_collectives),
         )
+        # context parallelism's ring (TransformerEngine ``AttnFuncWithCPAndKVP2P``): one
+        # transfer of the keys and values, and one of them with their gradients dK, dV (as many
+        # bytes again; `StageTerms.cp_exposed`)
+        kv = chain.block.kv_bytes
+        self.cp_step = (layout.ring_step_s(kv), layout.ring_step_s(2.0 * kv))
         sp, sg = chain.sequence_parallel, consts.scatter_gather
         self.x_next = layout.send_s(chain.boundary_bytes, "next", sp, sg)  # (reps, p)
         self.x_prev = layout.send_s(chain.boundary_bytes, "prev", sp, sg)
@@ -317,6 +387,7 @@ class StageTerms:
         self.p, self.d = p, layout.dp
         self.ddp, self.zero, self.recompute = ddp, distributed_optimizer, recompute
         self.consts = consts
+        self.cp, self.cp_step = layout.cp, placed.cp_step
         first = np.arange(p) == 0
         last = np.arange(p) == p - 1
         self._first, self._last = first, last
@@ -348,6 +419,12 @@ class StageTerms:
         m = schedule.microbatches
         per_param = consts.grad_accumulation_bytes_per_param / consts.hbm_bandwidth_Bps
         self.accumulate_per_param = per_param * (m - 1) / m
+        # casting the low-precision weights once per step, spread evenly over the m microbatches
+        self.low_precision_slope = B.low_precision_params
+        self.low_precision_intercept = np.where(first, E.low_precision_params, 0.0) + np.where(
+            last, H.low_precision_params, 0.0
+        )
+        self.cast_per_param = consts.weight_cast_bytes_per_param / consts.hbm_bandwidth_Bps / m
         self.dp_bw, self.dp_lat = layout.dp_bw, layout.dp_lat
         self.edp, self.edp_bw, self.edp_lat = layout.edp, layout.edp_bw, layout.edp_lat
         self.tied_s = np.where(first | last, placed.tied_s, 0.0)
@@ -362,6 +439,25 @@ class StageTerms:
         )
         self._time(chain)
 
+    def cp_exposed(self, block) -> tuple[float, float]:
+        """(forward, backward) exposed ring time of one block (`block`'s computation times).
+        TransformerEngine's ``AttnFuncWithCPAndKVP2P`` overlaps each transfer with one step of
+        core attention (a cp-th of its time): forward, cp − 1 transfers of the keys and values;
+        backward, cp transfers — the keys and values first, then keys and values with the
+        gradients dK, dV gathered so far (twice the bytes) cp − 2 times, then dK, dV alone. Each
+        exposes what it takes beyond its step; full recomputation runs the forward ring again.
+        0 at cp = 1."""
+        if self.cp == 1:
+            return 0.0, 0.0
+        one, two = self.cp_step
+        fwd = (self.cp - 1) * max(0.0, one - block.attention_fwd_s / self.cp)
+        window = (
+            block.attention_bwd_s
+            + (block.recompute_s("selective") if self.recompute == "selective" else 0.0)
+        ) / self.cp
+        bwd = 2 * max(0.0, one - window) + (self.cp - 2) * max(0.0, two - window)
+        return fwd * (2 if self.recompute == "full" else 1), bwd
+
     def line(self, chain: ChainCost) -> tuple:
         """(intercept, slope) of T_j = intercept_j + slope·n with the computation times of
         `chain` (a chain of this shape), then the block's computation, its recomputation and
@@ -370,12 +466,16 @@ class StageTerms:
         rc = B.recompute_s(self.recompute)
         compute_per_block = B.fwd_s + B.bwd_s
         slope = compute_per_block + rc + self.tp_per_block + self.ep_per_block
+        if self.cp > 1:
+            slope += sum(self.cp_exposed(B))
         slope += self.param_slope * self.accumulate_per_param
+        slope += self.low_precision_slope * self.cast_per_param
         compute_0 = np.where(self._first, E.fwd_s + E.bwd_s, 0.0) + np.where(
             self._last, H.fwd_s + H.bwd_s, 0.0
         )
         intercept = compute_0 + self.tp_0 + self.pp_comm
         intercept = intercept + self.param_intercept * self.accumulate_per_param
+        intercept = intercept + self.low_precision_intercept * self.cast_per_param
         return intercept, slope, compute_per_block, rc, compute_0
 
     def _time(self, chain: ChainCost) -> None:
@@ -384,11 +484,14 @@ class StageTerms:
         line = self.line(chain)
         self.intercept, self.slope, self.compute_per_block, self.recompute_per_block = line[:4]
         self.compute_0 = line[4]
+        self.cp_per_block = sum(self.cp_exposed(chain.block)) if self.cp > 1 else 0.0
         # the backward the DDP overlap hides behind (ChainCost.window)
         win = chain.overlap_window
         bb, bf = self._bwd_comm
         self.bwd_slope = win.block.bwd_s + win.block.recompute_s(self.recompute) + bb
         self.bwd_slope += bf
+        if self.cp > 1:
+            self.bwd_slope += self.cp_exposed(win.block)[1]
         eb, hb = self._bwd_comm_0
         self.bwd_intercept = np.where(first, win.first.bwd_s + eb, 0.0) + np.where(
             last, win.last.bwd_s + hb, 0.0
@@ -417,6 +520,9 @@ class StageTerms:
 
     def expert_params(self, n):
         return np.asarray(n, dtype=float) * self.expert_slope
+
+    def low_precision_params(self, n):
+        return self._col(self.low_precision_intercept, n) + n * self.low_precision_slope
 
     def backward(self, n):
         """The backward part of T_j (what a DDP overlap can hide the reduction behind)."""
@@ -515,6 +621,7 @@ class StageTerms:
             + self._col(self.inflight, n) * n * self.stash
             + np.where(blocks_held, self.working, 0.0)
             + self._col(self.mem_intercept, n)
+            + self.low_precision_params(n) * self.consts.low_precision_weight_bytes_per_param
         )
 
 
@@ -531,6 +638,8 @@ def check_chain(chain: ChainCost, strategy: Strategy) -> None:
         raise AssertionError("the chain was built for the other sequence-parallel setting")
     if chain.ep != strategy.ep or chain.expert_tp != strategy.expert_tp:
         raise AssertionError("the chain was built for another expert-parallel size or etp")
+    if chain.cp != strategy.cp:
+        raise AssertionError("the chain was built for another context-parallel size")
 
 
 def stage_terms(
@@ -538,7 +647,7 @@ def stage_terms(
 ) -> StageTerms:
     check_chain(chain, strategy)
     layout = Layout.build(
-        net, strategy.tp, strategy.pp, strategy.dp, strategy.ep, strategy.expert_tp
+        net, strategy.tp, strategy.pp, strategy.cdp, strategy.ep, strategy.expert_tp, strategy.cp
     )
     return StageTerms(
         PlacedChain(chain, layout, consts),
@@ -590,10 +699,13 @@ def price(
         "expert_parallel_comm_s": m * n[c] * terms.ep_per_block,
         "pipeline_comm_s": m * terms.pp_comm[c],
         "grad_accumulation_s": m * float(terms.params(n)[c]) * terms.accumulate_per_param,
+        "weight_cast_s": m * float(terms.low_precision_params(n)[c]) * terms.cast_per_param,
         "pipeline_bubble_s": bubble,
         "data_parallel_comm_s": float(dp_s[tail_j]),
         "optimizer_s": float(opt_s[tail_j]),
     }
+    if strategy.cp > 1:  # the exposed key/value ring (only with context parallelism)
+        breakdown["context_parallel_comm_s"] = m * n[c] * terms.cp_per_block
     memory = terms.memory(n)
     params = terms.params(n)
     sequences = strategy.global_batch

@@ -1,8 +1,10 @@
 """A parallel training strategy as Megatron-LM runs it, its pipeline schedule and its rank layout.
 
-A strategy is ``tp · pp · dp = devices`` ranks (Megatron's layout, tensor-parallel innermost, then
-data-parallel, pipeline outermost: ``rank = tp_rank + tp·(dp_rank + dp·pp_rank)``, pipeline rank 0
-= the first stage), ``ep`` expert-parallel ranks inside each data-parallel group (Megatron's
+A strategy is ``tp · cp · pp · dp = devices`` ranks (Megatron's layout, tensor-parallel innermost,
+then context-parallel, data-parallel, pipeline outermost: ``rank = tp_rank + tp·(cp_rank +
+cp·(dp_rank + dp·pp_rank))``, pipeline rank 0 = the first stage; cp = 1 without context
+parallelism, whose cp ranks split every sequence and share the weights, so gradients are reduced
+over dp·cp ranks), ``ep`` expert-parallel ranks inside each data-parallel group (Megatron's
 expert-model parallelism, order ``tp-cp-ep-dp-pp`` with the experts' tensor-parallel size equal to
 tp: ``dp_rank = ep_rank + ep·edp_rank``, so an expert-parallel group is ep ranks tp apart and the
 expert data-parallel group, over which expert gradients are reduced, dp/ep ranks tp·ep apart;
@@ -127,6 +129,27 @@ class PipelineSchedule:
         return min(2 * (p - rank - 1) + (v - 1) * p + 1, m * v) / v
 
 
+def context_parallel_reason(seq: int, cp: int) -> str:
+    """'' when Megatron-LM can split a sequence of `seq` tokens over `cp` context-parallel ranks,
+    else why not: each rank holds two of 2·cp equal chunks (the causal load balancing of
+    ``get_batch_on_this_cp_rank``, megatron/training/utils.py, which views the sequence as
+    2·cp chunks), so 2·cp must divide the sequence."""
+    if int(cp) != cp or cp < 1:
+        return f"the context-parallel size cp must be an integer >= 1, got {cp}"
+    if cp > 1 and seq % (2 * cp):
+        return (
+            f"the context-parallel size cp ({cp}) must split the sequence of {seq} tokens into "
+            f"2·cp = {2 * cp} equal chunks (Megatron-LM gives each rank two)"
+        )
+    return ""
+
+
+def check_context_parallel(seq: int, cp: int) -> None:
+    why = context_parallel_reason(seq, cp)
+    if why:
+        raise PhazeError(why)
+
+
 def stages_reason(stages: Sequence[int], blocks: int, interleave: int) -> str:
     """'' when `stages` is a valid split of `blocks` blocks for V = `interleave`, else why not."""
     p = len(stages)
@@ -165,20 +188,35 @@ class Strategy:
     stages: tuple[int, ...] | None = None  # blocks per pipeline stage; None = even split
     ep: int = 1  # expert-parallel ranks (inside the data-parallel group); 1 = none
     etp: int | None = None  # the experts' tensor-parallel size: tp (None, Megatron's default) or 1
+    cp: int = 1  # context-parallel ranks: each holds seq/cp of every sequence; 1 = none
 
     def reason(self) -> str:
         """'' when the strategy is well formed (independently of the model), else why not."""
-        for name in ("devices", "tp", "pp", "microbatch", "global_batch", "interleave", "ep"):
+        for name in (
+            "devices",
+            "tp",
+            "pp",
+            "microbatch",
+            "global_batch",
+            "interleave",
+            "ep",
+            "cp",
+        ):
             if int(getattr(self, name)) != getattr(self, name) or getattr(self, name) < 1:
                 return f"{name} must be an integer >= 1, got {getattr(self, name)}"
         if self.recompute not in RECOMPUTE_MODES:
             return f"recompute must be one of {'|'.join(RECOMPUTE_MODES)}, got {self.recompute!r}"
         if self.ddp not in DDP_MODES:
             return f"ddp must be one of {'|'.join(DDP_MODES)}, got {self.ddp!r}"
-        if self.devices % (self.tp * self.pp):
+        if self.cp == 1 and self.devices % (self.tp * self.pp):
             return (
                 f"devices ({self.devices}) must be divisible by tp·pp = "
                 f"{self.tp}·{self.pp} = {self.tp * self.pp}"
+            )
+        if self.devices % (self.tp * self.cp * self.pp):
+            return (
+                f"devices ({self.devices}) must be divisible by tp·cp·pp = "
+                f"{self.tp}·{self.cp}·{self.pp} = {self.tp * self.cp * self.pp}"
             )
         if self.global_batch % (self.microbatch * self.dp):
             return (
@@ -190,19 +228,19 @@ class Strategy:
                 f"the experts' tensor-parallel size etp must be tp ({self.tp}) or 1, "
                 f"got {self.etp!r}"
             )
-        if self.expert_tp == 1 and (self.tp * self.dp) % self.ep:
+        if self.expert_tp == 1 and (self.tp * self.cdp) % self.ep:
             return (
-                f"the expert-parallel size ep ({self.ep}) must divide tp·dp = "
-                f"{self.tp}·{self.dp} = {self.tp * self.dp} (etp = 1)"
+                f"the expert-parallel size ep ({self.ep}) must divide tp·{self._cdp_name} = "
+                f"{self.tp}·{self.cdp} = {self.tp * self.cdp} (etp = 1)"
             )
-        if self.expert_tp > 1 and self.dp % self.ep:
+        if self.expert_tp > 1 and self.cdp % self.ep:
             return (
                 f"the expert-parallel size ep ({self.ep}) must divide the data-parallel size "
-                f"dp ({self.dp})"
+                f"{self._cdp_name} ({self.cdp})"
             )
         if self.sequence_parallel and self.tp == 1:
             return "sequence parallelism needs tensor parallelism (tp > 1)"
-        if self.distributed_optimizer and self.dp == 1:
+        if self.distributed_optimizer and self.cdp == 1:
             return "the distributed optimizer needs data parallelism (dp > 1)"
         if self.stages is not None and len(self.stages) != self.pp:
             return f"{len(self.stages)} stage sizes given for pp = {self.pp}"
@@ -262,7 +300,18 @@ class Strategy:
 
     @property
     def dp(self) -> int:
-        return self.devices // (self.tp * self.pp)
+        return self.devices // (self.tp * self.cp * self.pp)
+
+    @property
+    def cdp(self) -> int:
+        """The ranks that hold the same parameters: dp·cp (Megatron replicates the weights over
+        the context-parallel ranks and reduces their gradients over the data-parallel group
+        with context parallelism, ``get_data_parallel_group(with_context_parallel=True)``)."""
+        return self.dp * self.cp
+
+    @property
+    def _cdp_name(self) -> str:
+        return "dp" if self.cp == 1 else "dp·cp"
 
     @property
     def expert_tp(self) -> int:
@@ -273,7 +322,7 @@ class Strategy:
     def edp(self) -> int:
         """The expert data-parallel size: the ranks one expert's gradients are reduced over
         (tp·dp = etp·ep·edp in every pipeline stage)."""
-        return self.tp * self.dp // (self.expert_tp * self.ep)
+        return self.tp * self.cdp // (self.expert_tp * self.ep)
 
     @property
     def microbatches(self) -> int:
@@ -285,13 +334,15 @@ class Strategy:
         return PipelineSchedule(self.pp, self.interleave, self.microbatches)
 
     def as_dict(self, blocks: int) -> dict:
-        """The strategy object `evaluate` and `optimize` print."""
+        """The strategy object `evaluate` and `optimize` print (``cp`` only with context
+        parallelism)."""
         return {
             "tp": self.tp,
             "pp": self.pp,
             "dp": self.dp,
             "ep": self.ep,
             "etp": self.expert_tp,
+            **({"cp": self.cp} if self.cp > 1 else {}),
             "microbatch": self.microbatch,
             "interleave": self.interleave,
             "recompute": self.recompute,
@@ -302,14 +353,21 @@ class Strategy:
         }
 
     # --- rank layout --------------------------------------------------------------------------
-    def rank(self, tp_rank: int, dp_rank: int, pp_rank: int) -> int:
-        return tp_rank + self.tp * (dp_rank + self.dp * pp_rank)
+    def rank(self, tp_rank: int, dp_rank: int, pp_rank: int, cp_rank: int = 0) -> int:
+        """Megatron's order tp-cp-ep-dp-pp: ``tp_rank + tp·(cp_rank + cp·(dp_rank + dp·pp_rank))``."""
+        return tp_rank + self.tp * (cp_rank + self.cp * (dp_rank + self.dp * pp_rank))
 
-    def tp_group(self, dp_rank: int = 0, pp_rank: int = 0) -> list[int]:
-        return [self.rank(i, dp_rank, pp_rank) for i in range(self.tp)]
+    def tp_group(self, dp_rank: int = 0, pp_rank: int = 0, cp_rank: int = 0) -> list[int]:
+        return [self.rank(i, dp_rank, pp_rank, cp_rank) for i in range(self.tp)]
 
     def dp_group(self, tp_rank: int = 0, pp_rank: int = 0) -> list[int]:
-        return [self.rank(tp_rank, i, pp_rank) for i in range(self.dp)]
+        """The ranks a gradient is reduced over: the data-parallel group with context
+        parallelism (dp·cp ranks tp apart)."""
+        return [self.rank(tp_rank, i, pp_rank, c) for i in range(self.dp) for c in range(self.cp)]
+
+    def cp_group(self, tp_rank: int = 0, dp_rank: int = 0, pp_rank: int = 0) -> list[int]:
+        """The ranks that pass keys and values around the ring (ring order)."""
+        return [self.rank(tp_rank, dp_rank, pp_rank, c) for c in range(self.cp)]
 
     def expert_rank(self, etp_rank: int, ep_rank: int, edp_rank: int, pp_rank: int) -> int:
         """Megatron's expert rank generator (order tp-ep-dp-pp with the experts' own tp size):

@@ -62,8 +62,10 @@ def build_model(
     moe_imbalance: float = 1.0,
     ep: int = 1,
     etp: int | None = None,
+    dense_blocks: int | None = None,
 ):
-    """The model with ``num_blocks`` blocks on the meta device, train mode, rewritten to one
+    """The model with ``num_blocks`` blocks (of them ``dense_blocks`` dense first blocks, for a
+    model that has them; default its own count) on the meta device, train mode, rewritten to one
     rank's share of width-``tp`` tensor parallelism (blocks, word embedding and LM head); a
     mixture-of-experts model gets phaze's MoE layer in every block, with the rank's share of
     expert parallelism of size ``ep`` and the experts' tensor-parallel size ``etp`` (tp or 1),
@@ -74,7 +76,8 @@ def build_model(
     spec.check_etp(etp, tp, seq)
     if spec.moe is not None:
         spec.moe.check_imbalance(moe_imbalance, spec.name)
-    config = spec.hf_config(num_blocks, seq)
+    config = spec.hf_config(num_blocks, seq, dense_blocks)
+    dense = getattr(config, "first_k_dense_replace", 0) if spec.dense_blocks else 0
     cls = spec.model_class()
     try:
         with torch.device("meta"):
@@ -85,8 +88,8 @@ def build_model(
         ) from exc
     model.train()  # the training graph: dropout as configured (see docs/trace.md)
     blocks = find_blocks(model, num_blocks)
-    for block in blocks:
-        if spec.moe is not None:
+    for i, block in enumerate(blocks):
+        if spec.moe is not None and i >= dense:
             apply_moe(block, spec.moe, spec.hidden, tp, moe_imbalance, spec.name, ep, etp)
         apply_tensor_parallel(block, spec.family, tp)
     apply_vocab_parallel(model, tp)
@@ -126,8 +129,9 @@ def capture(
     moe_imbalance: float = 1.0,
     ep: int = 1,
     etp: int | None = None,
+    dense_blocks: int | None = None,
 ) -> Capture:
-    model, blocks = build_model(spec, num_blocks, tp, seq, moe_imbalance, ep, etp)
+    model, blocks = build_model(spec, num_blocks, tp, seq, moe_imbalance, ep, etp, dense_blocks)
     params = dict(model.named_parameters())  # de-duplicates tied weights
     recorder = Recorder(params, seq=seq)
     names = ["embedding"] + [f"block.{i}" for i in range(num_blocks)] + ["head"]

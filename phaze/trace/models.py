@@ -33,6 +33,11 @@ FAMILIES: dict[str, dict] = {
     # (phaze/trace/moe_layer.py)
     "mixtral": {"config": "MixtralConfig", "model": "MixtralForCausalLM"},
     "qwen2_moe": {"config": "Qwen2MoeConfig", "model": "Qwen2MoeForCausalLM"},
+    # Qwen3: Llama's module names, per-head q/k RMSNorm, head_dim independent of hidden/heads
+    "qwen3": {"config": "Qwen3Config", "model": "Qwen3ForCausalLM"},
+    "qwen3_moe": {"config": "Qwen3MoeConfig", "model": "Qwen3MoeForCausalLM"},
+    # multi-head latent attention, a grouped sigmoid router, a shared expert, dense first blocks
+    "deepseek_v3": {"config": "DeepseekV3Config", "model": "DeepseekV3ForCausalLM"},
 }
 # HF `model_type` -> our family (whose tensor-parallel rules apply: same module names)
 MODEL_TYPES = {
@@ -45,7 +50,101 @@ MODEL_TYPES = {
     "qwen2": "llama",
     "mixtral": "mixtral",
     "qwen2_moe": "qwen2_moe",
+    "qwen3": "qwen3",
+    "qwen3_moe": "qwen3_moe",
+    "deepseek_v3": "deepseek_v3",
 }
+
+
+@dataclass(frozen=True)
+class LatentAttention:
+    """Multi-head latent attention (DeepSeek-V2/V3): queries through a rank-``q_rank`` latent
+    (0: a direct projection), keys and values through one rank-``kv_rank`` latent, each head's
+    query/key = a ``nope``-wide part from the latent and a ``rope``-wide rotary part (the key's
+    shared by all heads), values ``v_dim`` wide."""
+
+    q_rank: int
+    kv_rank: int
+    nope: int
+    rope: int
+    v_dim: int
+
+
+def latent_attention(raw: dict, where: str) -> LatentAttention | None:
+    """The latent attention of a DeepSeek-V3 config (None for any other type); PhazeError naming
+    the field when its sizes are inconsistent."""
+    if raw.get("model_type") != "deepseek_v3":
+        return None
+
+    def size(key: str, low: int = 1) -> int:
+        value = raw.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise PhazeError(f"{where}: {key} must be an integer >= {low}, got {value!r}")
+        return value
+
+    q_rank = raw.get("q_lora_rank")
+    q_rank = 0 if q_rank is None else size("q_lora_rank")
+    mla = LatentAttention(
+        q_rank,
+        size("kv_lora_rank"),
+        size("qk_nope_head_dim"),
+        size("qk_rope_head_dim", 2),
+        size("v_head_dim"),
+    )
+    if mla.rope % 2:
+        raise PhazeError(
+            f"{where}: qk_rope_head_dim = {mla.rope} must be even (rotary embedding rotates pairs)"
+        )
+    qk = raw.get("qk_head_dim")
+    if qk is not None and qk != mla.nope + mla.rope:
+        raise PhazeError(
+            f"{where}: qk_head_dim = {qk} must equal qk_nope_head_dim + qk_rope_head_dim = "
+            f"{mla.nope} + {mla.rope}"
+        )
+    heads = raw.get("num_attention_heads")
+    kv = raw.get("num_key_value_heads", heads)
+    if kv != heads:
+        raise PhazeError(
+            f"{where}: num_key_value_heads = {kv} must equal num_attention_heads = {heads}: "
+            "latent attention expands the latent into keys and values for every head"
+        )
+    return mla
+
+
+#: model types whose Hugging Face attention derives each head's size as hidden / heads (a
+#: ``head_dim`` field would be ignored); Llama-like types read ``head_dim`` (any size)
+DERIVED_HEAD_DIM = ("gpt2", "opt", "bert", "megatron-bert")
+#: model types whose config defaults ``head_dim`` to a size of its own (Qwen3: 128), not h/a
+OWN_HEAD_DIM = ("qwen3", "qwen3_moe")
+
+
+def check_head_dim(raw: dict, where: str) -> None:
+    """Attention widths that must agree: a ``head_dim`` must be a positive integer; where the
+    model derives the head size (GPT-2, OPT, BERT) a given ``head_dim`` must be hidden / heads,
+    and without a ``head_dim`` the heads must split the hidden size evenly (not for Qwen3, whose
+    default is its own, nor DeepSeek-V3, whose sizes are the latent attention's)."""
+    model_type = raw.get("model_type")
+    heads = raw.get("num_attention_heads", raw.get("n_head"))
+    hidden = raw.get("hidden_size", raw.get("n_embd"))
+    if model_type == "deepseek_v3" or not isinstance(heads, int) or not isinstance(hidden, int):
+        return  # latent_attention checks DeepSeek-V3; missing sizes are reported where read
+    if heads < 1:
+        return
+    head_dim = raw.get("head_dim")
+    if head_dim is None:
+        if model_type not in OWN_HEAD_DIM and hidden % heads:
+            raise PhazeError(
+                f"{where}: hidden_size = {hidden} must be divisible by num_attention_heads = "
+                f"{heads} (no head_dim given: each head is hidden/heads wide)"
+            )
+    elif isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+        raise PhazeError(f"{where}: head_dim must be an integer >= 1, got {head_dim!r}")
+    elif model_type in DERIVED_HEAD_DIM and head_dim * heads != hidden:
+        raise PhazeError(
+            f"{where}: head_dim = {head_dim} times num_attention_heads = {heads} must equal "
+            f"hidden_size = {hidden}: model_type {model_type!r} sizes each head hidden/heads "
+            "and would ignore head_dim"
+        )
 
 
 @dataclass(frozen=True)
@@ -62,6 +161,7 @@ class ModelSpec:
     config_kwargs: dict = field(default_factory=dict, hash=False, compare=False)
     config_path: str | None = None
     moe: MoESpec | None = None  # the mixture-of-experts layer of every block (ffn = an expert's)
+    mla: LatentAttention | None = None  # multi-head latent attention (DeepSeek-V3)
 
     def __post_init__(self) -> None:
         # Grouped-query attention: every key/value head serves heads/kv_heads query heads.
@@ -85,7 +185,22 @@ class ModelSpec:
                 widths.append(
                     (self.moe.shared_ffn, f"its shared-expert FFN width {self.moe.shared_ffn}")
                 )
+            if self.moe.dense_blocks:
+                widths.append(
+                    (self.moe.dense_ffn, f"its dense blocks' FFN width {self.moe.dense_ffn}")
+                )
         return widths
+
+    @property
+    def dense_blocks(self) -> int:
+        """The first blocks that are dense in a mixture-of-experts model (DeepSeek-V3: 3)."""
+        return self.moe.dense_blocks if self.moe is not None else 0
+
+    @property
+    def repeated_blocks(self) -> int:
+        """The blocks after the dense first ones: the step model's chain of identical blocks
+        (the dense ones are priced with the embedding, docs/fidelity.md)."""
+        return self.num_blocks - self.dense_blocks
 
     @property
     def valid_tp(self) -> tuple[int, ...]:
@@ -156,8 +271,12 @@ class ModelSpec:
             f"for {self.name} (valid t: {list(self.valid_tp)})"
         )
 
-    def hf_config(self, num_blocks: int | None = None, seq: int | None = None):
-        """A transformers config for this model with ``num_blocks`` blocks (default: all)."""
+    def hf_config(
+        self, num_blocks: int | None = None, seq: int | None = None, dense_blocks: int | None = None
+    ):
+        """A transformers config for this model with ``num_blocks`` blocks (default: all), of
+        them ``dense_blocks`` dense first blocks (a model with dense first blocks; default: the
+        model's own count)."""
         _hf_offline()
         import transformers  # deferred: transformers
 
@@ -170,6 +289,18 @@ class ModelSpec:
             except Exception as exc:  # transformers validates configs with many exception types
                 raise PhazeError(f"{self.name}: invalid {cls.__name__}: {exc}") from exc
         config.num_hidden_layers = num_blocks if num_blocks is not None else self.num_blocks
+        if self.dense_blocks:
+            config.first_k_dense_replace = (
+                self.dense_blocks if dense_blocks is None else dense_blocks
+            )
+        types = getattr(config, "layer_types", None)
+        if types is not None:  # Qwen3: one attention type per block
+            if len(set(types)) != 1:
+                raise PhazeError(
+                    f"{self.name}: layer_types mixes {sorted(set(types))}: blocks with "
+                    "different attention differ, and phaze replicates one traced block"
+                )
+            config.layer_types = [types[0]] * config.num_hidden_layers
         # Training graph: no KV cache (its concatenations are inference work).
         config.use_cache = False
         if self.moe is not None:
@@ -271,6 +402,7 @@ def _spec_from_config_dict(name: str, seq: int, raw: dict) -> ModelSpec:
     """A registry model written as its Hugging Face ``config.json`` (``raw``, with
     ``model_type``): sizes read from the config's own keys, the MoE layer by ``moe_layout``."""
     moe = moe_layout(raw, name)
+    check_head_dim(raw, name)
     heads = raw["num_attention_heads"]
     kwargs = {k: v for k, v in raw.items() if k != "model_type"}
     return ModelSpec(
@@ -285,6 +417,7 @@ def _spec_from_config_dict(name: str, seq: int, raw: dict) -> ModelSpec:
         raw.get("num_key_value_heads", heads),
         kwargs,
         moe=moe,
+        mla=latent_attention(raw, name),
     )
 
 
@@ -358,6 +491,84 @@ QWEN15_MOE_A27B = {
     "tie_word_embeddings": False,
 }
 
+# Qwen/Qwen3-32B and Qwen/Qwen3-30B-A3B config.json (Qwen3 technical report, arXiv 2505.09388,
+# Tables 1-2): head_dim 128 is not hidden / heads (5120/64 = 80, 2048/32 = 64)
+_QWEN3_COMMON = {
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "head_dim": 128,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "use_sliding_window": False,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+}
+QWEN3_32B = {
+    **_QWEN3_COMMON,
+    "model_type": "qwen3",
+    "hidden_size": 5120,
+    "num_hidden_layers": 64,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "intermediate_size": 25600,
+}
+QWEN3_30B_A3B = {
+    **_QWEN3_COMMON,
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "router_aux_loss_coef": 0.001,
+}
+# deepseek-ai/DeepSeek-V3 config.json (DeepSeek-V3 technical report, arXiv 2412.19437, §4.2):
+# 61 blocks, the first 3 dense; 256 routed experts (8 groups, top-4 groups, top-8) and 1 shared;
+# multi-head latent attention. Its multi-token-prediction module (num_nextn_predict_layers = 1)
+# is not built by Hugging Face's DeepseekV3ForCausalLM and not traced.
+DEEPSEEK_V3 = {
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "n_group": 8,
+    "topk_group": 4,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "first_k_dense_replace": 3,
+    "moe_layer_freq": 1,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "vocab_size": 129280,
+    "max_position_embeddings": 163840,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "tie_word_embeddings": False,
+}
+
 _REGISTRY: dict[str, ModelSpec] = {
     s.name: s
     for s in (
@@ -418,6 +629,11 @@ _REGISTRY: dict[str, ModelSpec] = {
         _spec_from_config_dict("llama3-70b", 8192, LLAMA3_70B),
         _spec_from_config_dict("mixtral-8x7b", 4096, MIXTRAL_8X7B),
         _spec_from_config_dict("qwen1.5-moe-a2.7b", 8192, QWEN15_MOE_A27B),
+        # seq: Qwen3's general pre-training stages ran at 4096 tokens (arXiv 2505.09388 §3.2),
+        # DeepSeek-V3's pre-training at 4K (arXiv 2412.19437 §4.2)
+        _spec_from_config_dict("qwen3-32b", 4096, QWEN3_32B),
+        _spec_from_config_dict("qwen3-30b-a3b", 4096, QWEN3_30B_A3B),
+        _spec_from_config_dict("deepseek-v3", 4096, DEEPSEEK_V3),
     )
 }
 
@@ -470,6 +686,7 @@ def _read_config_json(path: Path) -> dict:
 def _spec_from_path(path: Path) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
+    check_head_dim(_read_config_json(path), str(path))  # before HF's own, less specific check
     config = _load_hf_config(path)
 
     def first(*keys, default=None) -> int:
@@ -481,7 +698,10 @@ def _spec_from_path(path: Path) -> ModelSpec:
             raise PhazeError(f"{path}: cannot find any of {keys} in the config")
         return default
 
-    moe = moe_layout(config.to_dict(), str(path))
+    raw = config.to_dict()
+    moe = moe_layout(raw, str(path))
+    mla = latent_attention(raw, str(path))
+    check_head_dim(raw, str(path))
     hidden = first("hidden_size", "n_embd", "d_model")
     heads = first("num_attention_heads", "n_head")
     ffn = first("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)
@@ -503,4 +723,5 @@ def _spec_from_path(path: Path) -> ModelSpec:
         kv_heads=kv_heads,
         config_path=str(path.resolve()),
         moe=moe,
+        mla=mla,
     )

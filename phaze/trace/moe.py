@@ -23,7 +23,7 @@ from phaze.errors import PhazeError
 ROLES = ("router", "aux_loss", "dispatch", "expert", "combine", "shared_expert")
 
 #: model types whose MoE layer phaze traces (phaze.trace.moe_layer), and HF's classes for them
-MOE_TYPES = ("mixtral", "qwen2_moe")
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3")
 
 #: config fields that announce a mixture-of-experts layer in some Hugging Face architecture: a
 #: config of any other model type with one of them set is refused (HF would build something phaze
@@ -43,7 +43,7 @@ MOE_FIELDS = (
 )
 
 #: fields of other MoE architectures' routers and layouts (DeepSeek's grouped / sigmoid routers,
-#: dense first layers, Megatron-style router options): HF's Mixtral and Qwen2-MoE ignore them, so
+#: dense first layers, Megatron-style router options): HF's Mixtral and Qwen-MoE ignore them, so
 #: a config of a supported type that sets one describes a router or layout phaze would not trace
 FOREIGN_ROUTER_FIELDS = (
     "scoring_func",
@@ -63,10 +63,25 @@ FOREIGN_ROUTER_FIELDS = (
     "moe_expert_capacity_factor",
 )
 
+#: DeepSeek-V3's own layout and router fields (HF's DeepseekV3 builds them): not foreign to it
+DEEPSEEK_FIELDS = (
+    "scoring_func",
+    "topk_method",
+    "n_group",
+    "topk_group",
+    "routed_scaling_factor",
+    "n_shared_experts",
+    "first_k_dense_replace",
+    "moe_layer_freq",
+    "aux_loss_alpha",
+    "seq_aux",
+)
+
 
 @dataclass(frozen=True)
 class MoESpec:
-    """One MoE layer (every block has one; phaze replicates one traced block)."""
+    """One MoE layer (every block has one, but the ``dense_blocks`` first, which have a dense MLP
+    of width ``dense_ffn``; phaze replicates one traced block of each kind)."""
 
     model_type: str
     experts: int  # routed experts E
@@ -75,6 +90,12 @@ class MoESpec:
     shared_ffn: int  # FFN width of the shared expert, 0 if none
     norm_topk: bool  # renormalise the k routing weights to sum to 1
     aux_loss_coef: float  # load-balancing loss coefficient; 0: no auxiliary loss
+    score: str = "softmax"  # the router's scoring function: softmax or sigmoid (DeepSeek-V3)
+    groups: int = 1  # expert groups of group-limited routing (DeepSeek-V3's n_group)
+    topk_groups: int = 1  # groups each token may route to (topk_group)
+    shared_gate: bool = True  # the shared expert's output is scaled by a sigmoid gate (Qwen)
+    dense_blocks: int = 0  # the first blocks are dense (DeepSeek-V3's first_k_dense_replace)
+    dense_ffn: int = 0  # their MLP's FFN width
 
     @property
     def max_imbalance(self) -> float:
@@ -167,8 +188,9 @@ def moe_layout(raw: dict, where: str) -> MoESpec | None:
                     f"(this is {model_type!r}); refusing a trace that would not route tokens"
                 )
         return None
+    own = DEEPSEEK_FIELDS if model_type == "deepseek_v3" else ()
     for key in FOREIGN_ROUTER_FIELDS:
-        if key in raw and raw[key] is not None:
+        if key not in own and key in raw and raw[key] is not None:
             raise PhazeError(
                 f"{where}: {key} = {raw[key]!r} is not part of the {model_type} router/layout "
                 "that Hugging Face builds and phaze traces (softmax top-k over every block); "
@@ -185,11 +207,18 @@ def moe_layout(raw: dict, where: str) -> MoESpec | None:
                 f"{where}: router_jitter_noise = {jitter!r}: the router's multiplicative input "
                 "noise is not traced; set it to 0"
             )
-    else:  # qwen2_moe
-        experts = _integer(raw, "num_experts", where)
+    elif model_type in ("qwen2_moe", "qwen3_moe"):
+        # the published config.json says num_experts; transformers' to_dict() of a Qwen3-MoE
+        # config says num_local_experts (its attribute map)
+        key = "num_experts" if raw.get("num_experts") is not None else "num_local_experts"
+        experts = _integer(raw, key, where)
         top_k = _integer(raw, "num_experts_per_tok", where)
         ffn = _integer(raw, "moe_intermediate_size", where)
-        shared = _integer(raw, "shared_expert_intermediate_size", where)
+        shared = (
+            _integer(raw, "shared_expert_intermediate_size", where)
+            if model_type == "qwen2_moe"
+            else 0
+        )
         norm = bool(raw.get("norm_topk_prob", False))
         step = raw.get("decoder_sparse_step", 1)
         if step != 1:
@@ -203,12 +232,100 @@ def moe_layout(raw: dict, where: str) -> MoESpec | None:
                 f"{where}: mlp_only_layers = {dense!r}: those blocks are dense, but phaze "
                 "replicates one traced block; it needs every block sparse (an empty list)"
             )
+    else:  # deepseek_v3
+        return _deepseek_layout(raw, where)
+    _check_top_k(top_k, experts, where)
+    coef = raw.get("router_aux_loss_coef", 0.0) or 0.0
+    if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not coef >= 0:
+        raise PhazeError(f"{where}: router_aux_loss_coef must be a number >= 0, got {coef!r}")
+    return MoESpec(model_type, experts, top_k, ffn, shared, norm, float(coef))
+
+
+def _check_top_k(top_k: int, experts: int, where: str) -> None:
     if top_k > experts:
         raise PhazeError(
             f"{where}: num_experts_per_tok = {top_k} exceeds the {experts} routed experts "
             "(top-k picks k distinct experts per token)"
         )
-    coef = raw.get("router_aux_loss_coef", 0.0) or 0.0
-    if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not coef >= 0:
-        raise PhazeError(f"{where}: router_aux_loss_coef must be a number >= 0, got {coef!r}")
-    return MoESpec(model_type, experts, top_k, ffn, shared, norm, float(coef))
+
+
+def _deepseek_layout(raw: dict, where: str) -> MoESpec:
+    """DeepSeek-V3's MoE layer (HF's DeepseekV3MoE): sigmoid scores, group-limited top-k
+    (``n_group`` groups, the best ``topk_group`` of them by their two best scores), the k weights
+    renormalised and scaled by ``routed_scaling_factor``, ``n_shared_experts`` shared experts as
+    one ungated MLP of width n_shared·moe_intermediate_size, and the first
+    ``first_k_dense_replace`` blocks dense (MLP width ``intermediate_size``)."""
+    key = "n_routed_experts" if raw.get("n_routed_experts") is not None else "num_local_experts"
+    experts = _integer(raw, key, where)
+    top_k = _integer(raw, "num_experts_per_tok", where)
+    ffn = _integer(raw, "moe_intermediate_size", where)
+    shared = _integer(raw, "n_shared_experts", where, 0) * ffn
+    dense_ffn = _integer(raw, "intermediate_size", where)
+    first_dense = _integer(raw, "first_k_dense_replace", where, 0)
+    layers = _integer(raw, "num_hidden_layers", where)
+    if first_dense >= layers:
+        raise PhazeError(
+            f"{where}: first_k_dense_replace = {first_dense} leaves none of the {layers} blocks "
+            "a MoE block; it must be below num_hidden_layers"
+        )
+    freq = raw.get("moe_layer_freq", 1)
+    if freq != 1:
+        raise PhazeError(
+            f"{where}: moe_layer_freq = {freq!r}: Hugging Face's DeepseekV3 makes every block "
+            "after the dense ones sparse; phaze needs 1"
+        )
+    score = raw.get("scoring_func", "sigmoid")
+    if score != "sigmoid":
+        raise PhazeError(
+            f"{where}: scoring_func = {score!r}: Hugging Face's DeepseekV3 router (and phaze's "
+            "trace of it) scores with a sigmoid"
+        )
+    method = raw.get("topk_method", "noaux_tc")
+    if method != "noaux_tc":
+        raise PhazeError(
+            f"{where}: topk_method = {method!r}: Hugging Face's DeepseekV3 router (and phaze's "
+            "trace of it) is the bias-corrected group-limited top-k, noaux_tc"
+        )
+    groups = _integer(raw, "n_group", where)
+    topk_groups = _integer(raw, "topk_group", where)
+    if experts % groups:
+        raise PhazeError(
+            f"{where}: n_group = {groups} must divide the {experts} routed experts "
+            "(group-limited routing splits them into equal groups)"
+        )
+    if topk_groups > groups:
+        raise PhazeError(
+            f"{where}: topk_group = {topk_groups} exceeds n_group = {groups} (a token routes to "
+            "at most all groups)"
+        )
+    if experts // groups < 2:
+        raise PhazeError(
+            f"{where}: each of the n_group = {groups} groups has {experts // groups} expert(s); "
+            "the router ranks groups by their two best scores, so a group needs at least 2"
+        )
+    _check_top_k(top_k, experts, where)
+    if top_k > topk_groups * (experts // groups):
+        raise PhazeError(
+            f"{where}: num_experts_per_tok = {top_k} exceeds the {topk_groups * (experts // groups)}"
+            f" experts of the topk_group = {topk_groups} groups a token may use"
+        )
+    scale = raw.get("routed_scaling_factor", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        raise PhazeError(f"{where}: routed_scaling_factor must be a number > 0, got {scale!r}")
+    # DeepSeek-V3 balances load without an auxiliary loss (the bias of noaux_tc); its
+    # complementary sequence-wise loss (aux_loss_alpha, seq_aux) is not traced: coefficient 0
+    return MoESpec(
+        "deepseek_v3",
+        experts,
+        top_k,
+        ffn,
+        shared,
+        bool(raw.get("norm_topk_prob", True)),
+        0.0,
+        score="sigmoid",
+        groups=groups,
+        topk_groups=topk_groups,
+        shared_gate=False,
+        dense_blocks=first_dense,
+        dense_ffn=dense_ffn,
+    )

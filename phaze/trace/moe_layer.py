@@ -8,8 +8,10 @@ unpermute" —, ``experts.py``'s SequentialMLP, ``shared_experts.py``), with the
 each expert receives set by the stated distribution (``phaze.trace.moe.tokens_per_expert``)
 instead of the data-dependent one:
 
-* **router** (HF's module): gate linear h -> E, softmax, top-k (Mixtral: the k weights
-  renormalised); replicated on every tensor-parallel rank (Megatron runs it on the rank's tokens);
+* **router** (HF's module): gate linear h -> E, softmax, top-k (Mixtral, Qwen3-MoE: the k weights
+  renormalised; DeepSeek-V3: sigmoid scores plus the balancing bias, the best topk_group of
+  n_group expert groups, top-k within them, renormalised and scaled); replicated on every
+  tensor-parallel rank (Megatron runs it on the rank's tokens);
 * **aux_loss**: Megatron's ``switch_load_balancing_loss_func`` on a second softmax of the logits
   and the routing map's token counts, attached to the routing weights by ``MoEAuxLossAutoScaler``
   (its gradient, ``ones_like(loss)``, enters backward there); absent when the coefficient is 0;
@@ -28,8 +30,9 @@ instead of the data-dependent one:
   non-sequence-parallel form of the RS(TP)), ``phaze::all_to_all`` back, multiplication by the
   routing weights and the scatter-add into the b·s token rows (Megatron's ``unpermute``), plus
   the shared expert's output;
-* **shared_expert** (Qwen2-MoE): HF's dense MLP of width f_s, sliced by tp as a dense MLP with its
-  own ``f``/``g`` (Megatron's SharedExpertMLP), times ``sigmoid(x·w_gate)`` (the gate replicated).
+* **shared_expert** (Qwen2-MoE, DeepSeek-V3): HF's dense MLP of width f_s, sliced by tp as a dense
+  MLP with its own ``f``/``g`` (Megatron's SharedExpertMLP), times ``sigmoid(x·w_gate)`` for
+  Qwen2-MoE (the gate replicated); DeepSeek-V3's is ungated.
 
 **Experts without tensor parallelism** (``etp = 1``, Megatron's ``--expert-tensor-parallel-size
 1``) at tp > 1: Megatron's MoE layer then runs on the rank's own sequence-parallel shard of the
@@ -238,14 +241,16 @@ class Combine(nn.Module):
 
 
 class SharedExpert(nn.Module):
-    """HF's shared expert MLP (tensor-parallel like a dense MLP) times its sigmoid gate."""
+    """HF's shared expert MLP (tensor-parallel like a dense MLP), times its sigmoid gate when it
+    has one (Qwen2-MoE; DeepSeek-V3's shared experts are ungated)."""
 
-    def __init__(self, mlp: nn.Module, gate: nn.Module):
+    def __init__(self, mlp: nn.Module, gate: nn.Module | None):
         super().__init__()
         self.mlp, self.gate = mlp, gate
 
     def forward(self, x):
-        return torch.sigmoid(self.gate(x)) * self.mlp(x)
+        y = self.mlp(x)
+        return y if self.gate is None else torch.sigmoid(self.gate(x)) * y
 
 
 def _require(module: nn.Module, attr: str, where: str):
@@ -308,15 +313,14 @@ class MoELayer(nn.Module):
         self.combine = _tag(Combine(etp, ep), "combine")
         self.shared_expert = None
         if spec.shared_ffn:
-            mlp = _require(hf, "shared_expert", where)
+            mlp = _require(hf, "shared_expert" if spec.shared_gate else "shared_experts", where)
             if tuple(mlp.down_proj.weight.shape) != (h, spec.shared_ffn):
                 raise PhazeError(
                     f"{where}: Hugging Face built a shared expert of width "
                     f"{mlp.down_proj.weight.shape[1]}, the config says {spec.shared_ffn}"
                 )
-            self.shared_expert = _tag(
-                SharedExpert(mlp, _require(hf, "shared_expert_gate", where)), "shared_expert"
-            )
+            gate = _require(hf, "shared_expert_gate", where) if spec.shared_gate else None
+            self.shared_expert = _tag(SharedExpert(mlp, gate), "shared_expert")
 
     def forward(self, hidden_states):
         b, s, h = hidden_states.shape

@@ -11,7 +11,9 @@ produces the backward graph:
   only then add the full bias, as Megatron's RowParallelLinear does;
 * the input of each column-parallel group goes through Megatron's ``f`` (identity forward,
   all-reduce of the input gradient backward). It is applied once per module that owns the group
-  (attention, MLP), so Q, K and V share ONE backward all-reduce, as with Megatron's fused QKV.
+  (attention, MLP), so Q, K and V share ONE backward all-reduce, as with Megatron's fused QKV;
+  latent attention's groups start at the replicated down-projections' outputs
+  (:func:`latent_attention_rules`).
 
 * the word embedding and the LM head are vocab-parallel (Megatron's VocabParallelEmbedding and
   column-parallel output layer): each rank holds ceil(V/t) rows (the vocabulary padded to a
@@ -131,6 +133,51 @@ TP_RULES["qwen2_moe"] = {
     "attention": ["self_attn"],
 }
 
+TP_RULES["qwen3"] = TP_RULES["llama"]  # Qwen3's per-head q/k norms stay whole (head_dim wide)
+TP_RULES["qwen3_moe"] = _ATTENTION_ONLY
+
+
+def latent_attention_rules(block: nn.Module) -> dict[str, list[str]]:
+    """Megatron-LM's slicing of a DeepSeek-V3 block (``MLASelfAttention``): the down-projections
+    to the latents (q_a_proj, kv_a_proj_with_mqa: ``linear_q_down_proj``,
+    ``linear_kv_down_proj``, 'duplicated') and the latents' RMSNorms are replicated; the
+    up-projections from the latents (q_b_proj, kv_b_proj: ``linear_q_up_proj``,
+    ``linear_kv_up_proj``) are column-parallel, each rank keeping its heads, and the output
+    projection is row-parallel. The column-parallel group starts at the latents, so ``f`` (the
+    backward all-reduce) sits on each down-projection's output, b·s·q_rank and
+    b·s·(kv_rank + rope) wide: the rope key part is shared by every head, its gradient summed
+    over the ranks' heads, as Megatron's sequence-parallel gather of ``k_pos_emb`` does. Without
+    a query latent (q_lora_rank null) the query projection is column-parallel on the block's
+    input. The MLP: a dense block's as Llama's; a MoE block's shared expert a dense MLP with its
+    own f/g (Megatron's SharedExpertMLP), the routed experts sliced by phaze.trace.moe_layer."""
+    attn = block.get_submodule("self_attn")
+    column, group_inputs, group_outputs = (
+        ["self_attn.kv_b_proj"],
+        [],
+        ["self_attn.kv_a_proj_with_mqa"],
+    )
+    if getattr(attn, "q_proj", None) is not None:
+        column.append("self_attn.q_proj")
+        group_inputs.append("self_attn.q_proj")
+    else:
+        column.append("self_attn.q_b_proj")
+        group_outputs.append("self_attn.q_a_proj")
+    row = ["self_attn.o_proj"]
+    mlp = block.get_submodule("mlp")
+    prefix = "mlp.shared_expert.mlp" if hasattr(mlp, "shared_expert") else "mlp"
+    if prefix == "mlp" or mlp.shared_expert is not None:
+        group_inputs.append(prefix)
+        column += [f"{prefix}.gate_proj", f"{prefix}.up_proj"]
+        row.append(f"{prefix}.down_proj")
+    return {
+        "group_inputs": group_inputs,
+        "group_outputs": group_outputs,
+        "column": column,
+        "row": row,
+        "attention": ["self_attn"],
+    }
+
+
 # Attention attributes that count heads or per-rank widths (divided by t when present).
 _HEAD_ATTRS = (
     "num_heads",
@@ -217,9 +264,12 @@ def apply_tensor_parallel(block: nn.Module, family: str, t: int) -> None:
     """Rewrite ``block`` in place into one rank's share of a width-``t`` Megatron group."""
     if t == 1:
         return
-    if family not in TP_RULES:
+    if family == "deepseek_v3":
+        rules = latent_attention_rules(block)
+    elif family in TP_RULES:
+        rules = TP_RULES[family]
+    else:
         raise PhazeError(f"tensor-parallel slicing is not defined for family {family!r}")
-    rules = TP_RULES[family]
     for path in rules["attention"]:
         attn = block.get_submodule(path)
         for attr in _HEAD_ATTRS:
@@ -234,6 +284,10 @@ def apply_tensor_parallel(block: nn.Module, family: str, t: int) -> None:
         setattr(parent, leaf, RowParallelLinear(getattr(parent, leaf), t))
     for path in rules["group_inputs"]:
         block.get_submodule(path).register_forward_pre_hook(_group_input_hook(t), with_kwargs=True)
+    for path in rules.get("group_outputs", ()):
+        block.get_submodule(path).register_forward_hook(
+            lambda module, args, out: _CopyToTensorParallel.apply(out, t)
+        )
 
 
 class VocabParallelEmbedding(nn.Module):

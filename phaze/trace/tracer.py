@@ -2,7 +2,9 @@
 
 A ONE-block model is traced and its block replicated to the model's block count; a TWO-block
 trace checks that this is sound (both blocks and the one-block trace's block must have the same
-op graph, parameters and activation bytes) instead of assuming it.
+op graph, parameters and activation bytes) instead of assuming it. A model whose first blocks are
+dense (DeepSeek-V3) is traced with one dense and one MoE block, each replicated to its count, and
+checked by a trace with two of each.
 """
 
 from __future__ import annotations
@@ -87,18 +89,24 @@ def trace_model(
     etp = tp if etp is None else etp
     if spec.moe is not None:
         spec.moe.check_imbalance(moe_imbalance, spec.name)
-    cap = capture(spec, 1, microbatch, seq, tp, moe_imbalance, ep, etp)
+    # one block of each kind: (dense first block,) block; verified by two of each
+    kinds = 2 if spec.dense_blocks else 1
+    cap = capture(spec, kinds, microbatch, seq, tp, moe_imbalance, ep, etp, kinds - 1)
     graphs = _graphs(cap, fuse)
     if verify:
-        cap2 = capture(spec, 2, microbatch, seq, tp, moe_imbalance, ep, etp)
+        cap2 = capture(
+            spec, 2 * kinds, microbatch, seq, tp, moe_imbalance, ep, etp, 2 * (kinds - 1)
+        )
         graphs2 = _graphs(cap2, fuse)
-        reference = _block_facts(cap, graphs, "block.0")
-        for name in ("block.0", "block.1"):
-            got = _block_facts(cap2, graphs2, name)
+        for i in range(2 * kinds):
+            ref = f"block.{i // 2}"
+            reference = _block_facts(cap, graphs, ref)
+            got = _block_facts(cap2, graphs2, f"block.{i}")
             if got != reference:
                 raise PhazeError(
-                    f"{spec.name}: {name} of a 2-block trace differs from the 1-block trace "
-                    "(signature; param, activation, attention, replicated, input, output, tied, "
+                    f"{spec.name}: block.{i} of a {2 * kinds}-block trace differs from {ref} of "
+                    f"the {kinds}-block trace (signature; param, activation, attention, "
+                    "replicated, input, output, tied, "
                     f"expert param bytes: {got} vs {reference}); "
                     "its blocks are not identical, so replicating one block would be wrong"
                 )
@@ -142,9 +150,13 @@ def _layers_table(spec, cap: Capture, graphs, microbatch, seq, tp, ep, etp) -> p
 
     rows = []
     order = ["embedding"] + [f"block.{i}" for i in range(spec.num_blocks)] + ["head"]
+    dense = spec.dense_blocks
     for index, name in enumerate(order):
-        src = "block.0" if name.startswith("block.") else name  # the traced representative
+        src = name  # the traced representative: block.0 (dense first blocks: block.0 dense)
+        if name.startswith("block."):
+            src = "block.1" if dense and int(name.split(".")[1]) >= dense else "block.0"
         kind = _layer_kind(name)
+        sparse = spec.moe is not None and kind == "block" and not (dense and src == "block.0")
         rows.append(
             {
                 "layer": name,
@@ -159,7 +171,7 @@ def _layers_table(spec, cap: Capture, graphs, microbatch, seq, tp, ep, etp) -> p
                 # by its size; the router, shared expert and attention are not divided)
                 "expert_param_bytes": cap.expert_param_bytes[src],
                 # routed experts in the layer (0: dense)
-                "experts": spec.moe.experts if spec.moe is not None and kind == "block" else 0,
+                "experts": spec.moe.experts if sparse else 0,
                 # the expert-parallel size the trace is one rank of, and its experts' tensor-
                 # parallel size (tp, or 1: experts whole, on the rank's shard of the tokens)
                 "ep": ep,
