@@ -3,7 +3,7 @@ and with them (the bound before and after, the schedule, the gap, the work per s
 
     .venv/bin/python benchmarks/schedule_energetic.py [--work DIR] [--passes fwd bwd]
         [--shards mixtral-8x7b:2:8:1 llama2-7b:1 ...] [--archs fa6d61f60680 e3f19f9f6369]
-        [--config config/moe.yaml] [--node-limit 100] [--bnb-node-limit 200000]
+        [--config config/moe.yaml] [--node-limit 100] [--bnb-node-limit 200000] [--bounds-only]
 
 A shard is ``MODEL:TP[:EP[:ETP]]``, traced with ``phaze trace`` under --work (cached); the
 architectures are those of ``phaze arch`` on the config (config/moe.yaml's grid; the ids are
@@ -11,9 +11,10 @@ its space's), latencies from the config's cost model (``phaze estimate``'s). Eve
 (fwd / bwd) of each shard on each architecture is solved by the full pipeline
 (``cache`` off, safety net 3,000 s) three times: ``before`` without the path-flow and energetic
 bounds, ``pathflow`` with the path-flow bound among the cheap bounds, ``after`` with both (the
-default). Columns: the cheap bounds (docs/schedule.md step 3, path flow included), the energetic
-bound alone over the best list schedule, each solve's bound, schedule, gap and CPU seconds (this
-process and the solver worker), and the energetic bound's propagation passes in ``after``.
+default). Columns: the cheap bounds (docs/schedule.md step 3) without and with the path-flow
+bound, the energetic bound alone (ten trials) over the best list schedule, each solve's bound,
+schedule, gap and CPU seconds (this process and the solver worker), and the energetic bound's
+propagation passes in ``after``. ``--bounds-only``: the bounds, no solves.
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--node-limit", type=int, default=100)
     ap.add_argument("--bnb-node-limit", type=int, default=200_000)
     ap.add_argument("--csv", type=Path)
+    ap.add_argument(
+        "--bounds-only", action="store_true", help="the cheap and energetic bounds, no solves"
+    )
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
     space_f = args.work / "space.parquet"
@@ -118,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                 inst = build_instance(g, lat[(a.arch, g.signature, g.pass_)], a.n_tc, a.n_vc, "")
                 c = clamp_cores(inst)
                 ub = best_list_schedule(c).makespan(c)
+                with _path_flow(False):
+                    cheap_before, _ = lower_bound(c, ub)
                 cheap, _ = lower_bound(c, ub)
                 t0 = time.process_time()
                 alone = energetic_bound(c, cheap, ub)
@@ -129,11 +135,12 @@ def main(argv: list[str] | None = None) -> int:
                     "cores": f"{a.n_tc}x{a.n_vc}",
                     "n_ops": inst.n,
                     "list_ms": ub * 1e3,
+                    "cheap_before_ms": cheap_before * 1e3,
                     "cheap_ms": cheap * 1e3,
                     "energetic_alone_ms": alone.bound_s * 1e3,
                     "energetic_alone_cpu_s": alone_s,
                 }
-                for tag in SETTINGS:
+                for tag in SETTINGS if not args.bounds_only else ():
                     opts = Options.from_config(sched, "ilp")
                     opts.energetic = tag == "after"
                     with Scheduler(opts) as sch, _path_flow(tag != "before"):
@@ -149,9 +156,18 @@ def main(argv: list[str] | None = None) -> int:
                             f"cpu_{tag}_s": cpu,
                         }
                     )
-                row["energetic_passes"] = r.energetic_passes
                 rows.append(row)
                 x = row
+                if args.bounds_only:
+                    print(
+                        f"{shard:20s} {g.pass_} {x['cores']:>5s} n={inst.n:3d} list "
+                        f"{x['list_ms']:8.4f} cheap {cheap_before * 1e3:8.4f} -> "
+                        f"{x['cheap_ms']:8.4f} energetic {x['energetic_alone_ms']:8.4f} "
+                        f"({alone_s:4.1f} s)",
+                        flush=True,
+                    )
+                    continue
+                row["energetic_passes"] = r.energetic_passes
                 print(
                     f"{shard:20s} {g.pass_} {x['cores']:>5s} n={inst.n:3d} list "
                     f"{x['list_ms']:8.4f} cheap {x['cheap_ms']:8.4f} energetic "
@@ -169,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     df = pd.DataFrame(rows)
     if args.csv:
         df.to_csv(args.csv, index=False)
-    for t in SETTINGS if len(df) else ():
+    for t in SETTINGS if len(df) and not args.bounds_only else ():
         print(
             f"{len(df)} blocks, {t}: gap median {df[f'gap_{t}'].median():.2%} max "
             f"{df[f'gap_{t}'].max():.2%}, CPU {df[f'cpu_{t}_s'].sum():.1f} s (max "
