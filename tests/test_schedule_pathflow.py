@@ -25,6 +25,7 @@ from phaze.schedule.bounds import (
     lower_bound,
     windowed_energy,
 )
+from phaze.schedule.budget import Deadline, OutOfTime
 from phaze.schedule.instance import make_instance
 from phaze.schedule.listsched import best_list_schedule
 from phaze.schedule.pathflow import path_flow_bound, path_flow_value
@@ -137,3 +138,17 @@ def test_the_same_instance_gives_the_same_bound():
     inst = _backward_like(rng, 7)
     ub = best_list_schedule(inst).makespan(inst)
     assert _both(inst, ub) == _both(inst, ub)
+
+
+def test_a_passed_deadline_drops_the_path_flow_bound_and_keeps_the_others():
+    rng = random.Random(6)
+    inst = _backward_like(rng, 7)
+    while inst.is_chain():
+        inst = _backward_like(rng, 7)
+    ub = best_list_schedule(inst).makespan(inst)
+    k = core_limits(inst)
+    r, d = energy_heads_tails(inst, k)
+    with pytest.raises(OutOfTime):
+        path_flow_bound(inst, ub, r, d, k, deadline=Deadline(0.0))
+    lb, _ = lower_bound(inst, ub, Deadline(0.0))
+    assert lb >= critical_path(inst)

@@ -245,7 +245,7 @@ def lower_bound(
         if ub is not None:
             cands.append((forced_energy(inst, ub, r, d, k), "forced_energy"))
         deadline.check()
-        cands.append((path_flow_bound(inst, ub, r, d, k), "path_flow"))
+        cands.append((path_flow_bound(inst, ub, r, d, k, deadline=deadline), "path_flow"))
     except OutOfTime:
         pass
     return max(cands)

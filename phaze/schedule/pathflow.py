@@ -21,6 +21,7 @@ g(OPT)); bisection finds the largest such T.
 
 from __future__ import annotations
 
+from phaze.schedule.budget import NO_DEADLINE, Deadline
 from phaze.schedule.instance import Instance
 
 # Grid of the energy weights (beta, gamma) in steps of 1/GRID over the simplex, and the flow's
@@ -73,11 +74,19 @@ def path_flow_value(inst: Instance, k: dict[str, int], forced: list[bool]) -> fl
 
 
 def path_flow_bound(
-    inst: Instance, ub: float | None, r, d, k: dict[str, int], steps: int = BISECTION_STEPS
+    inst: Instance,
+    ub: float | None,
+    r,
+    d,
+    k: dict[str, int],
+    steps: int = BISECTION_STEPS,
+    deadline: Deadline = NO_DEADLINE,
 ) -> float:
     """The path-flow bound with modes forced below a trial makespan (``r``, ``d``: valid heads
     and tails), by bisection over [no modes forced, ``ub``]; without ``ub`` the bound with no
-    modes forced. Never above ``ub``."""
+    modes forced. Never above ``ub``. Raises ``OutOfTime`` between evaluations once
+    ``deadline`` has passed."""
+    deadline.check()
     free = path_flow_value(inst, k, [False] * inst.n)
     if ub is None:
         return free
@@ -86,6 +95,7 @@ def path_flow_bound(
     for _ in range(steps):
         if hi - lo <= 1e-6 * ub:
             break
+        deadline.check()
         mid = 0.5 * (lo + hi)
         if path_flow_value(inst, k, [v > mid * (1 + 1e-12) for v in bp]) > mid:
             lo = mid
