@@ -485,7 +485,7 @@ def test_watchdog_falls_back_to_list_schedule():
     with Scheduler(
         Options(
             mip_gap=0.0,
-            time_limit_s=0.05,
+            time_limit_s=0.2,
             watchdog_s=0.001,
             decompose=False,
             cache=False,

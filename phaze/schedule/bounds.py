@@ -15,13 +15,16 @@
   before it), nor than r_j + q_j + energy(ops between j and it) for every ancestor j; tails alike.
   They replace the critical-path heads/tails in the window and forced-mode bounds;
 * op exclusion — op i either runs on one core (nothing comparable overlaps it: r_i + L1_i + d_i)
-  or intra-op, alone (L_all_i + the energy of every other op); the smaller of the two bounds T.
+  or intra-op, alone (L_all_i + the energy of every other op); the smaller of the two bounds T;
+* path flow (``pathflow.py``) — intra-op time plus single-core time, the latter at least a
+  convex combination of chains' single-core latencies and the energies, modes forced below T.
 """
 
 from __future__ import annotations
 
 from phaze.schedule.budget import NO_DEADLINE, Deadline, OutOfTime
 from phaze.schedule.instance import Instance
+from phaze.schedule.pathflow import path_flow_bound
 
 
 def heads(inst: Instance) -> list[float]:
@@ -241,6 +244,8 @@ def lower_bound(
         ]
         if ub is not None:
             cands.append((forced_energy(inst, ub, r, d, k), "forced_energy"))
+        deadline.check()
+        cands.append((path_flow_bound(inst, ub, r, d, k, deadline=deadline), "path_flow"))
     except OutOfTime:
         pass
     return max(cands)

@@ -35,6 +35,7 @@ from phaze.errors import PhazeError
 from phaze.schedule.bnb import BNB_UNLIMITED, branch_and_bound
 from phaze.schedule.bounds import lower_bound
 from phaze.schedule.budget import NO_DEADLINE, Deadline
+from phaze.schedule.energetic import energetic_bound
 from phaze.schedule.ilp import ilp_fits
 from phaze.schedule.ilp_worker import SolverWorker
 from phaze.schedule.instance import Instance
@@ -53,9 +54,14 @@ from phaze.schedule.split import Side, split_op, split_search
 _DEFAULT = schema_defaults()["schedule"]
 
 # The solver pipeline's shares of a segment's time left at each step (a step returns what it
-# does not use): a short branch and bound (at most _BNB_PROBE_NODES nodes), the worker's mode
-# bound and kicks, the large-neighbourhood search, the branch and bound from the best schedule,
-# the full ILP with the rest.
+# does not use): the energetic bound, a short branch and bound (at most _BNB_PROBE_NODES
+# nodes), the worker's mode bound and kicks, the large-neighbourhood search, the branch and
+# bound from the best schedule, the full ILP with the rest.
+_ENERGETIC_SHARE = 0.25
+# Trials of the energetic bound in a solve: the gap target only (up to energetic.PASSES passes).
+# Bisection steps after it raised no solve's final bound on the measured blocks once the
+# path-flow bound is among the cheap bounds (benchmarks/README.md), at 1-5 s each.
+_ENERGETIC_TRIALS = 1
 _BNB_PROBE_SHARE = 0.02
 _BNB_PROBE_NODES = 5_000
 _SOLVER_SHARE = 0.6
@@ -92,6 +98,7 @@ class Options:
     node_limit: int = _DEFAULT["node_limit"]  # SCIP branch-and-bound nodes per solve; 0 = none
     bnb_node_limit: int = _DEFAULT["bnb_node_limit"]  # nodes of bnb.py's search; 0 = none
     split_nodes: int = _DEFAULT["split_nodes"]  # nodes of split.py's search; 0 = no split
+    energetic: bool = True  # the energetic bound (energetic.py) in the ilp tier (off: ablations)
 
     @property
     def work_bound(self) -> bool:
@@ -104,7 +111,11 @@ class Options:
     def from_config(cls, schedule: dict, tier: str) -> Options:
         """From a validated config section ``schedule`` (phaze.config.load_config)."""
         return from_section(
-            cls, schedule, given={"tier": tier}, not_keys=("local_search", "bnb"), convert=True
+            cls,
+            schedule,
+            given={"tier": tier},
+            not_keys=("local_search", "bnb", "energetic"),
+            convert=True,
         )
 
 
@@ -121,6 +132,7 @@ class Result:
     nodes: int = 0  # SCIP branch-and-bound nodes spent on it (all segments; 0 for a cache hit)
     lp_iterations: int = 0  # SCIP simplex iterations spent on it
     bnb_nodes: int = 0  # nodes of phaze's own branch and bound (bnb.py) spent on it
+    energetic_passes: int = 0  # propagation passes of the energetic bound (energetic.py)
 
     @property
     def mip_gap(self) -> float:
@@ -256,7 +268,7 @@ class Scheduler:
         y = [0] * inst.n
         t = 0.0
         lb = ub = 0.0
-        nodes = iters = bnb_nodes = 0
+        nodes = iters = bnb_nodes = passes = 0
         statuses, methods = [], []
         whole = self._deadline
         for b in range(len(arts) + 1):
@@ -277,6 +289,7 @@ class Scheduler:
                 nodes += r.nodes
                 iters += r.lp_iterations
                 bnb_nodes += r.bnb_nodes
+                passes += r.energetic_passes
                 statuses.append(r.status)
                 methods.append(r.method)
             if b < len(arts):
@@ -304,6 +317,7 @@ class Scheduler:
             nodes=nodes,
             lp_iterations=iters,
             bnb_nodes=bnb_nodes,
+            energetic_passes=passes,
         )
 
     # ---- one segment ----------------------------------------------------------------------
@@ -333,9 +347,24 @@ class Scheduler:
             return Result(ub, ub, ub, "optimal", "list", 0.0, best)
         if self.opts.tier == "bounds":
             return Result(ub, lb, ub, "bounds", "list", 0.0, best)
+        passes = 0
+        if self.opts.energetic and ub - lb > self.opts.mip_gap * ub:
+            # the energetic bound (energetic.py): a fixed count of trials and passes; if the
+            # safety net cuts it short it returns the bound it had proven, never more
+            en = energetic_bound(
+                inst,
+                lb,
+                ub,
+                self.opts.mip_gap,
+                steps=_ENERGETIC_TRIALS,
+                deadline=self._share(deadline, _ENERGETIC_SHARE),
+            )
+            lb, passes = max(lb, en.bound_s), en.passes
+            if ub <= lb * (1 + 1e-9):
+                return Result(ub, ub, ub, "optimal", "list", 0.0, best, energetic_passes=passes)
         if ub - lb <= self.opts.mip_gap * ub:
             # the list schedule already meets the gap target: SCIP would stop at once
-            return Result(ub, lb, ub, "gap_limit", "list", 0.0, best)
+            return Result(ub, lb, ub, "gap_limit", "list", 0.0, best, energetic_passes=passes)
         # the solver pipeline: a short branch and bound, the mode bound and the mode kicks, the
         # large-neighbourhood search, the branch and bound from the best schedule, then the full
         # ILP (each skipped once the gap is proven)
@@ -379,6 +408,7 @@ class Scheduler:
             nodes=run.nodes,
             lp_iterations=run.lp_iterations,
             bnb_nodes=run.bnb_nodes,
+            energetic_passes=passes,
         )
 
     def _share(self, deadline: Deadline, fraction: float) -> Deadline:
