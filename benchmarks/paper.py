@@ -103,6 +103,8 @@ def rule_of(path: Path) -> str:
     if stage == "search":
         if len(parts) > 2 and parts[1] == "space":
             return "space_bounds"
+        if len(parts) > 2 and parts[1] == "tier":
+            return "search_tier"
         if stem.startswith("blind_"):
             return "search_blind"
         m = re.fullmatch(rf"r\d+_(?:(?:{'|'.join(ILP_SOLVES)})_)?(prune|select)", stem)

@@ -2,7 +2,8 @@
 # the stand-alone rule schedule's tables (every width tp the model admits); the placement axes
 # (recompute among them) are searched inside the job:
 #   results/place/{model}/h{hbm}_b{mbs}/{chunk}.parquet
-# The search (rules/search.smk: place_bounds, place_ilp, place_blind) runs the same CLI.
+# The search (rules/search.smk: place_bounds under place.model upstream, place_ilp, place_blind)
+# runs the same CLI.
 
 
 rule place:

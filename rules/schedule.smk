@@ -1,7 +1,8 @@
 # Stage 4 on its own: the ILP tier of per-layer operator scheduling for one architecture chunk of
 # one trace, results/schedule/{model}/{tag}/{chunk}.parquet (read by the stand-alone rule place).
 # One row per arch x layer signature x pass: makespan_s, lower_bound_s, gap, status, ...
-# The search (rules/search.smk: schedule_bounds, schedule_ilp) runs the same CLI on its own paths.
+# The search (rules/search.smk: schedule_bounds under place.model upstream, schedule_ilp) runs the
+# same CLI on its own paths.
 
 
 rule schedule:

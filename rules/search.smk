@@ -6,11 +6,13 @@
 #     search_select (checkpoint) space bounds + every earlier placement -> the (model,
 #                               microbatch, arch) components round r refines, and the state
 #                               (answers and certificates so far); empty = the search is done
-#     estimate_round, schedule_bounds  trace x chunk -> operator latencies, list-schedule
-#                               makespans + lower bounds (no ILP) of the round's archs
-#     place_bounds              model x microbatch -> per HBM, placement on the lower bounds (ub)
-#                               and on the list schedules (lo)
+#     search_tier               model x microbatch -> the array tier: list-schedule makespans +
+#                               lower bounds of the round's archs, and per HBM the placement on
+#                               the lower bounds (ub) and on the list schedules (lo); under
+#                               place.model upstream instead estimate_round, schedule_bounds
+#                               (trace x chunk) and place_bounds (model x microbatch)
 #     search_prune (checkpoint) which of the round's components still matter -> ILP chunk tables
+#     estimate_round            trace x chunk -> operator latencies of a chunk the ILP solves
 #     schedule_ilp, place_ilp   the ILP for those only, and placement on its makespans (ilp)
 #                               and on its proven lower bounds (ilp_ub)
 #     with search.deepen_node_limit > 0, once more at {solve} = deep; with
@@ -140,53 +142,95 @@ rule estimate_round:
         ' --archs {params.archs:q} --config "$PHAZE_CONFIG" --out {output:q} > {log:q} 2>&1'
 
 
-rule schedule_bounds:
-    input:
-        unpack(W.trace_inputs),
-        latency=f"{ESTIMATE}/r{{round}}_c{{chunk}}.parquet",
-        space=W.space,
-        selection=lambda wc: ancient(W.round_selection_file(wc)),
-    output:
-        table=f"{SCHED}/bounds/r{{round}}_c{{chunk}}.parquet",
-        solutions=f"{SCHED}/bounds/r{{round}}_c{{chunk}}.solutions.parquet",
-    log:
-        f"{LOGS}/schedule/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/bounds/r{{round}}_c{{chunk}}.log",
-    benchmark:
-        f"{BENCH}/schedule/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/bounds/r{{round}}_c{{chunk}}.tsv"
-    conda:
-        "../environment.yml"
-    params:
-        code=code_version("schedule"),
-        cfg=W.section("schedule"),
-        trace=W.trace_dir_of,
-        archs=W.round_archs,
-    shell:
-        "python3 -m phaze schedule --tier bounds --trace {params.trace:q}"
-        " --latency {input.latency:q} --space {input.space:q} --archs {params.archs:q}"
-        ' --config "$PHAZE_CONFIG" --out {output.table:q} --solutions {output.solutions:q}'
-        " > {log:q} 2>&1"
+# the round's bound tier: the array tier (place.model megatron) in one job per model x
+# microbatch x round, or the per-architecture rules (place.model upstream, which it refuses)
+if W.array_tier:
 
+    rule search_tier:
+        input:
+            unpack(W.search_tier_inputs),
+            # lets a remote job evaluate the `archs` param (it reads the checkpoint); ancient():
+            # its mtime never re-runs a job, the content of `archs` does
+            selection=lambda wc: ancient(W.round_selection_file(wc)),
+        output:
+            ub=W.place_outputs("r{round}_ub"),
+            lo=W.place_outputs("r{round}_lo"),
+            layers="results/schedule/{model}/tier/b{mbs}_r{round}.parquet",
+        log:
+            f"{LOGS}/search/tier/{{model}}_b{{mbs}}_r{{round}}.log",
+        benchmark:
+            f"{BENCH}/search/tier/{{model}}_b{{mbs}}_r{{round}}.tsv"
+        conda:
+            "../environment.yml"
+        params:
+            code=code_version(
+                "search/array_tier.py",
+                "search/space_bounds.py",
+                "estimate",
+                "schedule",
+                "place",
+                "step",
+                "network.py",
+                "arch/presets.py",
+            ),
+            cfg=W.section("costmodel", "place", "step"),
+            args=W.search_tier_args,
+            # the archs of round r's selection, as a param: a re-run select that picks the
+            # same archs re-runs no job
+            archs=W.search_tier_archs,
+        shell:
+            "python3 -m phaze search tier {params.args:q} --archs {params.archs:q}"
+            ' --config "$PHAZE_CONFIG" --ub {output.ub:q} --lo {output.lo:q}'
+            " --layers {output.layers:q} > {log:q} 2>&1"
 
-rule place_bounds:
-    input:
-        unpack(W.place_inputs("bounds")),
-    output:
-        ub=W.place_outputs("r{round}_ub"),
-        lo=W.place_outputs("r{round}_lo"),
-    log:
-        f"{LOGS}/place/{{model}}/b{{mbs}}_r{{round}}_bounds.log",
-    benchmark:
-        f"{BENCH}/place/{{model}}/b{{mbs}}_r{{round}}_bounds.tsv"
-    conda:
-        "../environment.yml"
-    params:
-        # place reads costmodel (links, HBM bandwidth; presets' overrides) and the step model's
-        # accounting (config step)
-        code=code_version("place", "step", "network.py", "arch/presets.py"),
-        cfg=W.section("place", "costmodel", "step"),
-        cmds=W.place_commands("bounds"),
-    shell:
-        'python3 -m phaze search batch --config "$PHAZE_CONFIG" {params.cmds:q} > {log:q} 2>&1'
+else:
+
+    rule schedule_bounds:
+        input:
+            unpack(W.trace_inputs),
+            latency=f"{ESTIMATE}/r{{round}}_c{{chunk}}.parquet",
+            space=W.space,
+            selection=lambda wc: ancient(W.round_selection_file(wc)),
+        output:
+            table=f"{SCHED}/bounds/r{{round}}_c{{chunk}}.parquet",
+            solutions=f"{SCHED}/bounds/r{{round}}_c{{chunk}}.solutions.parquet",
+        log:
+            f"{LOGS}/schedule/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/bounds/r{{round}}_c{{chunk}}.log",
+        benchmark:
+            f"{BENCH}/schedule/{{model}}/b{{mbs}}_s{{seq}}_{{shard}}/bounds/r{{round}}_c{{chunk}}.tsv"
+        conda:
+            "../environment.yml"
+        params:
+            code=code_version("schedule"),
+            cfg=W.section("schedule"),
+            trace=W.trace_dir_of,
+            archs=W.round_archs,
+        shell:
+            "python3 -m phaze schedule --tier bounds --trace {params.trace:q}"
+            " --latency {input.latency:q} --space {input.space:q} --archs {params.archs:q}"
+            ' --config "$PHAZE_CONFIG" --out {output.table:q} --solutions {output.solutions:q}'
+            " > {log:q} 2>&1"
+
+    rule place_bounds:
+        input:
+            unpack(W.place_inputs("bounds")),
+        output:
+            ub=W.place_outputs("r{round}_ub"),
+            lo=W.place_outputs("r{round}_lo"),
+        log:
+            f"{LOGS}/place/{{model}}/b{{mbs}}_r{{round}}_bounds.log",
+        benchmark:
+            f"{BENCH}/place/{{model}}/b{{mbs}}_r{{round}}_bounds.tsv"
+        conda:
+            "../environment.yml"
+        params:
+            # place reads costmodel (links, HBM bandwidth; presets' overrides) and the step model's
+            # accounting (config step)
+            code=code_version("place", "step", "network.py", "arch/presets.py"),
+            cfg=W.section("place", "costmodel", "step"),
+            cmds=W.place_commands("bounds"),
+        shell:
+            'python3 -m phaze search batch --config "$PHAZE_CONFIG" {params.cmds:q} > {log:q} 2>&1'
 
 
 checkpoint search_prune:

@@ -35,7 +35,7 @@ def _rule_benchmarks(solve: str = "deep"):
     for smk in sorted((REPO / "rules").glob("*.smk")):
         text = smk.read_text()
         for m in re.finditer(
-            r"^(?:rule|checkpoint) (\w+):\n(?:(?!^(?:rule|checkpoint) ).*\n)*?\s+benchmark:\n\s+f?\"([^\"]+)\"",
+            r"^ *(?:rule|checkpoint) (\w+):\n(?:(?!^ *(?:rule|checkpoint) ).*\n)*?\s+benchmark:\n\s+f?\"([^\"]+)\"",
             text,
             re.MULTILINE,
         ):
@@ -51,7 +51,7 @@ def test_every_rules_benchmark_file_maps_to_its_rule(solve):
     rules = {
         r
         for smk in (REPO / "rules").glob("*.smk")
-        for r in re.findall(r"^(?:rule|checkpoint) (\w+):", smk.read_text(), re.MULTILINE)
+        for r in re.findall(r"^ *(?:rule|checkpoint) (\w+):", smk.read_text(), re.MULTILINE)
     }
     assert {r for r, _ in pairs} == rules - {"all"}
     for rule, path in pairs:

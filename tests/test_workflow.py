@@ -341,7 +341,7 @@ EDITS = {
     "nothing": (
         lambda w: None,
         set(),
-        {"trace", "arch", "space_bounds", "estimate_round", "schedule_bounds", "place_bounds"},
+        {"trace", "arch", "space_bounds", "estimate_round", "search_tier"},
     ),
     "costmodel config": (
         lambda w: _edit(
@@ -357,8 +357,8 @@ EDITS = {
     ),
     "schedule config": (
         lambda w: _edit(w / "config/test.yaml", "node_limit: 200\n", "node_limit: 300\n"),
-        {"schedule_bounds"},
-        {"trace", "arch", "space_bounds", "estimate_round"},
+        {"schedule_ilp"},
+        {"trace", "arch", "space_bounds", "estimate_round", "search_tier"},
     ),
     # where earlier solutions are looked up is not what a job computes: nothing re-runs
     "schedule reuse": (
@@ -366,24 +366,24 @@ EDITS = {
             w / "config/test.yaml", "  mip_gap: 0.01\n", "  mip_gap: 0.01\n  reuse: [/tmp]\n"
         ),
         set(),
-        {"trace", "arch", "space_bounds", "estimate_round", "schedule_bounds", "place_bounds"},
+        {"trace", "arch", "space_bounds", "estimate_round", "search_tier"},
     ),
     "deep ILP limit": (
         lambda w: _edit(
             w / "config/test.yaml", "deepen_node_limit: 2000", "deepen_node_limit: 3000"
         ),
         {"search_select"},
-        {"trace", "arch", "space_bounds", "estimate_round", "schedule_bounds", "place_bounds"},
+        {"trace", "arch", "space_bounds", "estimate_round", "search_tier"},
     ),
     "placement config": (
         lambda w: _edit(w / "config/test.yaml", "optimizer: adam", "optimizer: sgd"),
         {"space_bounds", "search_select"},
-        {"trace", "arch", "estimate_round", "schedule_bounds"},
+        {"trace", "arch", "estimate_round"},
     ),
     "placement code": (
         lambda w: _append_comment(w / "phaze/place/dp.py"),
         {"space_bounds", "search_select"},
-        {"trace", "arch", "estimate_round", "schedule_bounds"},
+        {"trace", "arch", "estimate_round"},
     ),
 }
 

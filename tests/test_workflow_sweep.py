@@ -273,8 +273,14 @@ def test_manifests_list_exactly_the_jobs_inputs_with_their_metadata(sweep, tmp_p
     ]
     sched = summary["schedules"]
     bounds = [e for e in sched if e["tier"] == "bounds"]
-    # round 0: opt-350m b1 3 widths x 2 chunks, b2 3 x 1, gpt2-xl 1 x 1 twice; round 1: 3 x 1
-    assert len(bounds) == 3 * 2 + 3 + 1 + 1 + 3
+    # the array tier's layer table: one per (model, microbatch) of a round (4 in round 0, 1 in
+    # round 1), every width in it
+    assert [e["path"] for e in bounds] == [
+        sweep.tier_layers_file(m, b, r)
+        for r, m, b in [(0, "gpt2-xl", 1), (0, "gpt2-xl", 2), (0, "opt-350m", 1)]
+        + [(0, "opt-350m", 2), (1, "opt-350m", 2)]
+    ]
+    sched = [e for e in sched if e["tier"] != "bounds"]
     ilp = [e for e in sched if e["tier"] == "ilp"]
     assert sorted({(e["model"], e["microbatch"], e["path"].rsplit("/", 1)[1]) for e in ilp}) == [
         ("gpt2-xl", 1, "r0_c0.parquet"),
@@ -288,6 +294,7 @@ def test_manifests_list_exactly_the_jobs_inputs_with_their_metadata(sweep, tmp_p
     )
     assert len([e for e in sched if e["tier"] == "blind"]) == (3 + 1) * 2
     inputs = sweep.search_summary_inputs(wc())
+    sched = summary["schedules"]
     assert inputs["files"] == [e["path"] for kind in summary.values() for e in kind]
     assert summary["state"] == [{"path": "results/search/r2/state.json"}]
     # what the search CLIs read back: every file exists
@@ -488,6 +495,27 @@ def test_placement_commands_parse_and_write_the_rules_outputs(sweep, kind, names
         assert {a.latency_column for a in args} == {"lower_bound_s", "makespan_s"}
         ub = [a for a in args if a.out.endswith("_ub.parquet")]
         assert {a.latency_column for a in ub} == {"lower_bound_s"}
+
+
+def test_the_array_tier_job_refines_every_chunk_of_a_pair_and_writes_the_bound_tables(sweep):
+    w = wc(model="opt-350m", mbs="1", round="0")
+    # round 0 refines opt-350m b1 in two chunks (archs a and b): one job for both
+    assert sweep.search_tier_archs(w) == "a,b"
+    argv = ["search", "tier", *sweep.search_tier_args(w), "--archs", sweep.search_tier_archs(w)]
+    outs = {
+        k: [p.format(model="opt-350m", mbs="1") for p in sweep.place_outputs(f"r0_{k}")]
+        for k in ("ub", "lo")
+    }
+    args = build_parser().parse_args([*argv, "--ub", *outs["ub"], "--lo", *outs["lo"]])
+    assert args.tp == [1, 2, 4] and args.microbatch == 1 and args.archs == "a,b"
+    assert args.trace_dirs == [sweep.trace_dir("opt-350m", 1, f"tp{t}") for t in (1, 2, 4)]
+    assert args.ub == outs["ub"] and len(args.lo) == 2 and args.space == sweep.space
+    inputs = sweep.search_tier_inputs(w)
+    assert inputs["layers"] == [f"{d}/layers.parquet" for d in args.trace_dirs]
+    # the tier refuses place.model upstream: there the round keeps the per-architecture rules
+    assert sweep.array_tier
+    cfg = validate_config({"models": ["opt-350m"], "place": {"model": "upstream"}})
+    assert not Sweep(cfg, sweep.checkpoints).array_tier
 
 
 def test_stand_alone_place_arguments(sweep):

@@ -324,7 +324,8 @@ def _ilp_counts(entries: list[dict], gap: float) -> dict:
     took: dict[str, set] = {"ilp": set(), "deep": set(), "certify": set()}
     bounds = []
     for e in entries:
-        df = read_table(e["path"], "schedule")
+        # the bound tier's: a schedule table, or the array tier's layer values (phaze search tier)
+        df = read_table(e["path"], None if e["tier"] == "bounds" else "schedule")
         if e["tier"] == "bounds":
             bounds.append(df.assign(model=e["model"], microbatch=e["microbatch"]))
         else:

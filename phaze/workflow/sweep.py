@@ -20,7 +20,8 @@ size ep > 1, with ``_etp1`` when its experts are whole on each rank, etp = 1):
     search/r{round}/select.parquet, state.json              checkpoint search_select
     estimate/{model}/{tag}/r{round}_c{chunk}.parquet        rule estimate_round
     estimate/{model}/{tag}/{chunk}.parquet | blind          rules estimate, estimate_blind
-    schedule/{model}/{tag}/bounds/r{round}_c{chunk}.parquet rule schedule_bounds
+    schedule/{model}/tier/b{mbs}_r{round}.parquet           rule search_tier
+    schedule/{model}/{tag}/bounds/r{round}_c{chunk}.parquet rule schedule_bounds (upstream)
     schedule/{model}/{tag}/{solve}/r{round}_c{chunk}.parquet rule schedule_ilp
         ({solve}: ilp | deep | certify)
     schedule/{model}/{tag}/blind.parquet | {chunk}.parquet  rules schedule_blind, schedule
@@ -120,6 +121,9 @@ class Sweep:
         # the megatron model prices selective recomputation from the operators' latencies
         place = config["place"]
         self.needs_latencies = place["model"] == "megatron" and "selective" in place["recompute"]
+        # the round's bound tier: rule search_tier (the array tier, megatron placement only) or,
+        # under place.model upstream, rules estimate_round, schedule_bounds and place_bounds
+        self.array_tier = place["model"] == "megatron"
         self.pairs = [(m, b) for m in self.models for b in self.microbatches]
         self.space = f"{results}/arch/space.parquet"
         self.plan = plan_file(results)
@@ -333,6 +337,25 @@ class Sweep:
             *(self.trace_dir(model, mbs, shard_name(*k)) for k in shards),
         ]
 
+    # --- the round's bound tier -----------------------------------------------------------------
+    def tier_layers_file(self, model: str, mbs, r) -> str:
+        """rule search_tier's per-layer makespans and lower bounds of round r's archs."""
+        return f"{self.results}/schedule/{model}/tier/b{mbs}_r{int(r)}.parquet"
+
+    def search_tier_inputs(self, wc) -> dict:
+        """Every width's trace and the space (the rule adds round r's selection)."""
+        return self.space_bounds_inputs(wc)
+
+    def search_tier_archs(self, wc) -> str:
+        """The archs round r refines for one model and microbatch (every chunk), comma-joined."""
+        sel = self.select_table(wc.round)
+        mine = sel[(sel["model"] == wc.model) & (sel["microbatch"] == int(wc.mbs))]
+        return ",".join(sorted(set(mine["arch"])))
+
+    def search_tier_args(self, wc) -> list[str]:
+        """The tier's model, microbatch, shards and space: the space bound's arguments."""
+        return self.space_bounds_args(wc)
+
     def space_bounds_args(self, wc) -> list[str]:
         return [
             "--model",
@@ -492,11 +515,13 @@ class Sweep:
         for q in range(int(r) + 1):
             for m, b in self.pairs_of_round(q):
                 chosen = {solve: self.ilp_chunks(q, m, b, solve) for solve in self.solves}
+                if self.array_tier:  # one table of every width (tp 0: all of them)
+                    out.append(_schedule_record(self.tier_layers_file(m, b, q), m, b, 0, "bounds"))
                 for t, e, x in self.shards(m):
                     d = self.schedule_dir(m, b, shard_name(t, e, x))
                     out += [
                         _schedule_record(f"{d}/bounds/r{q}_c{c}.parquet", m, b, t, "bounds")
-                        for c in self.round_chunks(q, m, b)
+                        for c in ([] if self.array_tier else self.round_chunks(q, m, b))
                     ]
                     out += [
                         _schedule_record(f"{d}/{solve}/r{q}_c{c}.parquet", m, b, t, solve)
