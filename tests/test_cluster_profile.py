@@ -64,11 +64,20 @@ def _local_rules(checkout: Path) -> set[str]:
 
 def test_profile_sizes_exactly_the_rules_that_run_as_jobs(tmp_path, copy_checkout, snakemake):
     checkout = copy_checkout(tmp_path / "checkout")
-    listed = snakemake(checkout, "--list-rules", "--configfile", "config/test.yaml", timeout=120)
-    assert listed.returncode == 0, listed.stderr[-3000:]
-    # One rule name per unindented line; docstrings follow indented.
-    rules = {line.split()[0] for line in listed.stdout.splitlines() if line[:1].strip()}
-    assert "all" in rules, listed.stdout
+    # The round's bound tier is rule search_tier under place.model megatron and the rules
+    # schedule_bounds + place_bounds under upstream: the profile sizes the rules of both.
+    upstream = tmp_path / "upstream.yaml"
+    upstream.write_text("place:\n  model: upstream\n")
+    rules = set()
+    for overlay in ([], [str(upstream)]):
+        listed = snakemake(
+            checkout, "--list-rules", "--configfile", "config/test.yaml", *overlay, timeout=120
+        )
+        assert listed.returncode == 0, listed.stderr[-3000:]
+        # One rule name per unindented line; docstrings follow indented.
+        names = {line.split()[0] for line in listed.stdout.splitlines() if line[:1].strip()}
+        assert "all" in names, listed.stdout
+        rules |= names
     job_rules = rules - _local_rules(checkout)
     sized = yaml.safe_load(PROFILE.read_text())["set-resources"]
     missing, stale = sorted(job_rules - set(sized)), sorted(set(sized) - job_rules)
