@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from phaze.network import Network
-from phaze.place.bound import SpaceChain, _jobs, config_time_bound
+from phaze.place.bound import SpaceChain, _jobs, relaxed_bounds
 from phaze.place.megatron import Axes, solve_split
 from phaze.step.layers import ChainCost
 from phaze.step.model import StageTerms, StepConstants
@@ -200,24 +200,10 @@ def upper_times(
     chain (`phaze.place.megatron.solve_split`, the exact search's split), until the next
     configuration's bound is not below the best exact time — every configuration left is then
     no faster, so that time is the minimum over all of them."""
-    A = next(iter(chains.values())).n_archs
     H = len(hbm_capacity_bytes)
-    jobs = _jobs(chains, net, consts, devices, global_batch, hbm_capacity_bytes, axes)
-    lb = np.full((len(jobs), H, A), np.inf)
-    best = np.full((H, A), np.inf)
-    for c, (cfg, terms, allowed, hs, chain, cheap) in enumerate(jobs):
-        lb[c, hs] = cheap
-        idx = np.flatnonzero((cheap[None, :] < best[hs]).any(axis=0))
-        if not len(idx):
-            continue
-        sub = chain.take(idx) if len(idx) < A else chain
-        sched = cfg.schedule
-        t = config_time_bound(
-            terms, allowed, sched.chunks, sched.microbatches, sub, cfg.recompute, cfg.ddp
-        )
-        for h in hs:
-            lb[c, h, idx] = np.maximum(cheap[idx], t)
-            best[h, idx] = np.minimum(best[h, idx], t)
+    jobs, best, lb = relaxed_bounds(
+        chains, net, consts, devices, global_batch, hbm_capacity_bytes, axes, per_config=True
+    )
     fits = {}
     for h in range(H):
         loose = np.isfinite(best[h]) & (achieved_s[h] > best[h] * (1 + tighten_above))

@@ -350,11 +350,29 @@ def time_lower_bounds(
     the (tp, microbatch[, ep]) keys of `chains` (a key without ep means ep = 1), on
     every layer time at or above its lower bound: inf where nothing fits. A configuration whose
     allowed splits are the same at several capacities is bounded once for all of them."""
+    return relaxed_bounds(chains, net, consts, devices, global_batch, hbm_capacity_bytes, axes)[1]
+
+
+def relaxed_bounds(
+    chains: dict[tuple, SpaceChain],
+    net: Network,
+    consts: StepConstants,
+    devices: int,
+    global_batch: int,
+    hbm_capacity_bytes: list[float],
+    axes: Axes,
+    per_config: bool = False,
+) -> tuple[list, np.ndarray, np.ndarray | None]:
+    """(the configurations' jobs, `time_lower_bounds`' values, and with ``per_config`` each
+    job's own bound per HBM capacity and architecture, shape (jobs, capacities, archs): its
+    relaxed bound where it was computed, else its cheap bound)."""
     A = next(iter(chains.values())).n_archs
+    jobs = _jobs(chains, net, consts, devices, global_batch, hbm_capacity_bytes, axes)
     best = np.full((len(hbm_capacity_bytes), A), np.inf)
-    for cfg, terms, allowed, hs, chain, cheap in _jobs(
-        chains, net, consts, devices, global_batch, hbm_capacity_bytes, axes
-    ):
+    lb = np.full((len(jobs), len(hbm_capacity_bytes), A), np.inf) if per_config else None
+    for c, (cfg, terms, allowed, hs, chain, cheap) in enumerate(jobs):
+        if per_config:
+            lb[c, hs] = cheap
         idx = np.flatnonzero((cheap[None, :] < best[hs]).any(axis=0))
         if not len(idx):
             continue
@@ -364,8 +382,10 @@ def time_lower_bounds(
             terms, allowed, sched.chunks, sched.microbatches, sub, cfg.recompute, cfg.ddp
         )
         for h in hs:
+            if per_config:
+                lb[c, h, idx] = np.maximum(cheap[idx], t)
             best[h, idx] = np.minimum(best[h, idx], t)
-    return best
+    return jobs, best, lb
 
 
 def upstream_time_lower_bounds(

@@ -48,9 +48,12 @@ def critical_path(inst: Instance) -> float:
     return max((h[i] + inst.q[i] for i in range(inst.n)), default=0.0)
 
 
-def antichain_width(inst: Instance, members: list[int], deadline: Deadline = NO_DEADLINE) -> int:
-    """Largest set of pairwise incomparable ops among ``members`` (Dilworth: |members| minus a
-    maximum matching of the comparability relation, by augmenting paths; n <= ~100)."""
+def comparability_matching(
+    inst: Instance, members: list[int], deadline: Deadline = NO_DEADLINE
+) -> list[int]:
+    """A maximum matching of the comparability relation among ``members`` (augmenting paths;
+    n <= ~100): ``match[v] = u`` (positions in ``members``) when v follows u, ancestor before
+    descendant, in one chain of a least chain cover (Dilworth); -1 where v starts a chain."""
     pos = {m: k for k, m in enumerate(members)}
     adj = [[pos[j] for j in members if (inst.descendants[i] >> j) & 1] for i in members]
     match = [-1] * len(members)
@@ -64,11 +67,17 @@ def antichain_width(inst: Instance, members: list[int], deadline: Deadline = NO_
                     return True
         return False
 
-    matched = 0
     for u in range(len(members)):
         deadline.check()
-        matched += augment(u, set())
-    return len(members) - matched
+        augment(u, set())
+    return match
+
+
+def antichain_width(inst: Instance, members: list[int], deadline: Deadline = NO_DEADLINE) -> int:
+    """Largest set of pairwise incomparable ops among ``members`` (Dilworth: |members| minus a
+    maximum matching of the comparability relation)."""
+    match = comparability_matching(inst, members, deadline)
+    return len(members) - sum(1 for u in match if u >= 0)
 
 
 def core_limits(inst: Instance, deadline: Deadline = NO_DEADLINE) -> dict[str, int]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from phaze.schedule.bounds import core_limits, energy_heads_tails
+from phaze.schedule.bounds import comparability_matching, core_limits, energy_heads_tails
 from phaze.schedule.budget import NO_DEADLINE, Deadline, OutOfTime
 from phaze.schedule.instance import Instance
 
@@ -60,21 +60,7 @@ def chain_cover(inst: Instance, members: list[int]) -> dict[int, int]:
     member, from a maximum matching of the comparability relation (Dilworth, as
     ``bounds.antichain_width``). Any subset of members meets at most as many chains as it has
     pairwise incomparable ops at once: one per chain."""
-    pos = {m: k for k, m in enumerate(members)}
-    adj = [[pos[j] for j in members if (inst.descendants[i] >> j) & 1] for i in members]
-    match = [-1] * len(members)  # match[v] = u: v follows u in its chain
-
-    def augment(u: int, seen: set[int]) -> bool:
-        for v in adj[u]:
-            if v not in seen:
-                seen.add(v)
-                if match[v] < 0 or augment(match[v], seen):
-                    match[v] = u
-                    return True
-        return False
-
-    for u in range(len(members)):
-        augment(u, set())
+    match = comparability_matching(inst, members)  # match[v] = u: v follows u in its chain
     nxt = {u: v for v, u in enumerate(match) if u >= 0}
     chain = {}
     for v in range(len(members)):

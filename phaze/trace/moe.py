@@ -42,27 +42,6 @@ MOE_FIELDS = (
     "moe_topk",
 )
 
-#: fields of other MoE architectures' routers and layouts (DeepSeek's grouped / sigmoid routers,
-#: dense first layers, Megatron-style router options): HF's Mixtral and Qwen-MoE ignore them, so
-#: a config of a supported type that sets one describes a router or layout phaze would not trace
-FOREIGN_ROUTER_FIELDS = (
-    "scoring_func",
-    "topk_method",
-    "n_group",
-    "topk_group",
-    "routed_scaling_factor",
-    "n_shared_experts",
-    "first_k_dense_replace",
-    "moe_layer_freq",
-    "router_type",
-    "moe_router_score_function",
-    "moe_router_topk",
-    "aux_loss_alpha",
-    "seq_aux",
-    "capacity_factor",
-    "moe_expert_capacity_factor",
-)
-
 #: DeepSeek-V3's own layout and router fields (HF's DeepseekV3 builds them): not foreign to it
 DEEPSEEK_FIELDS = (
     "scoring_func",
@@ -75,6 +54,17 @@ DEEPSEEK_FIELDS = (
     "moe_layer_freq",
     "aux_loss_alpha",
     "seq_aux",
+)
+
+#: fields of other MoE architectures' routers and layouts (DeepSeek's grouped / sigmoid routers,
+#: dense first layers, Megatron-style router options): HF's Mixtral and Qwen-MoE ignore them, so
+#: a config of a supported type that sets one describes a router or layout phaze would not trace
+FOREIGN_ROUTER_FIELDS = DEEPSEEK_FIELDS + (
+    "router_type",
+    "moe_router_score_function",
+    "moe_router_topk",
+    "capacity_factor",
+    "moe_expert_capacity_factor",
 )
 
 
