@@ -1,5 +1,6 @@
 """The Megatron-LM command-line arguments that run a strategy (megatron/training/arguments.py and
-megatron/core/transformer/transformer_config.py of NVIDIA/Megatron-LM).
+megatron/core/transformer/transformer_config.py of NVIDIA/Megatron-LM), and the blocks per model
+chunk of a ``--pipeline-model-parallel-layout`` read back (`parse_pipeline_layout`).
 
 * parallelism: ``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size`` (the data-parallel
   size is what remains of the world size), ``--micro-batch-size``, ``--global-batch-size``;
