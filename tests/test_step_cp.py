@@ -384,31 +384,34 @@ def test_the_published_h100_tables_carry_context_parallelism_and_precision():
     assert (mixtral["context_parallel"], mixtral["precision"]) == (1, None)
     assert run_strategy(mixtral).cp == 1
     fp8 = read_runs(DATA / "h100_published_fp8.csv")
-    assert [r["model"] for r in fp8] == ["llama3-8b", "llama3-70b", "qwen3-30b-a3b"]
+    assert [r["model"] for r in fp8] == [
+        "llama3-8b",
+        "llama3-70b",
+        "qwen3-30b-a3b",
+        "deepseek-v3",
+        "qwen3-235b-a22b",
+    ]
     assert all(r["precision"] == "fp8" for r in fp8)
 
 
 def test_a_run_the_step_model_cannot_price_is_refused_with_one_line(tmp_path):
-    """The pending table: exit 2 naming the model the registry lacks (Qwen3-235B-A22B); its
-    DeepSeek-V3 row alone: exit 2 naming the uneven pipeline split; a precision the step model
-    does not price (fp16): exit 2 naming it."""
-    out = _cli("validate", "--reference", str(DATA / "h100_published_pending.csv"))
-    assert out.returncode == 2
-    (line,) = out.stderr.strip().splitlines()
-    assert "unknown model 'qwen3-235b-a22b'" in line
-    lines = (DATA / "h100_published_pending.csv").read_text().splitlines()
+    """The FP8 table's DeepSeek-V3 row without its pipeline layout: exit 2 naming the uneven
+    split; a model the registry lacks: exit 2 naming it; a precision the step model does not
+    price (fp16): exit 2 naming it."""
+    lines = (DATA / "h100_published_fp8.csv").read_text().splitlines()
     header = next(x for x in lines if x.startswith("model,"))
     dsv3 = next(x for x in lines if x.startswith("deepseek-v3,"))
-    (tmp_path / "runs.csv").write_text(header + "\n" + dsv3 + "\n")
-    out = _cli("validate", "--reference", str(tmp_path / "runs.csv"))
-    assert out.returncode == 2
-    (line,) = out.stderr.strip().splitlines()
-    assert "cannot be split evenly over pp = 8" in line
-    (tmp_path / "runs.csv").write_text(header + "\n" + dsv3.replace(",fp8,", ",fp16,") + "\n")
-    out = _cli("validate", "--reference", str(tmp_path / "runs.csv"))
-    assert out.returncode == 2
-    (line,) = out.stderr.strip().splitlines()
-    assert "row 1: precision must be one of" in line and "fp16 is not modelled" in line
+    cases = (
+        (dsv3.replace("Et|(tt|)*30mL", ""), "cannot be split evenly over pp = 8"),
+        (dsv3.replace("deepseek-v3,", "qwen3-480b,", 1), "unknown model 'qwen3-480b'"),
+        (dsv3.replace(",fp8,", ",fp16,"), "fp16 is not modelled"),
+    )
+    for row, message in cases:
+        (tmp_path / "runs.csv").write_text(header + "\n" + row + "\n")
+        out = _cli("validate", "--reference", str(tmp_path / "runs.csv"))
+        assert out.returncode == 2
+        (line,) = out.stderr.strip().splitlines()
+        assert message in line
 
 
 def test_a_ring_on_a_torus_waits_for_its_farthest_pair():

@@ -24,12 +24,13 @@ from phaze.trace.models import get_model_spec
 REPO = Path(__file__).resolve().parents[1]
 S = 64  # sequence length of the traces (the registry's is 4096; FLOPs are closed forms in s)
 
-# The public configs (Hugging Face config.json of Qwen/Qwen3-32B, Qwen/Qwen3-30B-A3B,
+# The public configs (Hugging Face config.json of Qwen/Qwen3-32B, Qwen/Qwen3-30B-A3B, Qwen/Qwen3-235B-A22B,
 # deepseek-ai/DeepSeek-V3; docs/trace.md): blocks, hidden, heads, kv heads, head_dim, FFN (a
 # routed expert's for MoE), vocab, experts, top-k, shared FFN, dense blocks, dense FFN.
 PUBLIC = {
     "qwen3-32b": (64, 5120, 64, 8, 128, 25600, 151936, 0, 0, 0, 0, 0),
     "qwen3-30b-a3b": (48, 2048, 32, 4, 128, 768, 151936, 128, 8, 0, 0, 0),
+    "qwen3-235b-a22b": (94, 4096, 64, 4, 128, 1536, 151936, 128, 8, 0, 0, 0),
     "deepseek-v3": (61, 7168, 128, 128, 0, 2048, 129280, 256, 8, 2048, 3, 18432),
 }
 # DeepSeek-V3's latent attention: q_lora_rank, kv_lora_rank, qk_nope, qk_rope, v_head_dim
@@ -143,18 +144,26 @@ def test_closed_forms_total_the_published_parameter_counts():
     """The block closed forms the traces are checked against (below) add up to the published
     sizes: DeepSeek-V3 671B total, 37B activated per token (arXiv 2412.19437, abstract; its
     multi-token-prediction module not included); Qwen3-30B-A3B 30.5B total, 3.3B activated
-    (its model card), to the published digits."""
+    (its model card), Qwen3-235B-A22B 235B total, 22B activated (its name and model card), to
+    the published digits."""
     _, h, _, _, _, f, vocab, E, k, _, nd, _ = PUBLIC["deepseek-v3"]
     edges = 2 * vocab * h + h  # embedding, LM head, final norm
     dense, moe = deepseek_block_params(1, True), deepseek_block_params(1, False)
     total = edges + nd * dense + (61 - nd) * moe
     active = edges + nd * dense + (61 - nd) * (moe - (E - k) * 3 * h * f)
     assert int(total / 1e9) == 671 and int(active / 1e9) == 37  # 671.03B, 37.55B
-    blocks, h, a, g, d, f, vocab, E, k, *_ = PUBLIC["qwen3-30b-a3b"]
-    attention = 2 * h * a * d + 2 * h * g * d + 2 * h + 2 * d
-    total = 2 * vocab * h + h + blocks * (attention + E * h + E * 3 * h * f)
-    active = 2 * vocab * h + h + blocks * (attention + E * h + k * 3 * h * f)
-    assert int(total / 1e8) == 305 and int(active / 1e8) == 33  # 30.53B, 3.35B
+    for name, (total_b, active_b) in (
+        ("qwen3-30b-a3b", (30.5, 3.3)),
+        ("qwen3-235b-a22b", (235, 22)),
+    ):
+        blocks, h, a, g, d, f, vocab, E, k, *_ = PUBLIC[name]
+        attention = 2 * h * a * d + 2 * h * g * d + 2 * h + 2 * d
+        total = 2 * vocab * h + h + blocks * (attention + E * h + E * 3 * h * f)
+        active = 2 * vocab * h + h + blocks * (attention + E * h + k * 3 * h * f)
+        # 30.53B / 3.35B; 235.09B / 22.19B
+        digits = 10 if total_b < 100 else 1
+        assert int(total / 1e9 * digits) == int(total_b * digits)
+        assert int(active / 1e9 * digits) == int(active_b * digits)
 
 
 @pytest.mark.parametrize("name", ["qwen3-30b-a3b", "deepseek-v3"])
@@ -178,7 +187,14 @@ def test_exported_config_reads_back_as_the_registry_model(tmp_path, name):
 
 @pytest.mark.parametrize(
     "name,t,b",
-    [("qwen3-32b", 1, 1), ("qwen3-32b", 8, 2), ("qwen3-30b-a3b", 1, 1), ("qwen3-30b-a3b", 4, 1)],
+    [
+        ("qwen3-32b", 1, 1),
+        ("qwen3-32b", 8, 2),
+        ("qwen3-30b-a3b", 1, 1),
+        ("qwen3-30b-a3b", 4, 1),
+        ("qwen3-235b-a22b", 1, 1),
+        ("qwen3-235b-a22b", 4, 1),
+    ],
 )
 def test_qwen3_block_flops_equal_the_closed_form(name, t, b):
     trace = _trace(name, t, b=b)

@@ -20,7 +20,12 @@ phaze's model FLOPs of the run (the trace's matmuls) over the published and the 
 so the two are comparable whatever FLOP count the source used. An optional ``precision`` column
 (bf16 or fp8, ``phaze.precision``) gives each run's training precision; without it a run takes
 config ``fidelity.precision`` (``validate --precision``); likewise ``attention`` (eager or fused,
-config ``fidelity.attention``, ``validate --attention``): how the run's core attention ran.
+config ``fidelity.attention``, ``validate --attention``): how the run's core attention ran. An
+optional ``pipeline_layout`` column gives an uneven pipeline split in Megatron-LM's
+``--pipeline-model-parallel-layout`` syntax (one ``|``-separated segment per model chunk,
+``phaze.step.megatron_args.parse_pipeline_layout``); empty: Megatron's even split. An optional
+``expert_tensor_parallel`` column (1 or the run's tensor-parallel size; empty: the latter) is
+Megatron-LM's ``--expert-tensor-parallel-size``.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from phaze.fidelity.compute import ATTENTION_MODES
 from phaze.fidelity.evaluate import evaluate_strategy
 from phaze.io import checks
 from phaze.precision import PRECISIONS
+from phaze.step.megatron_args import parse_pipeline_layout
 from phaze.step.strategy import Strategy
 from phaze.trace.models import ModelSpec, get_model_spec
 
@@ -78,7 +84,13 @@ _RUN_INTEGERS = (
 #: training precision (empty: config ``fidelity.precision``; one the step model does not price is
 #: refused, `read_runs`) and how core attention runs (eager or fused; empty: config
 #: ``fidelity.attention``)
-RUN_OPTIONAL = {"context_parallel": "1", "precision": "", "attention": ""}
+RUN_OPTIONAL = {
+    "context_parallel": "1",
+    "precision": "",
+    "attention": "",
+    "pipeline_layout": "",
+    "expert_tensor_parallel": "",
+}
 #: every column of a table of runs
 RUN_COLUMNS = (
     "model",
@@ -170,7 +182,27 @@ def read_runs(path: Path | str) -> list[dict]:
                 f"{r['attention']!r}"
             )
         row["attention"] = attention or None
-        get_model_spec(row["model"])  # an unknown model: one line naming the registry's
+        etp = (r.get("expert_tensor_parallel") or "").strip()
+        if etp not in ("", "1", str(row["tensor_parallel"])):
+            raise PhazeError(
+                f"{where}: expert_tensor_parallel must be 1 or the tensor-parallel size "
+                f"({row['tensor_parallel']}), got {etp!r}"
+            )
+        row["etp"] = int(etp) if etp else None
+        spec = get_model_spec(row["model"])  # an unknown model: one line naming the registry's
+        layout = (r.get("pipeline_layout") or "").strip()
+        row["chunks"] = None
+        if layout:
+            try:
+                row["chunks"] = parse_pipeline_layout(
+                    layout,
+                    row["pipeline_parallel"],
+                    row["interleave"],
+                    spec.repeated_blocks,
+                    spec.dense_blocks,
+                )
+            except PhazeError as exc:
+                raise PhazeError(f"{where}: {exc}") from None
         run = tuple(v for k, v in row.items() if k not in ("iteration_time_s", "source"))
         if run in seen:
             raise PhazeError(f"{where} repeats the run of row {seen[run]}")
@@ -330,6 +362,8 @@ def run_strategy(row: dict):
         ddp=row["ddp"],
         ep=row["expert_parallel"],
         cp=row.get("context_parallel", 1),
+        chunks=row.get("chunks"),
+        etp=row.get("etp"),
     )
 
 

@@ -11,7 +11,7 @@ Modules (pure functions over per-layer quantities; no file I/O):
 * ``model`` — `StepConstants`, the network geometry of a layout (`Layout`), a chain on it
   (`PlacedChain`), the per-rank terms as functions of the blocks a rank holds (`StageTerms`) and
   `price` (iteration time, breakdown, memory, MFU).
-* ``megatron_args`` — the Megatron-LM arguments that run a strategy.
+* ``megatron_args`` — the Megatron-LM arguments that run a strategy, and its pipeline layout read back.
 * ``simulate`` — an event simulation of 1F1B, the reference of the pipeline closed form.
 
 The exact placement search over this model is `phaze.place.megatron`; docs/step.md describes it

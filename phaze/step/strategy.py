@@ -24,7 +24,11 @@ Megatron's even split is used (``blocks / pp`` each). With V > 1 the blocks of s
 chunks of ``stages[j] / V`` blocks, placed round-robin as Megatron does (chunk v of rank j is
 model chunk ``v·pp + j``); every stage then needs a positive multiple of V blocks. With V = 1 a
 first or last stage may hold no block (only the embedding or the head: Megatron's
-``--pipeline-model-parallel-layout``), a middle stage needs at least one.
+``--pipeline-model-parallel-layout``), a middle stage needs at least one. A layout may instead
+give the blocks of every model chunk (``chunks``, pp·V entries in Megatron's layout order: entry
+v·pp + j is chunk v of rank j; any count >= 0, as ``--pipeline-model-parallel-layout`` allows):
+rank j then holds the sum of its V chunks, and the schedule below prices its rank times as if
+its chunks were equal (the fill and drain steps of unequal chunks are not told apart).
 
 Schedules (Narayanan et al. 2021 §2.2; Megatron-LM ``megatron/core/pipeline_parallel/
 schedules.py``), for pipeline-rank times T_j of one microbatch (forward + backward):
@@ -189,6 +193,8 @@ class Strategy:
     ep: int = 1  # expert-parallel ranks (inside the data-parallel group); 1 = none
     etp: int | None = None  # the experts' tensor-parallel size: tp (None, Megatron's default) or 1
     cp: int = 1  # context-parallel ranks: each holds seq/cp of every sequence; 1 = none
+    # blocks per model chunk, pp·V entries in Megatron's layout order; None = stages / V each
+    chunks: tuple[int, ...] | None = None
 
     def reason(self) -> str:
         """'' when the strategy is well formed (independently of the model), else why not."""
@@ -244,6 +250,16 @@ class Strategy:
             return "the distributed optimizer needs data parallelism (dp > 1)"
         if self.stages is not None and len(self.stages) != self.pp:
             return f"{len(self.stages)} stage sizes given for pp = {self.pp}"
+        if self.chunks is not None:
+            if self.stages is not None:
+                return "give the blocks per stage or per model chunk, not both"
+            if len(self.chunks) != self.pp * self.interleave:
+                return (
+                    f"the layout has {len(self.chunks)} model chunks, pp·interleave = "
+                    f"{self.pp}·{self.interleave} = {self.pp * self.interleave}"
+                )
+            if any(int(n) != n or n < 0 for n in self.chunks):
+                return f"blocks per model chunk must be integers >= 0, got {list(self.chunks)}"
         return schedule_reason(self.pp, self.interleave, self.microbatches)
 
     def __post_init__(self) -> None:
@@ -280,6 +296,10 @@ class Strategy:
 
     def layers_reason(self, blocks: int) -> str:
         """'' when the strategy's stages (or the even split) fit a model of `blocks` blocks."""
+        if self.chunks is not None:
+            if sum(self.chunks) != blocks:
+                return f"the model chunks hold {sum(self.chunks)} blocks, the model has {blocks}"
+            return ""
         if self.stages is None:
             if blocks % self.pp:
                 return (
@@ -296,7 +316,15 @@ class Strategy:
         why = self.layers_reason(blocks)
         if why:
             raise PhazeError(why)
+        if self.chunks is not None:
+            return self.chunk_stages
         return self.stages if self.stages is not None else (blocks // self.pp,) * self.pp
+
+    @property
+    def chunk_stages(self) -> tuple[int, ...]:
+        """The blocks of each pipeline rank under `chunks`: the sum of its V model chunks."""
+        p = self.pp
+        return tuple(sum(self.chunks[j::p]) for j in range(p))
 
     @property
     def dp(self) -> int:

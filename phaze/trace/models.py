@@ -531,6 +531,19 @@ QWEN3_30B_A3B = {
     "mlp_only_layers": [],
     "router_aux_loss_coef": 0.001,
 }
+# Qwen/Qwen3-235B-A22B config.json (Qwen3 technical report, arXiv 2505.09388, Table 2: 94 layers,
+# 64 query / 4 key-value heads, 128 experts, 8 activated); the same values in Megatron's
+# transcription of it (Ascend/MindSpeed-RL configs/model/qwen3_235b_a22b.yaml: hidden 4096,
+# moe_ffn_hidden_size 1536, kv_channels 128, padded_vocab_size 151936).
+QWEN3_235B_A22B = {
+    **QWEN3_30B_A3B,
+    "hidden_size": 4096,
+    "num_hidden_layers": 94,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 4,
+    "intermediate_size": 12288,
+    "moe_intermediate_size": 1536,
+}
 # deepseek-ai/DeepSeek-V3 config.json (DeepSeek-V3 technical report, arXiv 2412.19437, §4.2):
 # 61 blocks, the first 3 dense; 256 routed experts (8 groups, top-4 groups, top-8) and 1 shared;
 # multi-head latent attention. Its multi-token-prediction module (num_nextn_predict_layers = 1)
@@ -633,6 +646,7 @@ _REGISTRY: dict[str, ModelSpec] = {
         # DeepSeek-V3's pre-training at 4K (arXiv 2412.19437 §4.2)
         _spec_from_config_dict("qwen3-32b", 4096, QWEN3_32B),
         _spec_from_config_dict("qwen3-30b-a3b", 4096, QWEN3_30B_A3B),
+        _spec_from_config_dict("qwen3-235b-a22b", 4096, QWEN3_235B_A22B),
         _spec_from_config_dict("deepseek-v3", 4096, DEEPSEEK_V3),
     )
 }
