@@ -294,13 +294,13 @@ def can_refine(comp: pd.DataFrame, detail: pd.DataFrame, settings: SearchSetting
     top, ref = _model_arch_maxima(comp, settings)
     pm = above & (detail["strategy"] == PER_MODEL).to_numpy(bool)
     if pm.any():
-        rows = detail[pm]
+        rows = detail.loc[pm, MODEL_ARCH + ["threshold"]]
         m = top.reindex(pd.MultiIndex.from_frame(rows[MODEL_ARCH])).to_numpy(float)
         with np.errstate(invalid="ignore"):
             can[pm] = m > rows["threshold"].to_numpy(float)
     cm = above & (detail["strategy"] == COMMON).to_numpy(bool)
     if cm.any():
-        rows = detail[cm]
+        rows = detail.loc[cm, ["hbm_capacity_bytes", "devices", "arch", "above_gap"]]
         factor = _common_factor(rows, settings)
         akey = ["hbm_capacity_bytes", "devices", "arch"]
         at = top.index.droplevel("model")
