@@ -118,7 +118,7 @@ def test_registry_lists_the_paper_workloads():
     # then today's GQA and MoE workloads (tests/test_trace_moe.py), fine-grained experts and
     # latent attention (tests/test_trace_latent.py)
     today = ["llama3-8b", "llama3-70b", "mixtral-8x7b", "qwen1.5-moe-a2.7b"]
-    latent = ["qwen3-32b", "qwen3-30b-a3b", "deepseek-v3"]
+    latent = ["qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3"]
     assert list_models() == PAPER + today + latent
     assert get_model_spec("opt-350m").hf_config().word_embed_proj_dim == 512
 
