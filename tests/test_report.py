@@ -182,9 +182,9 @@ def test_the_closing_table_shows_each_answer_its_architecture_speedup_and_certif
     rows = [[line[a:b].strip() for a, b in zip(starts, [*starts[1:], None])] for line in lines[3:7]]
     shape = "8 TC 128×128, 2 VC ×128, 128 MiB"
     assert rows == [
-        ["m1", "32", "1024", "Per-Model", "a0", shape, "270.0", "12", "2.00", "0.0 %"],
-        ["m1", "32", "1024", "Common (relative)", "a0", shape, "270.0", "11", "1.83", "5.1 %"],
-        ["m2", "32", "1024", "Per-Model", "a0", shape, "270.0", "12", "2.00", "0.0 %"],
+        ["m1", "32", "1024", "Per-Model", "a0", shape, "270.0", "12", "2.00", "0.00 %"],
+        ["m1", "32", "1024", "Common (relative)", "a0", shape, "270.0", "11", "1.83", "5.12 %"],
+        ["m2", "32", "1024", "Per-Model", "a0", shape, "270.0", "12", "2.00", "0.00 %"],
         ["m2", "32", "1024", "Common (relative)", "—", "no placement fits any architecture"]
         + ["—"] * 4,
     ]

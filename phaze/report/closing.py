@@ -62,9 +62,9 @@ def answer_cells(comparison: pd.DataFrame) -> list[tuple[str, ...]]:
                 r.arch,
                 arch_shape(r),
                 _number(r.area_mm2, ".1f"),
-                _number(r.throughput_seq_s, ".4g"),
+                _number(r.throughput_seq_s, ",.0f" if r.throughput_seq_s >= 1000 else ".4g"),
                 _number(r.speedup_vs_tpuv4_expert, ".2f"),
-                _number(100 * r.certified_gap, ".1f")
+                _number(100 * r.certified_gap, ".2f")
                 + (" %" if math.isfinite(r.certified_gap) else ""),
             )
         )
