@@ -67,9 +67,11 @@ class TierTrace(Trace):
         return out, attention_seconds(self.ops, l1, la)
 
 
-def _rows(arch, base, time, settings, h, devices, got=None) -> list[dict]:
+def _rows(arch, base, time, settings, h, devices, got=None, peak=None) -> list[dict]:
     """Placement rows (the ``place`` table's columns) of the architectures ``arch`` with step
-    times ``time``; ``got`` (an `Achieved`) fills the strategy columns of the achieved side."""
+    times ``time``; ``got`` (an `Achieved`) fills the strategy columns of the achieved side, and
+    its MFU on the architectures' peaks ``peak`` (FLOP/s; the step model's definition: model
+    FLOPs of the global batch over devices × time × peak)."""
     out = []
     for a, name in enumerate(arch):
         row = {**base, "arch": name, "devices": int(devices), **empty_columns("")}
@@ -104,6 +106,11 @@ def _rows(arch, base, time, settings, h, devices, got=None) -> list[dict]:
                     stage_mem_bytes=json.dumps([round(float(x)) for x in mem]),
                     devices_used=int(devices),
                 )
+                if peak is not None:
+                    flops = cfg.placed.chain.model_flops_per_microbatch() * (
+                        settings.global_batch / cfg.placed.chain.microbatch
+                    )
+                    row["mfu"] = flops / (int(devices) * t * float(peak[a]))
         out.append(row)
     return out
 
@@ -174,6 +181,7 @@ def tier_tables(args, config: dict) -> tuple[list[pd.DataFrame], list[pd.DataFra
             ubc = {k: c.take(idx) for k, c in ub_chains.items()}
             loc = {k: c.take(idx) for k, c in lo_chains.items()}
             names = block["arch"].to_numpy()[idx]
+            peaks = block["peak_flops"].to_numpy(float)[idx]
             for devices in place["devices"]:
                 placed_net, _label = network_for(settings, preset, config["costmodel"], devices)
                 net = step_network(placed_net, bw, lat, devices)
@@ -187,7 +195,9 @@ def tier_tables(args, config: dict) -> tuple[list[pd.DataFrame], list[pd.DataFra
                 for h, hbm in enumerate(hbm_all):
                     row = {**base, "hbm_capacity_bytes": int(hbm)}
                     ub_rows[h] += _rows(names, row, upper[h], settings, h, devices)
-                    lo_rows[h] += _rows(names, row, got.time_s[h], settings, h, devices, got)
+                    lo_rows[h] += _rows(
+                        names, row, got.time_s[h], settings, h, devices, got, peaks
+                    )
     layers = pd.concat(layer_rows, ignore_index=True) if layer_rows else pd.DataFrame()
     return [pd.DataFrame(r) for r in ub_rows], [pd.DataFrame(r) for r in lo_rows], layers
 
