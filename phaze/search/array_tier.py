@@ -195,9 +195,7 @@ def tier_tables(args, config: dict) -> tuple[list[pd.DataFrame], list[pd.DataFra
                 for h, hbm in enumerate(hbm_all):
                     row = {**base, "hbm_capacity_bytes": int(hbm)}
                     ub_rows[h] += _rows(names, row, upper[h], settings, h, devices)
-                    lo_rows[h] += _rows(
-                        names, row, got.time_s[h], settings, h, devices, got, peaks
-                    )
+                    lo_rows[h] += _rows(names, row, got.time_s[h], settings, h, devices, got, peaks)
     layers = pd.concat(layer_rows, ignore_index=True) if layer_rows else pd.DataFrame()
     return [pd.DataFrame(r) for r in ub_rows], [pd.DataFrame(r) for r in lo_rows], layers
 
