@@ -443,7 +443,9 @@ def test_the_run_ends_with_its_answers_and_where_they_are(run_dir):
             and ("Per-Model" in ln) == (r.strategy == "phaze-per-model")
             and f" {r.hbm_capacity_bytes / 2**30:g} " in ln
         ]
-        assert r.arch in line and f"{r.throughput_seq_s:.4g}" in line
+        seq_s = r.throughput_seq_s
+        shown = f"{seq_s:,.0f}" if seq_s >= 1000 else f"{seq_s:.4g}"
+        assert r.arch in line and shown in line
         assert f"{r.speedup_vs_tpuv4_expert:.2f}" in line
     tail = lines[start + 3 + len(answers) :]
     assert tail[0].startswith("tables: results/summary/")
