@@ -162,6 +162,18 @@ def _priority(lay: LayerArrays, dur: np.ndarray, rule: str) -> np.ndarray:
     return _order(np.broadcast_to(-lay.ndesc, dur.shape))
 
 
+def _take_core(free, core, sel, rows, op, s, f) -> None:
+    """Operators ``op`` on one core of a type for the architectures ``sel``: each takes the free
+    core (``free``: per architecture its cores' free times) that became free last at or before
+    its start ``s``, busy until ``f``; ``core`` (None: not recorded) keeps the id taken."""
+    if not sel.any():
+        return
+    c = np.where(free <= s[:, None], free, -np.inf).argmax(axis=1)
+    free[rows[sel], c[sel]] = f[sel]
+    if core is not None:
+        core[rows[sel], op[sel]] = c[sel]
+
+
 def sgs(
     lay: LayerArrays,
     l1: np.ndarray,
@@ -242,20 +254,8 @@ def sgs(
         s = np.where(busy, s, est)
         f = s + p
         one = busy & ~intra
-        sel = one & ut
-        if sel.any():
-            cand = np.where(free_tc <= s[:, None], free_tc, -np.inf)
-            c = cand.argmax(axis=1)
-            free_tc[rows[sel], c[sel]] = f[sel]
-            if record:
-                core_tc[rows[sel], op[sel]] = c[sel]
-        sel = one & uv
-        if sel.any():
-            cand = np.where(free_vc <= s[:, None], free_vc, -np.inf)
-            c = cand.argmax(axis=1)
-            free_vc[rows[sel], c[sel]] = f[sel]
-            if record:
-                core_vc[rows[sel], op[sel]] = c[sel]
+        _take_core(free_tc, core_tc if record else None, one & ut, rows, op, s, f)
+        _take_core(free_vc, core_vc if record else None, one & uv, rows, op, s, f)
         sel = busy & intra
         if sel.any():
             free_tc[sel] = np.maximum(free_tc[sel], f[sel, None])
