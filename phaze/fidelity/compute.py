@@ -369,6 +369,18 @@ def causal_fraction(seq: int, block: int = FLASH_BLOCK) -> float:
     return (n + 1) / (2 * n)
 
 
+def _vector_compute_s(ops: pd.DataFrame, vec: np.ndarray, core: dict, cm: dict, n_vc: int) -> float:
+    """The compute time of the element-wise ops ``vec`` (positions in ``ops``) on the vector
+    units, their HBM traffic left out (a fused kernel keeps their data on chip)."""
+    if not len(vec):
+        return 0.0
+    vs = ops.iloc[vec]
+    cpe = cycles_per_element(vs["aten"], cm)
+    return float(
+        np.sum(vector_cost(vs["elements"].to_numpy(float), 0.0, cpe, core, cm, n_vc)["compute_s"])
+    )
+
+
 def fused_attention(
     ops: pd.DataFrame,
     edges: pd.DataFrame,
@@ -411,12 +423,7 @@ def fused_attention(
         n_tc,
     )
     gemm_s = float(np.sum(gemm["compute_s"]))
-    vector_s = 0.0
-    if len(vec):
-        vs = ops.iloc[vec]
-        cpe = cycles_per_element(vs["aten"], cm)
-        comp = vector_cost(vs["elements"].to_numpy(float), 0.0, cpe, core, cm, n_vc)["compute_s"]
-        vector_s = float(np.sum(comp))
+    vector_s = _vector_compute_s(ops, vec, core, cm, n_vc)
     inside = {int(i) for i in idx}
     moved = 0.0
     leaves = np.zeros(len(ops), dtype=bool)
@@ -458,13 +465,9 @@ def fused_attention_backward(
     if fwd is None:
         raise PhazeError("a fused attention backward needs its forward pass")
     kind = ops["kind"].to_numpy()
-    vec = np.flatnonzero(attention & (kind == "vector"))
-    vector_s = 0.0
-    if len(vec):
-        vs = ops.iloc[vec]
-        cpe = cycles_per_element(vs["aten"], cm)
-        comp = vector_cost(vs["elements"].to_numpy(float), 0.0, cpe, core, cm, n_vc)["compute_s"]
-        vector_s = float(np.sum(comp))
+    vector_s = _vector_compute_s(
+        ops, np.flatnonzero(attention & (kind == "vector")), core, cm, n_vc
+    )
     compute_s = FUSED_BACKWARD_GEMMS * fwd["gemm_s"] + fwd["vector_s"] + fwd["share"] * vector_s
     hbm_s = FUSED_BACKWARD_TRAFFIC * fwd["hbm_s"]
     return {
